@@ -1,0 +1,353 @@
+//! The model hyper-parameters the engine needs, read from `config.json` or GGUF metadata.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::FormatError;
+
+/// Model families Tessera implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 1/2/3, SmolLM, TinyLlama and other Llama-shaped models.
+    Llama,
+    /// Mistral (Llama with optional sliding-window attention).
+    Mistral,
+    /// Qwen2 (Llama with q/k/v bias).
+    Qwen2,
+}
+
+impl Architecture {
+    /// The architectures as users name them, for error messages.
+    pub const SUPPORTED: &'static str = "LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2)";
+
+    /// Parses an HF `architectures[0]` / `model_type` or a GGUF `general.architecture` value.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "LlamaForCausalLM" | "llama" => Some(Self::Llama),
+            "MistralForCausalLM" | "mistral" => Some(Self::Mistral),
+            "Qwen2ForCausalLM" | "qwen2" => Some(Self::Qwen2),
+            _ => None,
+        }
+    }
+}
+
+/// How rotary position frequencies are adjusted for long contexts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Positions divided by `factor`.
+    Linear {
+        /// Position divisor.
+        factor: f32,
+    },
+    /// Llama 3.1's wavelength-dependent frequency scaling.
+    Llama3 {
+        /// Scaling of the lowest frequencies.
+        factor: f32,
+        /// Wavelength ratio below which frequencies are scaled fully.
+        low_freq_factor: f32,
+        /// Wavelength ratio above which frequencies are left alone.
+        high_freq_factor: f32,
+        /// The context length the model was pre-trained with.
+        original_max_position_embeddings: f32,
+    },
+}
+
+/// Storage dtype declared by the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl DType {
+    /// Parses `float32`, `float16`, `bfloat16` (and the short forms).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "float32" | "f32" | "F32" => Some(Self::F32),
+            "float16" | "f16" | "F16" | "half" => Some(Self::F16),
+            "bfloat16" | "bf16" | "BF16" => Some(Self::BF16),
+            _ => None,
+        }
+    }
+}
+
+/// Everything about a model's shape that the forward pass depends on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The family.
+    pub architecture: Architecture,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Number of decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (GQA when fewer than `num_heads`).
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RoPE frequency scaling, if any.
+    pub rope_scaling: Option<RopeScaling>,
+    /// Longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// Whether `lm_head` reuses the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Attention window (Mistral); `None` is full causal attention.
+    pub sliding_window: Option<usize>,
+    /// Whether q/k/v projections carry a bias (Qwen2).
+    pub attention_bias: bool,
+    /// Declared storage dtype, if any.
+    pub dtype: Option<DType>,
+    /// `bos_token_id` from the config.
+    pub bos_token_id: Option<u32>,
+    /// `eos_token_id` from the config (one or several).
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    architectures: Option<Vec<String>>,
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    rope_scaling: Option<Value>,
+    rope_parameters: Option<Value>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    sliding_window: Option<Value>,
+    use_sliding_window: Option<bool>,
+    attention_bias: Option<bool>,
+    dtype: Option<String>,
+    torch_dtype: Option<String>,
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+}
+
+/// Reads token ids given as a number, a list of numbers, or null.
+pub(crate) fn token_ids(value: Option<&Value>) -> Vec<u32> {
+    match value {
+        Some(Value::Number(n)) => n.as_u64().map(|id| vec![id as u32]).unwrap_or_default(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(|v| v.as_u64().map(|id| id as u32))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl ModelConfig {
+    /// Reads a Hugging Face `config.json` (transformers 4 and 5 key styles).
+    pub fn from_hf_file(path: &Path) -> Result<Self, FormatError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                FormatError::Missing {
+                    path: path.to_path_buf(),
+                    hint: "a Hugging Face model directory needs config.json".into(),
+                }
+            } else {
+                FormatError::io(path, e)
+            }
+        })?;
+        Self::from_hf_json(&text).map_err(|message| FormatError::invalid(path, message))
+            .and_then(|c| c.map_err(|found| FormatError::UnsupportedArchitecture {
+                path: path.to_path_buf(),
+                found,
+                supported: Architecture::SUPPORTED.into(),
+            }))
+    }
+
+    /// Parses `config.json` text. The outer error is malformed JSON or a bad value; the inner
+    /// one names an unsupported architecture.
+    pub fn from_hf_json(text: &str) -> Result<Result<Self, String>, String> {
+        let raw: RawConfig =
+            serde_json::from_str(text).map_err(|e| format!("invalid config: {e}"))?;
+        let declared = raw
+            .architectures
+            .as_ref()
+            .and_then(|a| a.first().cloned())
+            .or_else(|| raw.model_type.clone())
+            .unwrap_or_else(|| "<none declared>".into());
+        let architecture = match raw
+            .architectures
+            .iter()
+            .flatten()
+            .find_map(|a| Architecture::from_name(a))
+            .or_else(|| raw.model_type.as_deref().and_then(Architecture::from_name))
+        {
+            Some(a) => a,
+            None => return Ok(Err(declared)),
+        };
+        if raw.num_attention_heads == 0 || raw.hidden_size == 0 {
+            return Err("num_attention_heads and hidden_size must be positive".into());
+        }
+        let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+        if num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
+            return Err(format!(
+                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({num_kv_heads})",
+                raw.num_attention_heads
+            ));
+        }
+        let head_dim = raw
+            .head_dim
+            .unwrap_or(raw.hidden_size / raw.num_attention_heads);
+        if head_dim % 2 != 0 {
+            return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings"));
+        }
+        // transformers 5 moved rope_theta and rope_scaling into `rope_parameters`.
+        let rope_params = raw.rope_parameters.as_ref();
+        let rope_theta = raw
+            .rope_theta
+            .or_else(|| rope_params.and_then(|p| p.get("rope_theta")?.as_f64().map(|v| v as f32)))
+            .unwrap_or(10_000.0);
+        let rope_scaling = parse_rope_scaling(raw.rope_scaling.as_ref().or(rope_params))?;
+        let sliding_window = match (&raw.sliding_window, raw.use_sliding_window) {
+            (_, Some(false)) if architecture == Architecture::Qwen2 => None,
+            (Some(Value::Number(n)), _) => n.as_u64().map(|w| w as usize),
+            _ => None,
+        };
+        let dtype_name = raw.dtype.as_deref().or(raw.torch_dtype.as_deref());
+        let dtype = match dtype_name {
+            None => None,
+            Some(name) => Some(DType::from_name(name).ok_or_else(|| {
+                format!("unsupported dtype {name:?}; supported: float32, float16, bfloat16")
+            })?),
+        };
+        Ok(Ok(Self {
+            architecture,
+            vocab_size: raw.vocab_size,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_layers: raw.num_hidden_layers,
+            num_heads: raw.num_attention_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            sliding_window,
+            attention_bias: raw
+                .attention_bias
+                .unwrap_or(architecture == Architecture::Qwen2),
+            dtype,
+            bos_token_id: token_ids(raw.bos_token_id.as_ref()).first().copied(),
+            eos_token_ids: token_ids(raw.eos_token_id.as_ref()),
+        }))
+    }
+}
+
+fn parse_rope_scaling(value: Option<&Value>) -> Result<Option<RopeScaling>, String> {
+    let Some(v) = value.filter(|v| v.is_object()) else {
+        return Ok(None);
+    };
+    let kind = v
+        .get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let num = |key: &str| -> Result<f32, String> {
+        v.get(key)
+            .and_then(Value::as_f64)
+            .map(|x| x as f32)
+            .ok_or_else(|| format!("rope scaling {kind:?} needs a numeric {key:?}"))
+    };
+    match kind {
+        "default" => Ok(None),
+        "linear" => Ok(Some(RopeScaling::Linear {
+            factor: num("factor")?,
+        })),
+        "llama3" => Ok(Some(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")?,
+        })),
+        other => Err(format!(
+            "unsupported rope scaling {other:?}; supported: default, linear, llama3"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> ModelConfig {
+        ModelConfig::from_hf_json(text).unwrap().unwrap()
+    }
+
+    #[test]
+    fn transformers_5_keys() {
+        let c = parse(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8,
+            "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,
+            "num_key_value_heads":1,"dtype":"bfloat16","tie_word_embeddings":true,
+            "rope_parameters":{"rope_theta":500000.0,"rope_type":"llama3","factor":8.0,
+            "low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192},
+            "eos_token_id":[1,2]}"#,
+        );
+        assert_eq!(c.rope_theta, 500_000.0);
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 8.0));
+        assert_eq!(c.dtype, Some(DType::BF16));
+        assert_eq!(c.eos_token_ids, vec![1, 2]);
+        assert_eq!(c.head_dim, 4);
+        assert!(c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn transformers_4_keys() {
+        let c = parse(
+            r#"{"architectures":["Qwen2ForCausalLM"],"vocab_size":10,"hidden_size":8,
+            "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,
+            "torch_dtype":"float32","rope_theta":1000000.0,"rope_scaling":null,
+            "sliding_window":4096,"use_sliding_window":false,"eos_token_id":7}"#,
+        );
+        assert_eq!(c.architecture, Architecture::Qwen2);
+        assert_eq!(c.rope_theta, 1_000_000.0);
+        assert_eq!(c.rope_scaling, None);
+        assert_eq!(c.sliding_window, None);
+        assert!(c.attention_bias);
+        assert_eq!(c.eos_token_ids, vec![7]);
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let r = ModelConfig::from_hf_json(
+            r#"{"architectures":["GPTNeoXForCausalLM"],"vocab_size":10,"hidden_size":8,
+            "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2}"#,
+        )
+        .unwrap();
+        assert_eq!(r, Err("GPTNeoXForCausalLM".to_string()));
+    }
+
+    #[test]
+    fn wrong_dtype_is_rejected() {
+        let r = ModelConfig::from_hf_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8,
+            "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"dtype":"int3"}"#,
+        );
+        assert!(r.unwrap_err().contains("int3"));
+    }
+}

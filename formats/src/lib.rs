@@ -1,0 +1,26 @@
+//! Model files as Tessera reads them: Hugging Face directories (`config.json`, safetensors,
+//! `tokenizer.json`, chat templates) and single GGUF files, behind one [`ModelFiles`] handle.
+//!
+//! ```no_run
+//! let files = tessera_formats::ModelFiles::open("fixtures/tiny-llama".as_ref())?;
+//! let embed = files.weights.load_f32("model.embed_tokens.weight")?;
+//! assert_eq!(embed.shape[0], files.config.vocab_size);
+//! # Ok::<(), tessera_formats::FormatError>(())
+//! ```
+#![deny(missing_docs)]
+
+mod chat_template;
+mod config;
+mod error;
+pub mod gguf;
+mod hf_dir;
+mod model_files;
+mod tokenizer;
+mod weights;
+
+pub use chat_template::{ChatMessage, ChatTemplate};
+pub use config::{Architecture, DType, ModelConfig, RopeScaling};
+pub use error::FormatError;
+pub use model_files::ModelFiles;
+pub use tokenizer::{GgufTokenizerSpec, ModelTokenizer};
+pub use weights::{HostTensor, WeightSource};

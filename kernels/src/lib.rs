@@ -1,0 +1,6 @@
+//! Compute primitives that know nothing of models: matrix products, normalisation, rotary
+//! embeddings, activations, attention over paged KV blocks, and GGUF quantized blocks.
+#![deny(missing_docs)]
+
+pub mod cpu;
+pub mod quant;
