@@ -1,0 +1,223 @@
+//! Weights of a Hugging Face model directory: one `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`, memory-mapped and converted to f32 on request.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors, tensor::Metadata};
+use serde::Deserialize;
+
+use crate::mmap::map_file;
+use crate::{FormatError, HostTensor, WeightSource};
+
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    data_start: usize,
+    metadata: Metadata,
+}
+
+/// Safetensors weights of a model directory.
+pub(crate) struct SafetensorsWeights {
+    shards: Vec<Shard>,
+    /// Tensor name → index into `shards`.
+    index: HashMap<String, usize>,
+}
+
+#[derive(Deserialize)]
+struct IndexFile {
+    weight_map: HashMap<String, String>,
+}
+
+impl SafetensorsWeights {
+    /// Opens `dir/model.safetensors` or the shards named by `dir/model.safetensors.index.json`.
+    pub(crate) fn open(dir: &Path) -> Result<Self, FormatError> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let files: Vec<PathBuf> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|e| FormatError::io(&index_path, e))?;
+            let index: IndexFile = serde_json::from_str(&text).map_err(|e| {
+                FormatError::invalid(&index_path, format!("invalid safetensors index: {e}"))
+            })?;
+            let mut names: Vec<String> = index.weight_map.into_values().collect();
+            names.sort();
+            names.dedup();
+            for name in &names {
+                if name.contains('/') || name.contains("..") {
+                    return Err(FormatError::invalid(
+                        &index_path,
+                        format!("shard file name {name:?} must be a plain file name"),
+                    ));
+                }
+            }
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else if single.exists() {
+            vec![single]
+        } else {
+            return Err(FormatError::Missing {
+                path: single,
+                hint: "expected model.safetensors or model.safetensors.index.json".into(),
+            });
+        };
+        let mut shards = Vec::with_capacity(files.len());
+        let mut index = HashMap::new();
+        for (i, path) in files.into_iter().enumerate() {
+            let map = map_file(&path)?;
+            let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|e| {
+                FormatError::invalid(&path, format!("truncated or corrupt safetensors file: {e}"))
+            })?;
+            for name in metadata.offset_keys() {
+                index.insert(name, i);
+            }
+            shards.push(Shard {
+                path,
+                map,
+                data_start: 8 + header_len,
+                metadata,
+            });
+        }
+        Ok(Self { shards, index })
+    }
+
+    fn locate(&self, name: &str) -> Result<(&Shard, &safetensors::tensor::TensorInfo), FormatError> {
+        let shard = self
+            .index
+            .get(name)
+            .map(|&i| &self.shards[i])
+            .ok_or_else(|| {
+                let path = self.shards.first().map(|s| s.path.clone()).unwrap_or_default();
+                FormatError::tensor(path, name, "not found in the checkpoint")
+            })?;
+        let info = shard
+            .metadata
+            .info(name)
+            .ok_or_else(|| FormatError::tensor(&shard.path, name, "not found in the shard"))?;
+        Ok((shard, info))
+    }
+}
+
+impl WeightSource for SafetensorsWeights {
+    fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
+        Ok(self.locate(name)?.1.shape.clone())
+    }
+
+    fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
+        let (shard, info) = self.locate(name)?;
+        let (start, end) = info.data_offsets;
+        // read_metadata validated the offsets against the file length.
+        let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
+        let data: Vec<f32> = match info.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(FormatError::tensor(
+                    &shard.path,
+                    name,
+                    format!("dtype {other:?} is not supported; expected F32, F16 or BF16"),
+                ));
+            }
+        };
+        Ok(HostTensor {
+            shape: info.shape.clone(),
+            data,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_safetensors(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| {
+                (
+                    n.to_string(),
+                    safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, path).unwrap();
+    }
+
+    #[test]
+    fn reads_f32_f16_bf16() {
+        let dir = tempfile::tempdir().unwrap();
+        let f32s: Vec<u8> = [1.0f32, -2.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f16s: Vec<u8> = [f16::from_f32(0.5), f16::from_f32(3.0)]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let bf16s: Vec<u8> = [bf16::from_f32(-1.0), bf16::from_f32(8.0)]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        write_safetensors(
+            &dir.path().join("model.safetensors"),
+            &[
+                ("a", Dtype::F32, vec![2], f32s),
+                ("b", Dtype::F16, vec![1, 2], f16s),
+                ("c", Dtype::BF16, vec![2, 1], bf16s),
+            ],
+        );
+        let w = SafetensorsWeights::open(dir.path()).unwrap();
+        assert_eq!(w.load_f32("a").unwrap().data, vec![1.0, -2.5]);
+        assert_eq!(w.load_f32("b").unwrap().data, vec![0.5, 3.0]);
+        let c = w.load_f32("c").unwrap();
+        assert_eq!((c.shape, c.data), (vec![2, 1], vec![-1.0, 8.0]));
+        let err = w.load_f32("missing").unwrap_err().to_string();
+        assert!(err.contains("missing") && err.contains("model.safetensors"), "{err}");
+    }
+
+    #[test]
+    fn truncated_file_names_file_and_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let bytes: Vec<u8> = [1.0f32; 16].iter().flat_map(|v| v.to_le_bytes()).collect();
+        write_safetensors(&path, &[("a", Dtype::F32, vec![16], bytes)]);
+        let full = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &full[..full.len() - 10]).unwrap();
+        let err = SafetensorsWeights::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
+        std::fs::write(&path, b"garbage").unwrap();
+        let err = SafetensorsWeights::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("corrupt"), "{err}");
+    }
+
+    #[test]
+    fn unsupported_dtype_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        write_safetensors(
+            &dir.path().join("model.safetensors"),
+            &[("i", Dtype::I32, vec![1], vec![0, 0, 0, 0])],
+        );
+        let w = SafetensorsWeights::open(dir.path()).unwrap();
+        let err = w.load_f32("i").unwrap_err().to_string();
+        assert!(err.contains("I32") && err.contains("\"i\""), "{err}");
+    }
+
+    #[test]
+    fn missing_weights_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = SafetensorsWeights::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("model.safetensors"), "{err}");
+    }
+}

@@ -14,6 +14,7 @@ mod config;
 mod error;
 pub mod gguf;
 mod hf_dir;
+mod mmap;
 mod model_files;
 mod tokenizer;
 mod weights;

@@ -1,0 +1,98 @@
+//! One handle over a model, whether it is a Hugging Face directory or a single GGUF file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::token_ids;
+use crate::gguf::GgufFile;
+use crate::hf_dir::SafetensorsWeights;
+use crate::{FormatError, ModelConfig, ModelTokenizer, WeightSource};
+
+enum Source {
+    HfDir,
+    Gguf(Arc<GgufFile>),
+}
+
+/// An opened model: its configuration and weights (memory-mapped, nothing converted yet), and
+/// the means to build its tokenizer.
+pub struct ModelFiles {
+    /// The directory or `.gguf` file that was opened.
+    pub path: PathBuf,
+    /// Shape and hyper-parameters.
+    pub config: ModelConfig,
+    /// Weights by Hugging Face name.
+    pub weights: Arc<dyn WeightSource>,
+    source: Source,
+}
+
+impl std::fmt::Debug for ModelFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelFiles")
+            .field("path", &self.path)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelFiles {
+    /// Opens a Hugging Face model directory or a `.gguf` file.
+    pub fn open(path: &Path) -> Result<Self, FormatError> {
+        let meta = std::fs::metadata(path).map_err(|e| FormatError::io(path, e))?;
+        if meta.is_dir() {
+            let config = ModelConfig::from_hf_file(&path.join("config.json"))?;
+            let weights = SafetensorsWeights::open(path)?;
+            Ok(Self {
+                path: path.to_path_buf(),
+                config,
+                weights: Arc::new(weights),
+                source: Source::HfDir,
+            })
+        } else {
+            let gguf = Arc::new(GgufFile::open(path)?);
+            let config = gguf.model_config()?;
+            Ok(Self {
+                path: path.to_path_buf(),
+                config,
+                weights: gguf.clone(),
+                source: Source::Gguf(gguf),
+            })
+        }
+    }
+
+    /// Builds the tokenizer (and chat template) that ships with the model.
+    pub fn tokenizer(&self) -> Result<ModelTokenizer, FormatError> {
+        match &self.source {
+            Source::HfDir => {
+                let mut eos = self.config.eos_token_ids.clone();
+                eos.extend(generation_eos(&self.path.join("generation_config.json"))?);
+                eos.sort_unstable();
+                eos.dedup();
+                ModelTokenizer::from_hf_dir(&self.path, &eos)
+            }
+            Source::Gguf(gguf) => ModelTokenizer::from_gguf(&gguf.tokenizer_spec()?, &self.path),
+        }
+    }
+
+    /// A short name for the model: its directory or file name without extension.
+    pub fn name(&self) -> String {
+        let stem = if self.path.is_dir() {
+            self.path.file_name()
+        } else {
+            self.path.file_stem()
+        };
+        stem.map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    }
+}
+
+/// `eos_token_id` of `generation_config.json`, which is optional.
+fn generation_eos(path: &Path) -> Result<Vec<u32>, FormatError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(FormatError::io(path, e)),
+    };
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| FormatError::invalid(path, format!("invalid JSON: {e}")))?;
+    Ok(token_ids(value.get("eos_token_id")))
+}

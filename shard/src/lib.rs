@@ -1,1 +1,22 @@
-//! Tessera shard.
+//! The shard: a Llama-family engine over a paged KV cache and a flattened batch, and sampling.
+//!
+//! ```no_run
+//! use tessera_shard::{LogitsWanted, Model, SequenceChunk};
+//! let files = tessera_formats::ModelFiles::open("fixtures/tiny-llama".as_ref())?;
+//! let model = Model::load(&files)?;
+//! let mut cache = model.new_cache(64, 16);
+//! let chunk = SequenceChunk { tokens: &[1, 2, 3], start_position: 0, block_table: &[0], logits: LogitsWanted::Last };
+//! let out = model.forward(&[chunk], &mut cache)?;
+//! assert_eq!(out.last(0).map(|l| l.len()), Some(model.config().vocab_size));
+//! # Ok::<(), tessera_shard::EngineError>(())
+//! ```
+#![deny(missing_docs)]
+
+mod error;
+mod kv_cache;
+mod model;
+pub mod sampling;
+
+pub use error::EngineError;
+pub use kv_cache::KvCache;
+pub use model::{ForwardOutput, LogitsWanted, Model, SequenceChunk};

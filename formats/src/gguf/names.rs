@@ -1,0 +1,123 @@
+//! Hugging Face tensor names to GGUF names, and undoing llama.cpp's q/k row permutation.
+
+/// The GGUF name of a Hugging Face Llama-family tensor name, if it has one.
+pub(crate) fn hf_to_gguf(name: &str) -> Option<String> {
+    match name {
+        "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "model.norm.weight" => return Some("output_norm.weight".into()),
+        "lm_head.weight" => return Some("output.weight".into()),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (module, suffix) = match rest.rsplit_once('.')? {
+        (m, s @ ("weight" | "bias")) => (m, s),
+        _ => return None,
+    };
+    let gguf = match (module, suffix) {
+        ("input_layernorm", "weight") => "attn_norm",
+        ("post_attention_layernorm", "weight") => "ffn_norm",
+        ("self_attn.q_proj", _) => "attn_q",
+        ("self_attn.k_proj", _) => "attn_k",
+        ("self_attn.v_proj", _) => "attn_v",
+        ("self_attn.o_proj", _) => "attn_output",
+        ("mlp.gate_proj", "weight") => "ffn_gate",
+        ("mlp.up_proj", "weight") => "ffn_up",
+        ("mlp.down_proj", "weight") => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{gguf}.{suffix}"))
+}
+
+/// Whether this GGUF tensor is a q or k projection (weight or bias), and which head count
+/// llama.cpp's `LlamaModel.permute` used for it: `Some(true)` for q (`head_count`),
+/// `Some(false)` for k (`head_count_kv`).
+pub(crate) fn permuted_projection(gguf_name: &str) -> Option<bool> {
+    let rest = gguf_name.strip_prefix("blk.")?;
+    let (_, rest) = rest.split_once('.')?;
+    match rest {
+        "attn_q.weight" | "attn_q.bias" => Some(true),
+        "attn_k.weight" | "attn_k.bias" => Some(false),
+        _ => None,
+    }
+}
+
+/// Inverts `w.reshape(n_head, 2, rows/n_head/2, cols).swapaxes(1, 2).reshape(w.shape)` on
+/// row-major `data` of `rows` rows (callers check `rows % (2 * n_head) == 0`).
+///
+/// Within a head, the converter moved Hugging Face row `s * half + j` (rotate-half layout)
+/// to row `2 * j + s` (interleaved pairs); this moves it back.
+pub(crate) fn unpermute_rows(data: &[f32], rows: usize, n_head: usize) -> Vec<f32> {
+    let cols = if rows == 0 { 0 } else { data.len() / rows };
+    let head_rows = rows / n_head;
+    let half = head_rows / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..n_head {
+        for s in 0..2 {
+            for j in 0..half {
+                let src = h * head_rows + 2 * j + s;
+                let dst = h * head_rows + s * half + j;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_every_llama_tensor() {
+        let cases = [
+            ("model.embed_tokens.weight", "token_embd.weight"),
+            ("model.norm.weight", "output_norm.weight"),
+            ("lm_head.weight", "output.weight"),
+            ("model.layers.0.input_layernorm.weight", "blk.0.attn_norm.weight"),
+            ("model.layers.12.post_attention_layernorm.weight", "blk.12.ffn_norm.weight"),
+            ("model.layers.3.self_attn.q_proj.weight", "blk.3.attn_q.weight"),
+            ("model.layers.3.self_attn.k_proj.bias", "blk.3.attn_k.bias"),
+            ("model.layers.3.self_attn.v_proj.bias", "blk.3.attn_v.bias"),
+            ("model.layers.3.self_attn.o_proj.weight", "blk.3.attn_output.weight"),
+            ("model.layers.3.mlp.gate_proj.weight", "blk.3.ffn_gate.weight"),
+            ("model.layers.3.mlp.up_proj.weight", "blk.3.ffn_up.weight"),
+            ("model.layers.3.mlp.down_proj.weight", "blk.3.ffn_down.weight"),
+        ];
+        for (hf, gguf) in cases {
+            assert_eq!(hf_to_gguf(hf).as_deref(), Some(gguf), "{hf}");
+        }
+        for bad in [
+            "model.layers.x.mlp.up_proj.weight",
+            "model.layers.1.mlp.up_proj.scale",
+            "model.layers..mlp.up_proj.weight",
+            "token_embd.weight",
+            "model.layers.1.mlp.up_proj.bias.weight",
+        ] {
+            assert_eq!(hf_to_gguf(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn unpermute_inverts_the_converters_permutation() {
+        // Two heads of four rows, two columns; row r holds [r, r].
+        let n_head = 2;
+        let rows = 8;
+        let hf: Vec<f32> = (0..rows).flat_map(|r| [r as f32, r as f32]).collect();
+        // llama.cpp's permute: within a head, gguf row 2*j+s = hf row s*half+j.
+        let mut gguf = vec![0.0; hf.len()];
+        for h in 0..n_head {
+            for s in 0..2 {
+                for j in 0..2 {
+                    let (g, f) = (h * 4 + 2 * j + s, h * 4 + s * 2 + j);
+                    gguf[2 * g..2 * g + 2].copy_from_slice(&hf[2 * f..2 * f + 2]);
+                }
+            }
+        }
+        assert_eq!(gguf[..8], [0.0, 0.0, 2.0, 2.0, 1.0, 1.0, 3.0, 3.0]);
+        assert_eq!(unpermute_rows(&gguf, rows, n_head), hf);
+    }
+}

@@ -1,0 +1,171 @@
+//! Loading the tokenizer of a Hugging Face model directory the way transformers 5 does.
+
+use std::path::Path;
+
+use serde_json::Value;
+use tokenizers::{AddedToken, Tokenizer};
+
+use super::{ModelTokenizer, push_unique, set_post_processor};
+use crate::FormatError;
+use crate::chat_template::ChatTemplate;
+
+fn read_json(path: &Path) -> Result<Option<Value>, FormatError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| FormatError::invalid(path, format!("not valid JSON: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(FormatError::io(path, e)),
+    }
+}
+
+/// A special token in `tokenizer_config.json`: a string or an `AddedToken` object.
+fn token_text(value: Option<&Value>) -> Option<String> {
+    match value? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(map) => map.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+/// `eos_token_id` as an int or a list of ints.
+fn ids(value: Option<&Value>) -> Vec<u32> {
+    match value {
+        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).into_iter().collect(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The default template of `chat_template` as a string or a list of `{name, template}`.
+fn config_template(config: &Value, path: &Path) -> Result<Option<String>, FormatError> {
+    match config.get("chat_template") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(list)) => {
+            let named = |name: &str| {
+                list.iter().find_map(|entry| {
+                    (entry.get("name")?.as_str()? == name)
+                        .then(|| entry.get("template")?.as_str().map(str::to_string))
+                        .flatten()
+                })
+            };
+            named("default").map(Some).ok_or_else(|| {
+                FormatError::invalid(
+                    path,
+                    "chat_template is a list of named templates without one named \"default\"",
+                )
+            })
+        }
+        Some(_) => Err(FormatError::invalid(
+            path,
+            "chat_template must be a string or a list of {name, template} objects",
+        )),
+    }
+}
+
+pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer, FormatError> {
+    let tokenizer_path = dir.join("tokenizer.json");
+    let bytes = match std::fs::read(&tokenizer_path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(FormatError::Missing {
+                path: tokenizer_path,
+                hint: "the model directory needs a tokenizers-format tokenizer.json \
+                       (save it with a fast tokenizer's save_pretrained)"
+                    .to_string(),
+            });
+        }
+        Err(e) => return Err(FormatError::io(&tokenizer_path, e)),
+    };
+    let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| {
+        FormatError::invalid(&tokenizer_path, format!("not a valid tokenizer.json: {e}"))
+    })?;
+
+    let config_path = dir.join("tokenizer_config.json");
+    let config = read_json(&config_path)?.unwrap_or(Value::Null);
+    let named = |key: &str| token_text(config.get(key));
+    let with_id = |text: Option<String>| {
+        text.and_then(|t| {
+            let id = tokenizer.token_to_id(&t)?;
+            Some((t, id))
+        })
+    };
+    let bos_token = with_id(named("bos_token"));
+    let eos_token = with_id(named("eos_token"));
+
+    // transformers 5 makes sure the named special tokens are special added tokens.
+    let specials: Vec<AddedToken> = ["bos_token", "eos_token", "unk_token", "pad_token"]
+        .iter()
+        .filter_map(|key| named(key))
+        .filter(|t| tokenizer.token_to_id(t).is_some())
+        .map(|t| AddedToken::from(t, true).normalized(false))
+        .collect();
+    tokenizer.add_special_tokens(specials);
+
+    // transformers 5 rebuilds the post-processor when the config states add_bos/eos_token, or
+    // when tokenizer.json has none.
+    let explicit = config.get("add_bos_token").is_some() || config.get("add_eos_token").is_some();
+    if explicit || tokenizer.get_post_processor().is_none() {
+        let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
+        set_post_processor(
+            &mut tokenizer,
+            bos_token.as_ref(),
+            flag("add_bos_token"),
+            eos_token.as_ref(),
+            flag("add_eos_token"),
+        )
+        .map_err(|e| FormatError::invalid(&config_path, format!("add_bos_token/add_eos_token: {e}")))?;
+    }
+    let add_bos = match &bos_token {
+        Some((_, bos)) => tokenizer
+            .encode_fast("", true)
+            .map(|enc| enc.get_ids().first() == Some(bos))
+            .unwrap_or(false),
+        None => false,
+    };
+
+    let mut eos_token_ids = Vec::new();
+    for id in generation_eos {
+        push_unique(&mut eos_token_ids, *id);
+    }
+    if let Some(generation) = read_json(&dir.join("generation_config.json"))? {
+        for id in ids(generation.get("eos_token_id")) {
+            push_unique(&mut eos_token_ids, id);
+        }
+    }
+    if let Some((_, id)) = &eos_token {
+        push_unique(&mut eos_token_ids, *id);
+    }
+
+    let jinja_path = dir.join("chat_template.jinja");
+    let (source, source_path) = match std::fs::read_to_string(&jinja_path) {
+        Ok(text) => (Some(text), jinja_path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            (config_template(&config, &config_path)?, config_path.clone())
+        }
+        Err(e) => return Err(FormatError::io(&jinja_path, e)),
+    };
+    let chat_template = match source {
+        Some(source) => Some(
+            ChatTemplate::new(
+                source,
+                bos_token.as_ref().map(|(t, _)| t.clone()),
+                eos_token.as_ref().map(|(t, _)| t.clone()),
+            )
+            .map_err(|e| FormatError::invalid(&source_path, format!("chat template: {e}")))?,
+        ),
+        None => None,
+    };
+
+    Ok(ModelTokenizer {
+        tokenizer,
+        bos_token,
+        eos_token_ids,
+        add_bos,
+        chat_template,
+    })
+}

@@ -1,0 +1,74 @@
+//! RMSNorm, alone and fused with the residual add that precedes it in a decoder layer.
+
+use rayon::prelude::*;
+
+/// `out[t] = x[t] / sqrt(mean(x[t]²) + eps) * weight` for each row `t` of width `weight.len()`.
+///
+/// Rounding follows transformers' `LlamaRMSNorm`: normalise first, then scale.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    assert_eq!(x.len(), out.len());
+    assert_eq!(x.len() % d, 0);
+    out.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .for_each(|(o, xr)| norm_row(xr, weight, eps, o));
+}
+
+/// Fused `residual += x; out = rms_norm(residual)`: one pass where there were two.
+pub fn add_rms_norm(residual: &mut [f32], x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    assert_eq!(x.len(), residual.len());
+    assert_eq!(x.len(), out.len());
+    out.par_chunks_mut(d)
+        .zip(residual.par_chunks_mut(d))
+        .zip(x.par_chunks(d))
+        .for_each(|((o, r), xr)| {
+            for (ri, xi) in r.iter_mut().zip(xr) {
+                *ri += xi;
+            }
+            norm_row(r, weight, eps, o);
+        });
+}
+
+#[inline]
+fn norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let sum_sq = super::matmul::dot(x, x);
+    let inv = 1.0 / (sum_sq / x.len() as f32 + eps).sqrt();
+    for ((o, xi), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = w * (xi * inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalises_each_row() {
+        let x = [1.0, 2.0, 3.0, 4.0, -1.0, 0.0, 1.0, 0.5];
+        let w = [1.0, 0.5, 2.0, 1.0];
+        let mut out = [0.0; 8];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        let rms = ((1.0 + 4.0 + 9.0 + 16.0) / 4.0f32 + 1e-6).sqrt();
+        assert!((out[2] - 3.0 / rms * 2.0).abs() < 1e-6);
+        let rms2 = ((1.0 + 0.0 + 1.0 + 0.25) / 4.0f32 + 1e-6).sqrt();
+        assert!((out[7] - 0.5 / rms2).abs() < 1e-6);
+    }
+
+    #[test]
+    fn fused_add_equals_separate() {
+        let mut r = vec![0.5f32, -1.0, 2.0, 0.25, 3.0, 1.0];
+        let x = vec![1.0f32, 1.0, -1.0, 0.5, 0.0, 2.0];
+        let w = vec![1.5f32, 0.5, 1.0];
+        let mut fused = vec![0.0; 6];
+        let mut r2 = r.clone();
+        add_rms_norm(&mut r, &x, &w, 1e-5, &mut fused);
+        for (a, b) in r2.iter_mut().zip(&x) {
+            *a += b;
+        }
+        let mut sep = vec![0.0; 6];
+        rms_norm(&r2, &w, 1e-5, &mut sep);
+        assert_eq!(r, r2);
+        assert_eq!(fused, sep);
+    }
+}

@@ -1,0 +1,66 @@
+//! `Q4_K`: 256-value super-blocks of eight 32-value sub-blocks, each with a 6-bit scale and
+//! a 6-bit minimum, unsigned 4-bit quants.
+
+use half::f16;
+
+/// Values per K-quant super-block.
+pub const QK_K: usize = 256;
+
+/// Bytes of packed 6-bit scales and minimums in `Q4_K` and `Q5_K` blocks.
+pub const K_SCALE_SIZE: usize = 12;
+
+/// One `Q4_K` block as ggml stores it (`block_q4_K`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct BlockQ4K {
+    /// Super-block scale for the sub-block scales.
+    pub d: f16,
+    /// Super-block scale for the sub-block minimums.
+    pub dmin: f16,
+    /// Eight 6-bit scales and eight 6-bit minimums, packed (see [`get_scale_min_k4`]).
+    pub scales: [u8; K_SCALE_SIZE],
+    /// Nibbles: 64 values per 32 bytes, low nibbles first.
+    pub qs: [u8; QK_K / 2],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
+
+/// Unpacks sub-block `j`'s 6-bit (scale, minimum) pair, as ggml's `get_scale_min_k4`.
+#[inline]
+pub fn get_scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q4_K`.
+/// `out.len()` must be `blocks.len() * 256`.
+pub fn dequantize_row_q4_k(blocks: &[BlockQ4K], out: &mut [f32]) {
+    debug_assert_eq!(out.len(), blocks.len() * QK_K);
+    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = block.d.to_f32();
+        let min = block.dmin.to_f32();
+        // Four groups of 64 values; each uses 32 bytes of `qs` and two sub-block scales.
+        for (g, (q, y)) in block
+            .qs
+            .chunks_exact(32)
+            .zip(y.chunks_exact_mut(64))
+            .enumerate()
+        {
+            let (sc, m) = get_scale_min_k4(2 * g, &block.scales);
+            let (d1, m1) = (d * f32::from(sc), min * f32::from(m));
+            let (sc, m) = get_scale_min_k4(2 * g + 1, &block.scales);
+            let (d2, m2) = (d * f32::from(sc), min * f32::from(m));
+            let (lo, hi) = y.split_at_mut(32);
+            for l in 0..32 {
+                lo[l] = d1 * f32::from(q[l] & 0x0F) - m1;
+                hi[l] = d2 * f32::from(q[l] >> 4) - m2;
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Round-trip and error tests; exact agreement with gguf-py is in `tests/quant_goldens.rs`.
+
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+
+fn random_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect()
+}
+
+fn nearest(x: f32, lo: i32, hi: i32) -> i32 {
+    (x.round() as i32).clamp(lo, hi)
+}
+
+/// Simple (not ggml's optimal) quantizers, enough to check that dequantization inverts
+/// quantization within half a quantization step.
+fn quantize(format: QuantFormat, x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in x.chunks_exact(format.block_elements()) {
+        match format {
+            QuantFormat::Q8_0 => {
+                let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = f16::from_f32(amax / 127.0);
+                let id = 1.0 / d.to_f32();
+                let block = BlockQ8_0 {
+                    d,
+                    qs: std::array::from_fn(|i| nearest(b[i] * id, -127, 127) as i8),
+                };
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+            }
+            QuantFormat::Q4_0 => {
+                let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = f16::from_f32(amax / 7.0);
+                let id = 1.0 / d.to_f32();
+                let q = |v: f32| (nearest(v * id, -8, 7) + 8) as u8;
+                let block = BlockQ4_0 {
+                    d,
+                    qs: std::array::from_fn(|j| q(b[j]) | q(b[j + 16]) << 4),
+                };
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+            }
+            QuantFormat::Q4_1 => {
+                let min = b.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let (d, m) = (f16::from_f32((max - min) / 15.0), f16::from_f32(min));
+                let id = 1.0 / d.to_f32();
+                let q = |v: f32| nearest((v - m.to_f32()) * id, 0, 15) as u8;
+                let block = BlockQ4_1 {
+                    d,
+                    m,
+                    qs: std::array::from_fn(|j| q(b[j]) | q(b[j + 16]) << 4),
+                };
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+            }
+            QuantFormat::Q4K | QuantFormat::Q5K => {
+                let levels = if format == QuantFormat::Q4K { 15 } else { 31 };
+                // Per 32-value sub-block: scale and (negated) minimum, quantized to 6 bits
+                // against super-block scales.
+                let subs: Vec<(f32, f32)> = b
+                    .chunks_exact(32)
+                    .map(|s| {
+                        let min = s.iter().copied().fold(f32::INFINITY, f32::min).min(0.0);
+                        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        ((max - min) / levels as f32, -min)
+                    })
+                    .collect();
+                let max_scale = subs.iter().fold(0f32, |m, s| m.max(s.0));
+                let max_min = subs.iter().fold(0f32, |m, s| m.max(s.1));
+                let d = f16::from_f32(max_scale / 63.0);
+                let dmin = f16::from_f32(max_min / 63.0);
+                let mut sc = [0u8; 8];
+                let mut mn = [0u8; 8];
+                for (j, &(s, m)) in subs.iter().enumerate() {
+                    sc[j] = nearest(s / d.to_f32(), 0, 63) as u8;
+                    mn[j] = nearest(m / dmin.to_f32(), 0, 63) as u8;
+                }
+                let mut scales = [0u8; 12];
+                for j in 0..4 {
+                    scales[j] = sc[j] | (sc[j + 4] >> 4) << 6;
+                    scales[j + 4] = mn[j] | (mn[j + 4] >> 4) << 6;
+                    scales[j + 8] = (sc[j + 4] & 0x0F) | (mn[j + 4] & 0x0F) << 4;
+                }
+                let mut q = [0u8; QK_K];
+                for j in 0..8 {
+                    let (sc, m) = get_scale_min_k4(j, &scales);
+                    let (d1, m1) = (d.to_f32() * f32::from(sc), dmin.to_f32() * f32::from(m));
+                    for l in 0..32 {
+                        let v = b[32 * j + l];
+                        q[32 * j + l] = if d1 > 0.0 {
+                            nearest((v + m1) / d1, 0, levels) as u8
+                        } else {
+                            0
+                        };
+                    }
+                }
+                let mut qs = [0u8; QK_K / 2];
+                let mut qh = [0u8; QK_K / 8];
+                for g in 0..4 {
+                    for l in 0..32 {
+                        let (a, c) = (q[64 * g + l], q[64 * g + 32 + l]);
+                        qs[32 * g + l] = (a & 0x0F) | (c & 0x0F) << 4;
+                        qh[l] |= (a >> 4) << (2 * g) | (c >> 4) << (2 * g + 1);
+                    }
+                }
+                if format == QuantFormat::Q4K {
+                    let block = BlockQ4K {
+                        d,
+                        dmin,
+                        scales,
+                        qs,
+                    };
+                    out.extend_from_slice(bytemuck::bytes_of(&block));
+                } else {
+                    let block = BlockQ5K {
+                        d,
+                        dmin,
+                        scales,
+                        qh,
+                        qs,
+                    };
+                    out.extend_from_slice(bytemuck::bytes_of(&block));
+                }
+            }
+            QuantFormat::Q6K => {
+                let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = f16::from_f32(amax / 31.0 / 127.0);
+                let mut scales = [0i8; 16];
+                let mut q = [0u8; QK_K];
+                for (s, sub) in b.chunks_exact(16).enumerate() {
+                    let samax = sub.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    scales[s] = nearest(samax / 31.0 / d.to_f32(), -128, 127) as i8;
+                    let step = d.to_f32() * f32::from(scales[s]);
+                    for (l, &v) in sub.iter().enumerate() {
+                        let qv = if step > 0.0 { nearest(v / step, -32, 31) } else { 0 };
+                        q[16 * s + l] = (qv + 32) as u8;
+                    }
+                }
+                let mut ql = [0u8; QK_K / 2];
+                let mut qh = [0u8; QK_K / 4];
+                for h in 0..2 {
+                    for l in 0..32 {
+                        let at = |k: usize| q[128 * h + 32 * k + l];
+                        ql[64 * h + l] = (at(0) & 0x0F) | (at(2) & 0x0F) << 4;
+                        ql[64 * h + l + 32] = (at(1) & 0x0F) | (at(3) & 0x0F) << 4;
+                        qh[32 * h + l] =
+                            at(0) >> 4 | (at(1) >> 4) << 2 | (at(2) >> 4) << 4 | (at(3) >> 4) << 6;
+                    }
+                }
+                let block = BlockQ6K { ql, qh, scales, d };
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn quantize_then_dequantize_round_trips() {
+    // Worst-case error relative to the block's range, per format (a loose bound on half a
+    // step plus scale rounding for these simple quantizers).
+    let tolerance = |f: QuantFormat| match f {
+        QuantFormat::Q8_0 => 0.01,
+        QuantFormat::Q6K => 0.04,
+        QuantFormat::Q5K => 0.05,
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4K => 0.1,
+    };
+    for format in QuantFormat::ALL {
+        let x = random_values(format.block_elements() * 8, 7);
+        let bytes = quantize(format, &x);
+        assert_eq!(bytes.len(), 8 * format.block_bytes());
+        let mut y = vec![0.0; x.len()];
+        dequantize(format, &bytes, &mut y).unwrap();
+        let worst = x.iter().zip(&y).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst <= tolerance(format) * 4.0,
+            "{format}: worst error {worst}"
+        );
+    }
+}
+
+#[test]
+fn block_sizes_match_ggml() {
+    let expected = [(32, 34), (32, 18), (32, 20), (256, 144), (256, 176), (256, 210)];
+    for (format, (elements, bytes)) in QuantFormat::ALL.into_iter().zip(expected) {
+        assert_eq!(format.block_elements(), elements, "{format}");
+        assert_eq!(format.block_bytes(), bytes, "{format}");
+        assert_eq!(QuantFormat::from_name(format.name()), Some(format));
+    }
+}
+
+#[test]
+fn length_mismatches_are_errors() {
+    let mut out = vec![0.0; 32];
+    let err = dequantize(QuantFormat::Q4_0, &[0u8; 17], &mut out).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Q4_0: 17 bytes is not a whole number of 18-byte blocks"
+    );
+    let err = dequantize(QuantFormat::Q4_0, &[0u8; 36], &mut out).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Q4_0: the input holds 64 values but the output has 32 slots"
+    );
+    assert!(f16_bytes_to_f32(&[0u8; 3], &mut out).is_err());
+    assert!(bf16_bytes_to_f32(&[0u8; 4], &mut out).is_err());
+    assert!(f32_bytes_to_f32(&[0u8; 4], &mut out).is_err());
+    let mut empty: [f32; 0] = [];
+    assert!(dequantize(QuantFormat::Q6K, &[], &mut empty).is_ok());
+}
+
+#[test]
+fn half_and_float_rows_convert_at_any_alignment() {
+    let x = random_values(1000, 3);
+    let halves: Vec<u8> = x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect();
+    let brains: Vec<u8> = x.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
+    let floats: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    for shift in 0..2 {
+        let mut out = vec![0.0; x.len()];
+        let buf = [vec![0u8; shift], halves.clone()].concat();
+        f16_bytes_to_f32(&buf[shift..], &mut out).unwrap();
+        assert!(out.iter().zip(&x).all(|(a, b)| *a == f16::from_f32(*b).to_f32()));
+        let buf = [vec![0u8; shift], brains.clone()].concat();
+        bf16_bytes_to_f32(&buf[shift..], &mut out).unwrap();
+        assert!(out.iter().zip(&x).all(|(a, b)| *a == bf16::from_f32(*b).to_f32()));
+        let buf = [vec![0u8; shift], floats.clone()].concat();
+        f32_bytes_to_f32(&buf[shift..], &mut out).unwrap();
+        assert_eq!(out, x);
+    }
+}

@@ -1,0 +1,243 @@
+//! The Llama-family decoder (Llama, Mistral, Qwen2) over a flattened variable-length batch.
+//!
+//! Prefill chunks and decode tokens of different sequences share one pass: all their tokens
+//! are stacked into `[T, hidden]` activations; only attention looks at sequence boundaries,
+//! reading each sequence's keys and values from its own paged blocks.
+
+mod rope;
+mod weights;
+
+use std::ops::Range;
+
+use tessera_formats::{ModelConfig, ModelFiles};
+use tessera_kernels::cpu::{activation, attention, matmul, norm, rope as rope_kernel};
+
+use crate::kv_cache::KvCache;
+use crate::EngineError;
+use weights::{Linear, ModelWeights};
+
+/// Which positions of a chunk need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// None (an intermediate prefill chunk).
+    None,
+    /// The last position only (the next token).
+    Last,
+    /// Every position (prompt logprobs, speculative verification).
+    All,
+}
+
+/// New tokens of one sequence to run through the model in this pass.
+#[derive(Debug, Clone, Copy)]
+pub struct SequenceChunk<'a> {
+    /// Tokens to compute: a prefill chunk, or the last sampled token when decoding.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`: how many tokens of this sequence are already in the cache.
+    pub start_position: usize,
+    /// Cache blocks of the sequence, covering positions `0..start_position + tokens.len()`.
+    pub block_table: &'a [u32],
+    /// Which of the chunk's positions need logits.
+    pub logits: LogitsWanted,
+}
+
+/// Logits of one pass: a `[rows, vocab]` matrix and, per chunk, its rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardOutput {
+    /// Row-major logits.
+    pub logits: Vec<f32>,
+    /// Vocabulary size (row width).
+    pub vocab_size: usize,
+    /// Rows of each chunk, in the order the chunks were given.
+    pub rows: Vec<Range<usize>>,
+}
+
+impl ForwardOutput {
+    /// The logits row `i` of chunk `chunk`.
+    pub fn row(&self, chunk: usize, i: usize) -> &[f32] {
+        let r = self.rows[chunk].start + i;
+        &self.logits[r * self.vocab_size..(r + 1) * self.vocab_size]
+    }
+
+    /// The last logits row of chunk `chunk`, if it asked for any.
+    pub fn last(&self, chunk: usize) -> Option<&[f32]> {
+        let range = &self.rows[chunk];
+        (!range.is_empty()).then(|| self.row(chunk, range.len() - 1))
+    }
+}
+
+/// A loaded model, ready to run batches against a [`KvCache`].
+pub struct Model {
+    config: ModelConfig,
+    weights: ModelWeights,
+    inv_freq: Vec<f32>,
+}
+
+impl Model {
+    /// Loads the weights of an opened model, converting them to f32.
+    pub fn load(files: &ModelFiles) -> Result<Self, EngineError> {
+        let name = files.path.display().to_string();
+        let weights = ModelWeights::load(&files.config, files.weights.as_ref(), &name)?;
+        Ok(Self {
+            inv_freq: rope::inv_freq(&files.config),
+            config: files.config.clone(),
+            weights,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The KV layout this model needs for a block size.
+    pub fn kv_layout(&self, block_size: usize) -> attention::KvLayout {
+        attention::KvLayout {
+            block_size,
+            kv_heads: self.config.num_kv_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+
+    /// A cache of `num_blocks` blocks of `block_size` tokens for this model.
+    pub fn new_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
+        KvCache::new(self.config.num_layers, num_blocks, self.kv_layout(block_size))
+    }
+
+    fn check(&self, chunks: &[SequenceChunk<'_>], cache: &KvCache) -> Result<(), EngineError> {
+        if cache.layout != self.kv_layout(cache.layout.block_size) || cache.layers.len() != self.config.num_layers {
+            return Err(EngineError::InvalidBatch("the KV cache was made for another model".into()));
+        }
+        let bs = cache.layout.block_size;
+        for (i, c) in chunks.iter().enumerate() {
+            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+                return Err(EngineError::InvalidBatch(format!(
+                    "sequence {i}: token id {t} is outside the vocabulary (size {})",
+                    self.config.vocab_size
+                )));
+            }
+            let end = c.start_position + c.tokens.len();
+            if c.block_table.len() * bs < end {
+                return Err(EngineError::InvalidBatch(format!(
+                    "sequence {i}: {} blocks of {bs} cannot hold {end} positions",
+                    c.block_table.len()
+                )));
+            }
+            if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= cache.num_blocks) {
+                return Err(EngineError::InvalidBatch(format!(
+                    "sequence {i}: block {b} does not exist (the cache has {})",
+                    cache.num_blocks
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one pass over all chunks, writing their K/V into `cache` and returning the logits
+    /// they asked for. Each sequence's results do not depend on the other chunks.
+    pub fn forward(&self, chunks: &[SequenceChunk<'_>], cache: &mut KvCache) -> Result<ForwardOutput, EngineError> {
+        self.check(chunks, cache)?;
+        let cfg = &self.config;
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let bs = cache.layout.block_size;
+
+        // Flatten the batch.
+        let mut input_ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut slots = Vec::new();
+        let mut seqs = Vec::with_capacity(chunks.len());
+        let mut logit_rows = Vec::new();
+        let mut out_rows = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            let first_row = input_ids.len();
+            for (i, &t) in c.tokens.iter().enumerate() {
+                let p = c.start_position + i;
+                input_ids.push(t);
+                positions.push(p as u32);
+                slots.push(c.block_table[p / bs] as usize * bs + p % bs);
+            }
+            seqs.push(attention::AttentionSeq {
+                first_row,
+                rows: c.tokens.len(),
+                first_position: c.start_position,
+                block_table: c.block_table,
+            });
+            let before = logit_rows.len();
+            match c.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last if !c.tokens.is_empty() => logit_rows.push(first_row + c.tokens.len() - 1),
+                LogitsWanted::Last => {}
+                LogitsWanted::All => logit_rows.extend(first_row..first_row + c.tokens.len()),
+            }
+            out_rows.push(before..logit_rows.len());
+        }
+        let t = input_ids.len();
+
+        let mut residual = Vec::with_capacity(t * h);
+        for &id in &input_ids {
+            residual.extend_from_slice(&self.weights.embed[id as usize * h..(id as usize + 1) * h]);
+        }
+        let (cos, sin) = rope_kernel::cos_sin(&self.inv_freq, &positions);
+        let qkv_width = (nh + 2 * nkv) * hd;
+        let mut normed = vec![0f32; t * h];
+        let mut qkv = vec![0f32; t * qkv_width];
+        let mut attn = vec![0f32; t * nh * hd];
+        let mut proj = vec![0f32; t * h];
+        let mut gate_up = vec![0f32; t * 2 * cfg.intermediate_size];
+        let mut act = vec![0f32; t * cfg.intermediate_size];
+        let scale = 1.0 / (hd as f32).sqrt();
+
+        for (li, layer) in self.weights.layers.iter().enumerate() {
+            if li == 0 {
+                norm::rms_norm(&residual, &layer.input_norm, cfg.rms_norm_eps, &mut normed);
+            } else {
+                norm::add_rms_norm(&mut residual, &proj, &layer.input_norm, cfg.rms_norm_eps, &mut normed);
+            }
+            linear(&normed, &layer.qkv, t, &mut qkv);
+            rope_kernel::apply_rope(&mut qkv, qkv_width, 0, nh, hd, &cos, &sin);
+            rope_kernel::apply_rope(&mut qkv, qkv_width, nh * hd, nkv, hd, &cos, &sin);
+            let (ck, cv) = &mut cache.layers[li];
+            attention::write_kv(cache.layout, ck, cv, &qkv, qkv_width, nh * hd, (nh + nkv) * hd, &slots);
+            attention::paged_attention(
+                cache.layout,
+                ck,
+                cv,
+                &qkv,
+                qkv_width,
+                nh,
+                &seqs,
+                scale,
+                cfg.sliding_window,
+                &mut attn,
+            );
+            linear(&attn, &layer.o, t, &mut proj);
+            norm::add_rms_norm(&mut residual, &proj, &layer.post_attention_norm, cfg.rms_norm_eps, &mut normed);
+            linear(&normed, &layer.gate_up, t, &mut gate_up);
+            activation::silu_mul(&gate_up, cfg.intermediate_size, &mut act);
+            linear(&act, &layer.down, t, &mut proj);
+        }
+
+        // Only the rows that need logits go through the final norm and the LM head.
+        let rows = logit_rows.len();
+        let mut last = Vec::with_capacity(rows * h);
+        for &r in &logit_rows {
+            let res = &residual[r * h..(r + 1) * h];
+            last.extend(res.iter().zip(&proj[r * h..(r + 1) * h]).map(|(a, b)| a + b));
+        }
+        let mut last_normed = vec![0f32; rows * h];
+        norm::rms_norm(&last, &self.weights.final_norm, cfg.rms_norm_eps, &mut last_normed);
+        let head = self.weights.lm_head.as_deref().unwrap_or(&self.weights.embed);
+        let mut logits = vec![0f32; rows * cfg.vocab_size];
+        matmul::linear(&last_normed, head, None, rows, h, &mut logits);
+        Ok(ForwardOutput {
+            logits,
+            vocab_size: cfg.vocab_size,
+            rows: out_rows,
+        })
+    }
+}
+
+fn linear(x: &[f32], layer: &Linear, rows: usize, out: &mut [f32]) {
+    debug_assert_eq!(out.len(), rows * layer.out_features());
+    matmul::linear(x, &layer.weight, layer.bias.as_deref(), rows, layer.in_features, out);
+}
