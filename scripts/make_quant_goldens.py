@@ -5,11 +5,18 @@ format Tessera dequantizes, with the values gguf-py's `gguf.quants.dequantize` g
 Run with an environment that has `gguf` and `numpy`:
     /work/pyenv/bin/python scripts/make_quant_goldens.py
 
+With `--smollm2 PATH/SmolLM2-135M-Instruct.Q4_1.gguf` (needs `transformers` and `torch`) it
+also writes formats/tests/data/smollm2_gguf_slices.json: slices of the Hugging Face-layout
+f32 weights transformers' GGUF loader produces (q/k with llama.cpp's permutation undone),
+which formats' GGUF tests compare against when the model file is present.
+
 File format (one record per format, lines starting with '#' are comments):
     <FORMAT> <hex of the block bytes>
     <expected f32 values as space-separated 8-hex-digit bit patterns>
 """
+import json
 import pathlib
+import sys
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -66,5 +73,49 @@ def main():
     print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
+def smollm2_slices(gguf_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = pathlib.Path(gguf_path)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    sd = model.state_dict()
+    tensors = []
+
+    def add(name, rows, cols):
+        t = sd[name] if sd[name].dim() > 1 else sd[name][None, :]
+        rows = list(range(t.shape[0])) if rows is None else list(rows)
+        tensors.append({
+            "name": name,
+            "shape": list(sd[name].shape),
+            "rows": rows,
+            # The first `cols` values of the first row listed, exactly.
+            "first": [float(v) for v in t[rows[0], :cols]],
+            # Each listed row's sum (f64), rounded to 9 significant digits.
+            "sums": [float(f"{float(t[r].double().sum()):.9g}") for r in rows],
+        })
+
+    # Every row of layer 0's q and k (the permutation is per head), a few rows elsewhere.
+    add("model.layers.0.self_attn.q_proj.weight", None, 8)
+    add("model.layers.0.self_attn.k_proj.weight", None, 8)
+    add("model.layers.29.self_attn.k_proj.weight", range(0, 192, 37), 8)
+    for name in ["v_proj", "o_proj"]:
+        add(f"model.layers.29.self_attn.{name}.weight", [0, 100], 8)
+    for name in ["gate_proj", "up_proj", "down_proj"]:
+        add(f"model.layers.7.mlp.{name}.weight", [0, 500], 8)
+    add("model.embed_tokens.weight", [0, 1, 49151], 8)
+    add("model.layers.3.input_layernorm.weight", [0], 8)
+    add("model.norm.weight", [0], 8)
+    out = pathlib.Path(__file__).resolve().parent.parent / "formats/tests/data/smollm2_gguf_slices.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    body = ",\n".join(json.dumps(t, separators=(",", ":")) for t in tensors)
+    out.write_text(f'{{"source":{json.dumps(path.name)},"tensors":[\n{body}\n]}}\n')
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
+
+
 if __name__ == "__main__":
     main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--smollm2":
+        smollm2_slices(sys.argv[2])

@@ -1,0 +1,229 @@
+//! GGUF files (versions 2 and 3) over a read-only memory map.
+//!
+//! [`GgufFile::open`] parses and bounds-checks the header, the metadata and every tensor
+//! info; tensor data stays in the map until [`WeightSource::load_f32`] converts it. Weights
+//! are addressed by their Hugging Face names and come back in Hugging Face layout: GGUF
+//! names are translated, dimensions reversed, quantized blocks dequantized, and llama.cpp's
+//! q/k row permutation undone for the `llama` (and `mistral`) architectures.
+//!
+//! ```no_run
+//! use tessera_formats::{WeightSource, gguf::GgufFile};
+//! let file = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
+//! let config = file.model_config()?;
+//! let q = file.load_f32("model.layers.0.self_attn.q_proj.weight")?;
+//! assert_eq!(q.shape, [config.num_heads * config.head_dim, config.hidden_size]);
+//! # Ok::<(), tessera_formats::FormatError>(())
+//! ```
+
+mod config;
+mod metadata;
+mod names;
+mod reader;
+#[cfg(test)]
+mod tests;
+mod types;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use tessera_kernels::quant;
+
+pub use metadata::MetadataValue;
+pub use reader::TensorInfo;
+pub use types::GgmlType;
+
+use crate::{Architecture, FormatError, HostTensor, WeightSource};
+
+/// An open GGUF file: parsed metadata and tensor infos over a memory map of the data.
+pub struct GgufFile {
+    path: PathBuf,
+    mmap: Mmap,
+    version: u32,
+    metadata: Vec<(String, MetadataValue)>,
+    metadata_index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+    alignment: usize,
+    data_offset: usize,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .field("data_offset", &self.data_offset)
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Maps and parses a GGUF file. Truncated or corrupt files, version 1 files and tensors
+    /// of unknown type are errors naming the file and the problem.
+    pub fn open(path: &Path) -> Result<Self, FormatError> {
+        let mmap = crate::mmap::map_file(path)?;
+        let parsed = reader::parse(&mmap, path)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            mmap,
+            version: parsed.version,
+            metadata: parsed.metadata,
+            metadata_index: parsed.metadata_index,
+            tensors: parsed.tensors,
+            tensor_index: parsed.tensor_index,
+            alignment: parsed.alignment,
+            data_offset: parsed.data_offset,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The GGUF version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The data alignment (`general.alignment`, 32 by default).
+    pub fn alignment(&self) -> usize {
+        self.alignment
+    }
+
+    /// Where the tensor data section starts.
+    pub fn data_offset(&self) -> usize {
+        self.data_offset
+    }
+
+    /// A metadata value by key.
+    pub fn metadata(&self, key: &str) -> Option<&MetadataValue> {
+        self.metadata_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    /// All metadata, in file order.
+    pub fn metadata_entries(&self) -> impl Iterator<Item = (&str, &MetadataValue)> {
+        self.metadata.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// All tensor infos, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// A tensor info by GGUF name (`blk.0.attn_q.weight`).
+    pub fn tensor_info(&self, gguf_name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(gguf_name).map(|&i| &self.tensors[i])
+    }
+
+    /// A tensor's raw bytes in the file (bounds were checked at open).
+    pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
+        self.mmap
+            .get(info.start..info.start + info.n_bytes)
+            .unwrap_or_default()
+    }
+
+    /// `general.architecture`.
+    pub fn architecture(&self) -> Result<&str, FormatError> {
+        self.required_str("general.architecture")
+    }
+
+    /// A GGUF tensor converted to f32 in GGUF layout (no permutation undone), by GGUF name.
+    pub fn load_gguf_f32(&self, gguf_name: &str) -> Result<Vec<f32>, FormatError> {
+        let info = self.tensor_info(gguf_name).ok_or_else(|| {
+            FormatError::tensor(&self.path, gguf_name, "not in the file")
+        })?;
+        let bytes = self.tensor_bytes(info);
+        let mut out = vec![0.0f32; info.elements()];
+        let result = match info.ggml_type {
+            GgmlType::F32 => quant::f32_bytes_to_f32(bytes, &mut out),
+            GgmlType::F16 => quant::f16_bytes_to_f32(bytes, &mut out),
+            GgmlType::BF16 => quant::bf16_bytes_to_f32(bytes, &mut out),
+            other => match other.quant_format() {
+                Some(format) => quant::dequantize(format, bytes, &mut out),
+                None => {
+                    return Err(FormatError::tensor(
+                        &self.path,
+                        gguf_name,
+                        format!(
+                            "tensor type {other} is not supported; supported: {}",
+                            GgmlType::SUPPORTED
+                        ),
+                    ));
+                }
+            },
+        };
+        result.map_err(|e| FormatError::tensor(&self.path, gguf_name, e.to_string()))?;
+        Ok(out)
+    }
+
+    /// The GGUF name behind a Hugging Face name, if the name maps and the tensor exists.
+    fn resolve(&self, name: &str) -> Result<&TensorInfo, FormatError> {
+        let gguf_name = names::hf_to_gguf(name).ok_or_else(|| {
+            FormatError::tensor(
+                &self.path,
+                name,
+                "no GGUF tensor corresponds to this name (Tessera maps model.embed_tokens, \
+                 model.norm, lm_head and model.layers.N.{input_layernorm, \
+                 post_attention_layernorm, self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj})",
+            )
+        })?;
+        self.tensor_info(&gguf_name).ok_or_else(|| {
+            FormatError::tensor(&self.path, name, format!("not in the file (looked for {gguf_name})"))
+        })
+    }
+
+    /// Whether the converter permuted q/k rows (llama.cpp's `LlamaModel`, which also converts
+    /// Mistral checkpoints); Qwen2 is converted without permutation.
+    fn permutes_qk(&self) -> bool {
+        matches!(
+            self.architecture().ok().and_then(Architecture::from_name),
+            Some(Architecture::Llama | Architecture::Mistral)
+        )
+    }
+}
+
+impl WeightSource for GgufFile {
+    fn contains(&self, name: &str) -> bool {
+        self.resolve(name).is_ok()
+    }
+
+    fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
+        Ok(self.resolve(name)?.dims.iter().rev().copied().collect())
+    }
+
+    fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
+        let info = self.resolve(name)?;
+        let shape: Vec<usize> = info.dims.iter().rev().copied().collect();
+        let mut data = self.load_gguf_f32(&info.name)?;
+        if let Some(is_q) = names::permuted_projection(&info.name).filter(|_| self.permutes_qk()) {
+            let arch = self.architecture()?;
+            let heads_key = format!("{arch}.attention.head_count");
+            let n_head = if is_q {
+                self.required_usize(&heads_key)?
+            } else {
+                match self.optional_usize(&format!("{arch}.attention.head_count_kv"))? {
+                    Some(n) => n,
+                    None => self.required_usize(&heads_key)?,
+                }
+            };
+            let rows = shape.first().copied().unwrap_or(0);
+            if n_head == 0 || rows % (2 * n_head) != 0 {
+                return Err(FormatError::tensor(
+                    &self.path,
+                    name,
+                    format!(
+                        "{} rows cannot be split into {n_head} heads of even size to undo \
+                         llama.cpp's q/k permutation",
+                        rows
+                    ),
+                ));
+            }
+            data = names::unpermute_rows(&data, rows, n_head);
+        }
+        Ok(HostTensor { shape, data })
+    }
+}

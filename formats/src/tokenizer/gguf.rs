@@ -128,7 +128,7 @@ pub(crate) fn build(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, 
             ));
         }
     };
-    add_special_tokens(&mut tokenizer, spec);
+    add_special_tokens(&mut tokenizer, spec, path)?;
     Ok(tokenizer)
 }
 
@@ -310,7 +310,14 @@ fn sentencepiece(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, For
 
 /// Registers the special tokens so they are matched whole in text: BOS/EOS/UNK/PAD and control
 /// tokens as special tokens, user-defined tokens as plain added tokens.
-fn add_special_tokens(tokenizer: &mut Tokenizer, spec: &GgufTokenizerSpec) {
+fn add_special_tokens(
+    tokenizer: &mut Tokenizer,
+    spec: &GgufTokenizerSpec,
+    path: &Path,
+) -> Result<(), FormatError> {
+    let failed = |e: tokenizers::Error| {
+        FormatError::invalid(path, format!("cannot register the special tokens: {e}"))
+    };
     let byte_level = spec.model == "gpt2";
     let alphabet: HashSet<char> = bytes_to_unicode().iter().copied().collect();
     let token_type = |id: usize| spec.token_types.as_ref().and_then(|t| t.get(id)).copied();
@@ -333,7 +340,7 @@ fn add_special_tokens(tokenizer: &mut Tokenizer, spec: &GgufTokenizerSpec) {
             special.push(AddedToken::from(token.clone(), true).normalized(false));
         }
     }
-    tokenizer.add_special_tokens(special);
+    tokenizer.add_special_tokens(special).map_err(failed)?;
 
     let user_defined: Vec<AddedToken> = spec
         .tokens
@@ -343,8 +350,9 @@ fn add_special_tokens(tokenizer: &mut Tokenizer, spec: &GgufTokenizerSpec) {
         .map(|(_, token)| AddedToken::from(token.clone(), false).normalized(false))
         .collect();
     if !user_defined.is_empty() {
-        tokenizer.add_tokens(user_defined);
+        tokenizer.add_tokens(user_defined).map_err(failed)?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

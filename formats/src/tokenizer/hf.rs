@@ -104,7 +104,9 @@ pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer,
         .filter(|t| tokenizer.token_to_id(t).is_some())
         .map(|t| AddedToken::from(t, true).normalized(false))
         .collect();
-    tokenizer.add_special_tokens(specials);
+    tokenizer.add_special_tokens(specials).map_err(|e| {
+        FormatError::invalid(&config_path, format!("cannot register the special tokens: {e}"))
+    })?;
 
     // transformers 5 rebuilds the post-processor when the config states add_bos/eos_token, or
     // when tokenizer.json has none.

@@ -1,0 +1,388 @@
+//! [`ModelConfig`] and [`GgufTokenizerSpec`] from GGUF metadata.
+
+use super::{GgufFile, MetadataValue};
+use crate::{Architecture, DType, FormatError, GgufTokenizerSpec, ModelConfig, RopeScaling};
+
+impl GgufFile {
+    fn invalid(&self, message: impl Into<String>) -> FormatError {
+        FormatError::invalid(&self.path, message)
+    }
+
+    fn wrong_type(&self, key: &str, expected: &str, found: &MetadataValue) -> FormatError {
+        self.invalid(format!(
+            "metadata {key} must be {expected}, found {} {}",
+            found.type_name(),
+            short(found)
+        ))
+    }
+
+    pub(super) fn required_str(&self, key: &str) -> Result<&str, FormatError> {
+        let value = self
+            .metadata(key)
+            .ok_or_else(|| self.invalid(format!("missing metadata key {key}")))?;
+        value
+            .as_str()
+            .ok_or_else(|| self.wrong_type(key, "a string", value))
+    }
+
+    fn optional_str(&self, key: &str) -> Result<Option<String>, FormatError> {
+        match self.metadata(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(|s| Some(s.to_owned()))
+                .ok_or_else(|| self.wrong_type(key, "a string", v)),
+        }
+    }
+
+    pub(super) fn optional_usize(&self, key: &str) -> Result<Option<usize>, FormatError> {
+        match self.metadata(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| self.wrong_type(key, "a non-negative integer", v)),
+        }
+    }
+
+    pub(super) fn required_usize(&self, key: &str) -> Result<usize, FormatError> {
+        self.optional_usize(key)?
+            .ok_or_else(|| self.invalid(format!("missing metadata key {key}")))
+    }
+
+    fn optional_u32(&self, key: &str) -> Result<Option<u32>, FormatError> {
+        match self.metadata(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| self.wrong_type(key, "a token id (u32)", v)),
+        }
+    }
+
+    fn optional_f32(&self, key: &str) -> Result<Option<f32>, FormatError> {
+        match self.metadata(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| self.wrong_type(key, "a number", v)),
+        }
+    }
+
+    fn optional_bool(&self, key: &str) -> Result<Option<bool>, FormatError> {
+        match self.metadata(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.wrong_type(key, "a bool", v)),
+        }
+    }
+
+    fn optional_array<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        item: impl Fn(&MetadataValue) -> Option<T>,
+    ) -> Result<Option<Vec<T>>, FormatError> {
+        let Some(value) = self.metadata(key) else {
+            return Ok(None);
+        };
+        let items = value
+            .as_array()
+            .ok_or_else(|| self.wrong_type(key, expected, value))?;
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| item(v).ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), expected, v)))
+            .collect::<Result<Vec<T>, _>>()
+            .map(Some)
+    }
+
+    /// The model's hyper-parameters from `general.architecture` and the `{arch}.*` keys.
+    pub fn model_config(&self) -> Result<ModelConfig, FormatError> {
+        let arch = self.architecture()?;
+        let architecture =
+            Architecture::from_name(arch).ok_or_else(|| FormatError::UnsupportedArchitecture {
+                path: self.path.clone(),
+                found: arch.to_owned(),
+                supported: Architecture::SUPPORTED.into(),
+            })?;
+        let key = |k: &str| format!("{arch}.{k}");
+        let hidden_size = self.required_usize(&key("embedding_length"))?;
+        let num_heads = self.required_usize(&key("attention.head_count"))?;
+        let num_kv_heads = self
+            .optional_usize(&key("attention.head_count_kv"))?
+            .unwrap_or(num_heads);
+        if num_heads == 0 || hidden_size == 0 {
+            return Err(self.invalid(format!(
+                "{} and {} must be positive",
+                key("embedding_length"),
+                key("attention.head_count")
+            )));
+        }
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(self.invalid(format!(
+                "{} ({num_heads}) must be a multiple of {} ({num_kv_heads})",
+                key("attention.head_count"),
+                key("attention.head_count_kv")
+            )));
+        }
+        let head_dim = self
+            .optional_usize(&key("attention.key_length"))?
+            .unwrap_or(hidden_size / num_heads);
+        if let Some(v) = self.optional_usize(&key("attention.value_length"))?
+            && v != head_dim
+        {
+            return Err(self.invalid(format!(
+                "{} ({v}) differs from the key length ({head_dim}); Tessera needs equal key and \
+                 value head sizes",
+                key("attention.value_length")
+            )));
+        }
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(self.invalid(format!(
+                "head size {head_dim} must be positive and even for rotary embeddings"
+            )));
+        }
+        if let Some(r) = self.optional_usize(&key("rope.dimension_count"))?
+            && r != head_dim
+        {
+            return Err(self.invalid(format!(
+                "{} ({r}) differs from the head size ({head_dim}); partial rotary embeddings \
+                 are not supported",
+                key("rope.dimension_count")
+            )));
+        }
+        let rope_theta = self.optional_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let rope_scaling = self.rope_scaling(arch, head_dim, rope_theta)?;
+        let spec_vocab = match self.metadata("tokenizer.ggml.tokens").and_then(|v| v.as_array()) {
+            Some(tokens) => Some(tokens.len()),
+            None => self.tensor_info("token_embd.weight").and_then(|t| t.dims.get(1).copied()),
+        };
+        let vocab_size = match self.optional_usize(&key("vocab_size"))? {
+            Some(v) => v,
+            None => spec_vocab.ok_or_else(|| {
+                self.invalid(format!(
+                    "cannot tell the vocabulary size: no {}, tokenizer.ggml.tokens or \
+                     token_embd.weight",
+                    key("vocab_size")
+                ))
+            })?,
+        };
+        let dtype = match self.optional_usize("general.file_type")? {
+            Some(0) => Some(DType::F32),
+            Some(1) => Some(DType::F16),
+            Some(32) => Some(DType::BF16),
+            _ => None,
+        };
+        let mut eos_token_ids = Vec::new();
+        for k in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
+            if let Some(id) = self.optional_u32(k)?
+                && !eos_token_ids.contains(&id)
+            {
+                eos_token_ids.push(id);
+            }
+        }
+        Ok(ModelConfig {
+            architecture,
+            vocab_size,
+            hidden_size,
+            intermediate_size: self.required_usize(&key("feed_forward_length"))?,
+            num_layers: self.required_usize(&key("block_count"))?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: self
+                .optional_f32(&key("attention.layer_norm_rms_epsilon"))?
+                .ok_or_else(|| {
+                    self.invalid(format!(
+                        "missing metadata key {}",
+                        key("attention.layer_norm_rms_epsilon")
+                    ))
+                })?,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: self.required_usize(&key("context_length"))?,
+            tie_word_embeddings: self.tensor_info("output.weight").is_none(),
+            sliding_window: self
+                .optional_usize(&key("attention.sliding_window"))?
+                .filter(|&w| w > 0),
+            attention_bias: self.tensor_info("blk.0.attn_q.bias").is_some(),
+            dtype,
+            bos_token_id: self.optional_u32("tokenizer.ggml.bos_token_id")?,
+            eos_token_ids,
+        })
+    }
+
+    /// `{arch}.rope.scaling.*`, or Llama 3 scaling recovered from a `rope_freqs.weight`
+    /// tensor (llama.cpp bakes Llama 3.1 scaling into per-frequency divisors).
+    fn rope_scaling(
+        &self,
+        arch: &str,
+        head_dim: usize,
+        theta: f32,
+    ) -> Result<Option<RopeScaling>, FormatError> {
+        let kind = self.optional_str(&format!("{arch}.rope.scaling.type"))?;
+        let factor_key = format!("{arch}.rope.scaling.factor");
+        let declared = match kind.as_deref() {
+            None | Some("none") => None,
+            Some("linear") => {
+                let factor = self
+                    .optional_f32(&factor_key)?
+                    .ok_or_else(|| self.invalid(format!("linear rope scaling needs {factor_key}")))?;
+                Some(RopeScaling::Linear { factor })
+            }
+            Some(other) => {
+                return Err(self.invalid(format!(
+                    "unsupported rope scaling {other:?}; supported: none, linear, and Llama 3 \
+                     scaling given as a rope_freqs.weight tensor"
+                )));
+            }
+        };
+        if self.tensor_info("rope_freqs.weight").is_none() {
+            return Ok(declared);
+        }
+        if declared.is_some() {
+            return Err(self.invalid(
+                "the file has both rope scaling metadata and a rope_freqs.weight tensor; \
+                 Tessera supports one or the other",
+            ));
+        }
+        let divisors = self.load_gguf_f32("rope_freqs.weight")?;
+        fit_llama3(&divisors, head_dim, theta).map_err(|why| {
+            self.invalid(format!(
+                "rope_freqs.weight is not Llama 3 rope scaling Tessera can represent: {why}"
+            ))
+        })
+    }
+
+    /// The tokenizer as `tokenizer.ggml.*` and `tokenizer.chat_template` describe it.
+    pub fn tokenizer_spec(&self) -> Result<GgufTokenizerSpec, FormatError> {
+        let tokens = self
+            .optional_array("tokenizer.ggml.tokens", "an array of strings", |v| {
+                v.as_str().map(str::to_owned)
+            })?
+            .ok_or_else(|| self.invalid("missing metadata key tokenizer.ggml.tokens"))?;
+        Ok(GgufTokenizerSpec {
+            model: self.required_str("tokenizer.ggml.model")?.to_owned(),
+            pre: self.optional_str("tokenizer.ggml.pre")?,
+            tokens,
+            token_types: self.optional_array(
+                "tokenizer.ggml.token_type",
+                "an array of i32",
+                |v| v.as_i64().and_then(|x| i32::try_from(x).ok()),
+            )?,
+            scores: self.optional_array("tokenizer.ggml.scores", "an array of numbers", |v| {
+                v.as_f64().map(|x| x as f32)
+            })?,
+            merges: self.optional_array("tokenizer.ggml.merges", "an array of strings", |v| {
+                v.as_str().map(str::to_owned)
+            })?,
+            bos_id: self.optional_u32("tokenizer.ggml.bos_token_id")?,
+            eos_id: self.optional_u32("tokenizer.ggml.eos_token_id")?,
+            unk_id: self.optional_u32("tokenizer.ggml.unknown_token_id")?,
+            pad_id: self.optional_u32("tokenizer.ggml.padding_token_id")?,
+            add_bos: self.optional_bool("tokenizer.ggml.add_bos_token")?,
+            add_eos: self.optional_bool("tokenizer.ggml.add_eos_token")?,
+            add_space_prefix: self.optional_bool("tokenizer.ggml.add_space_prefix")?,
+            chat_template: self.optional_str("tokenizer.chat_template")?,
+        })
+    }
+}
+
+/// A short rendering of a value for error messages (arrays by length only).
+fn short(value: &MetadataValue) -> String {
+    match value {
+        MetadataValue::Array(items) => format!("of {} items", items.len()),
+        MetadataValue::String(s) if s.len() > 40 => format!("{:?}…", &s[..s.floor_char_boundary(40)]),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Recovers [`RopeScaling::Llama3`] from llama.cpp's per-frequency divisors.
+///
+/// Llama 3 scaling divides frequency `i` by 1 (short wavelengths), by `factor` (long ones), or
+/// by `1 / ((1 - s) / factor + s)` with `s = (orig / wavelen - low) / (high - low)` in between.
+/// Only `low / orig` and `high / orig` matter, so `low_freq_factor` is fixed at 1 and `orig`
+/// and `high` are fitted to the in-between divisors; the result is checked against every
+/// divisor.
+fn fit_llama3(divisors: &[f32], head_dim: usize, theta: f32) -> Result<Option<RopeScaling>, String> {
+    if divisors.len() != head_dim / 2 {
+        return Err(format!(
+            "it has {} values but the head size {head_dim} needs {}",
+            divisors.len(),
+            head_dim / 2
+        ));
+    }
+    if divisors.iter().any(|d| !d.is_finite() || *d <= 0.0) {
+        return Err("it holds a non-positive or non-finite divisor".into());
+    }
+    let factor = divisors.iter().copied().fold(1.0f32, f32::max) as f64;
+    if factor <= 1.0 + 1e-6 {
+        return Ok(None);
+    }
+    let inv_wavelen = |i: usize| {
+        let freq = (theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
+        freq / (2.0 * std::f64::consts::PI)
+    };
+    // (1 / wavelen, s) for the in-between divisors.
+    let points: Vec<(f64, f64)> = divisors
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| (**d as f64 - 1.0).abs() > 1e-4 && (**d as f64 - factor).abs() > 1e-4 * factor)
+        .map(|(i, &d)| (inv_wavelen(i), (factor / d as f64 - 1.0) / (factor - 1.0)))
+        .collect();
+    if points.len() < 2 {
+        return Err(format!(
+            "only {} divisors lie between 1 and the factor {factor}; at least 2 are needed to \
+             recover the frequency bounds",
+            points.len()
+        ));
+    }
+    // Least squares s = a x + b, where a = orig / (high - 1) and b = -1 / (high - 1).
+    let n = points.len() as f64;
+    let (sx, sy) = points.iter().fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (sxy, sxx) = points.iter().fold((0.0, 0.0), |(sxy, sxx), (x, y)| {
+        (sxy + (x - mx) * (y - my), sxx + (x - mx) * (x - mx))
+    });
+    let a = sxy / sxx;
+    let b = my - a * mx;
+    if !(a.is_finite() && b < 0.0) {
+        return Err("the in-between divisors do not follow Llama 3's smooth interpolation".into());
+    }
+    let high = 1.0 - 1.0 / b;
+    let orig = a * (high - 1.0);
+    let scaling = RopeScaling::Llama3 {
+        factor: factor as f32,
+        low_freq_factor: 1.0,
+        high_freq_factor: high as f32,
+        original_max_position_embeddings: orig as f32,
+    };
+    for (i, &d) in divisors.iter().enumerate() {
+        let wavelen = 1.0 / inv_wavelen(i);
+        let (low_wavelen, high_wavelen) = (orig, orig / high);
+        let expected = if wavelen < high_wavelen {
+            1.0
+        } else if wavelen > low_wavelen {
+            factor
+        } else {
+            let s = (orig / wavelen - 1.0) / (high - 1.0);
+            1.0 / ((1.0 - s) / factor + s)
+        };
+        if (expected - d as f64).abs() > 1e-3 * expected {
+            return Err(format!(
+                "divisor {i} is {d} but the fitted Llama 3 scaling gives {expected}"
+            ));
+        }
+    }
+    Ok(Some(scaling))
+}

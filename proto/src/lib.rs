@@ -1,0 +1,8 @@
+//! The router↔shard gRPC contract (`v1/generate.proto`, package `tessera.v1`), compiled at
+//! build time without a system `protoc`.
+
+/// Generated messages, client and server of `tessera.v1`.
+#[allow(missing_docs, unreachable_pub, clippy::all)]
+pub mod v1 {
+    tonic::include_proto!("tessera.v1");
+}

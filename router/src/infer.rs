@@ -1,0 +1,515 @@
+//! The seam between the HTTP layer and the batcher.
+//!
+//! Handlers validate a request into a [`ValidGenerateRequest`], then hand it to [`Infer`],
+//! which wraps it in an [`Entry`] and sends it to the batcher task over a bounded channel.
+//! The batcher answers on the entry's `response_tx` with [`InferStreamResponse`] events.
+//!
+//! Contract for the batcher:
+//! - zero or one [`InferStreamResponse::Prefill`] first (only when `decoder_input_details`),
+//!   then any number of [`InferStreamResponse::Intermediate`], then exactly one
+//!   [`InferStreamResponse::End`]; or an `Err` at any point, after which nothing is sent.
+//! - every event's `token.text` is text that may be shown to the client: already
+//!   detokenized, with stop sequences held back and trimmed. The concatenation of all
+//!   `token.text` values equals `generated_text.text` (it may be empty for a token).
+//! - when `response_tx.is_closed()` (or a send fails) the client is gone: free the request.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures::Stream;
+use serde::Serialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+use crate::metrics as m;
+use crate::validation::ValidationError;
+
+/// A request that passed validation; everything the batcher needs to run it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidGenerateRequest {
+    /// Prompt text as sent to the tokenizer (after the chat template).
+    pub inputs: String,
+    /// Prompt token ids (with special tokens as the model wants them).
+    pub input_ids: Vec<u32>,
+    /// Sampling parameters.
+    pub parameters: ValidParameters,
+    /// When to stop.
+    pub stopping: ValidStoppingParameters,
+    /// Whether the client wants the prompt tokens' logprobs ([`InferStreamResponse::Prefill`]).
+    pub decoder_input_details: bool,
+    /// Whether special tokens are left out of the generated text.
+    pub skip_special_tokens: bool,
+}
+
+/// Validated sampling parameters. Neutral values switch a processor off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidParameters {
+    /// Softmax temperature; `0.0` means greedy decoding.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; `0` is off.
+    pub top_k: u32,
+    /// Nucleus sampling mass in `(0, 1]`; `1.0` is off.
+    pub top_p: f32,
+    /// Typical sampling mass in `(0, 1]`; `1.0` is off.
+    pub typical_p: f32,
+    /// Minimum probability relative to the most likely token, in `[0, 1]`; `0.0` is off.
+    pub min_p: f32,
+    /// Multiplicative repetition penalty (> 0); `1.0` is off.
+    pub repetition_penalty: f32,
+    /// Additive penalty per occurrence of a token in the output, in `[-2, 2]`; `0.0` is off.
+    pub frequency_penalty: f32,
+    /// Additive penalty for any token present in the output, in `[-2, 2]`; `0.0` is off.
+    pub presence_penalty: f32,
+    /// Biases added to the logits of these token ids, each in `[-100, 100]`.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Sampling seed. Always set when sampling (the router draws one if the client did not).
+    pub seed: Option<u64>,
+    /// How many most likely alternatives to report per generated token.
+    pub top_n_tokens: u32,
+}
+
+impl Default for ValidParameters {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            typical_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: None,
+            top_n_tokens: 0,
+        }
+    }
+}
+
+/// Validated stopping criteria.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidStoppingParameters {
+    /// Generate at most this many tokens (input + this fits in `max_total_tokens`).
+    pub max_new_tokens: u32,
+    /// Stop when the generated text contains one of these (trimmed from the output).
+    pub stop_sequences: Vec<String>,
+    /// Keep generating past the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+/// What the batcher receives for each request.
+#[derive(Debug)]
+pub struct Entry {
+    /// The validated request.
+    pub request: ValidGenerateRequest,
+    /// Where to send the events; closed when the client went away.
+    pub response_tx: mpsc::UnboundedSender<Result<InferStreamResponse, InferError>>,
+    /// When the request was queued.
+    pub queued: Instant,
+    /// The request's tracing span.
+    pub span: tracing::Span,
+}
+
+/// One event of a running request, sent by the batcher.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InferStreamResponse {
+    /// The prompt tokens with their logprobs (only when `decoder_input_details`).
+    Prefill(Vec<PrefillToken>),
+    /// A generated token that did not finish the request.
+    Intermediate {
+        /// The token.
+        token: Token,
+        /// Its most likely alternatives (`top_n_tokens` of them).
+        top_tokens: Vec<Token>,
+    },
+    /// The last generated token.
+    End {
+        /// The token.
+        token: Token,
+        /// Its most likely alternatives.
+        top_tokens: Vec<Token>,
+        /// The whole output.
+        generated_text: GeneratedText,
+        /// When the request was queued.
+        queued: Instant,
+        /// When its prefill started.
+        start: Instant,
+    },
+}
+
+/// A generated token.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Token {
+    /// Token id.
+    pub id: u32,
+    /// The text this token adds to the output (may be empty, see the module docs).
+    pub text: String,
+    /// Log-probability of the token.
+    pub logprob: f32,
+    /// Whether it is a special token.
+    pub special: bool,
+}
+
+/// A prompt token with its logprob.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefillToken {
+    /// Token id.
+    pub id: u32,
+    /// Its text.
+    pub text: String,
+    /// Log-probability given the tokens before it; `None` for the first token.
+    pub logprob: Option<f32>,
+}
+
+/// The final output of a request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GeneratedText {
+    /// The generated text (stop sequence trimmed).
+    pub text: String,
+    /// How many tokens were generated.
+    pub generated_tokens: u32,
+    /// Why generation stopped.
+    pub finish_reason: FinishReason,
+    /// The sampling seed used, if sampling.
+    pub seed: Option<u64>,
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_new_tokens` reached.
+    Length,
+    /// The model produced an end-of-sequence token.
+    EosToken,
+    /// A stop sequence matched.
+    StopSequence,
+}
+
+impl FinishReason {
+    /// The OpenAI name: `"length"` or `"stop"`.
+    pub fn openai(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::EosToken | FinishReason::StopSequence => "stop",
+        }
+    }
+}
+
+/// Why a request could not be served.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InferError {
+    /// Too many requests in flight.
+    #[error("Model is overloaded")]
+    Overloaded,
+    /// A shard failed while running the request.
+    #[error("Shard failure: {0}")]
+    ShardFailure(String),
+    /// The request was cancelled by the server (shutdown, preemption given up, ...).
+    #[error("Request was cancelled")]
+    Cancelled,
+    /// The request is invalid (found after queueing, e.g. by the scheduler).
+    #[error("Input validation error: {0}")]
+    Validation(#[from] ValidationError),
+    /// Generation failed.
+    #[error("Request failed during generation: {0}")]
+    GenerationError(String),
+    /// The batcher stopped answering before the request finished.
+    #[error("Incomplete generation")]
+    IncompleteGeneration,
+    /// The batcher is not running.
+    #[error("Inference engine is unavailable")]
+    Unavailable,
+}
+
+impl InferError {
+    /// A short label for metrics and logs.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            InferError::Overloaded => "overloaded",
+            InferError::ShardFailure(_) => "shard_failure",
+            InferError::Cancelled => "cancelled",
+            InferError::Validation(_) => "validation",
+            InferError::GenerationError(_) => "generation",
+            InferError::IncompleteGeneration => "incomplete_generation",
+            InferError::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Everything a finished, non-streamed request produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferResponse {
+    /// The output.
+    pub generated_text: GeneratedText,
+    /// Every generated token, in order (the last one included).
+    pub tokens: Vec<Token>,
+    /// The alternatives of each generated token (empty lists when not asked for).
+    pub top_tokens: Vec<Vec<Token>>,
+    /// The prompt tokens (empty unless `decoder_input_details`).
+    pub prefill: Vec<PrefillToken>,
+    /// When the request was queued.
+    pub queued: Instant,
+    /// When its prefill started.
+    pub start: Instant,
+}
+
+/// The handle the HTTP layer uses to run requests. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Infer {
+    queue: mpsc::Sender<Entry>,
+    limit: Arc<Semaphore>,
+    max_concurrent_requests: usize,
+}
+
+impl Infer {
+    /// A handle sending entries on `queue`, with at most `max_concurrent_requests` requests
+    /// in flight (more are refused at once with [`InferError::Overloaded`]).
+    pub fn new(queue: mpsc::Sender<Entry>, max_concurrent_requests: usize) -> Self {
+        Self {
+            queue,
+            limit: Arc::new(Semaphore::new(max_concurrent_requests)),
+            max_concurrent_requests,
+        }
+    }
+
+    /// The configured concurrency limit.
+    pub fn max_concurrent_requests(&self) -> usize {
+        self.max_concurrent_requests
+    }
+
+    /// Takes a concurrency permit, or fails with [`InferError::Overloaded`] at once.
+    pub fn try_acquire(&self) -> Result<OwnedSemaphorePermit, InferError> {
+        self.limit
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| InferError::Overloaded)
+    }
+
+    /// Queues a request and returns its event stream. The permit bounds the number of
+    /// requests in flight: keep it alive as long as the stream. Dropping the stream
+    /// cancels the request.
+    pub async fn generate_stream(
+        &self,
+        request: ValidGenerateRequest,
+    ) -> Result<(OwnedSemaphorePermit, InferStream), InferError> {
+        let permit = self.try_acquire()?;
+        let stream = self.enqueue(request).await?;
+        Ok((permit, stream))
+    }
+
+    /// Queues a request under a permit taken earlier with [`Infer::try_acquire`].
+    pub async fn enqueue(&self, request: ValidGenerateRequest) -> Result<InferStream, InferError> {
+        let (response_tx, response_rx) = mpsc::unbounded_channel();
+        let input_length = request.input_ids.len();
+        let max_new_tokens = request.stopping.max_new_tokens;
+        let entry = Entry {
+            request,
+            response_tx,
+            queued: Instant::now(),
+            span: tracing::Span::current(),
+        };
+        self.queue.send(entry).await.map_err(|_| {
+            m::record_failure(InferError::Unavailable.error_type());
+            InferError::Unavailable
+        })?;
+        m::record_request(input_length, max_new_tokens);
+        Ok(InferStream {
+            rx: response_rx,
+            done: false,
+        })
+    }
+
+    /// Runs a request to the end and collects its output.
+    pub async fn generate(&self, request: ValidGenerateRequest) -> Result<InferResponse, InferError> {
+        let (_permit, stream) = self.generate_stream(request).await?;
+        collect(stream).await
+    }
+}
+
+/// Collects a request's events into an [`InferResponse`].
+pub async fn collect(mut stream: InferStream) -> Result<InferResponse, InferError> {
+    use futures::StreamExt;
+    let mut tokens = Vec::new();
+    let mut top = Vec::new();
+    let mut prefill = Vec::new();
+    while let Some(event) = stream.next().await {
+        match event? {
+            InferStreamResponse::Prefill(p) => prefill = p,
+            InferStreamResponse::Intermediate { token, top_tokens } => {
+                tokens.push(token);
+                top.push(top_tokens);
+            }
+            InferStreamResponse::End {
+                token,
+                top_tokens,
+                generated_text,
+                queued,
+                start,
+            } => {
+                tokens.push(token);
+                top.push(top_tokens);
+                return Ok(InferResponse {
+                    generated_text,
+                    tokens,
+                    top_tokens: top,
+                    prefill,
+                    queued,
+                    start,
+                });
+            }
+        }
+    }
+    Err(InferError::IncompleteGeneration)
+}
+
+/// The events of one request. Ends after [`InferStreamResponse::End`] or an error; yields
+/// [`InferError::IncompleteGeneration`] if the batcher drops the request without either.
+/// Dropping it closes the channel, which tells the batcher to free the request.
+#[derive(Debug)]
+pub struct InferStream {
+    rx: mpsc::UnboundedReceiver<Result<InferStreamResponse, InferError>>,
+    done: bool,
+}
+
+impl Stream for InferStream {
+    type Item = Result<InferStreamResponse, InferError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let item = match self.rx.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(None) => Err(InferError::IncompleteGeneration),
+            Poll::Ready(Some(item)) => item,
+        };
+        match &item {
+            Ok(InferStreamResponse::End {
+                generated_text,
+                queued,
+                start,
+                ..
+            }) => {
+                self.done = true;
+                m::record_success(generated_text, *queued, *start);
+            }
+            Err(e) => {
+                self.done = true;
+                m::record_failure(e.error_type());
+            }
+            Ok(_) => {}
+        }
+        if self.done {
+            // Release the channel now: the batcher sees it closed even if the
+            // consumer keeps this stream around.
+            self.rx.close();
+        }
+        Poll::Ready(Some(item))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn request() -> ValidGenerateRequest {
+        ValidGenerateRequest {
+            inputs: "hi".into(),
+            input_ids: vec![1, 2],
+            parameters: ValidParameters::default(),
+            stopping: ValidStoppingParameters {
+                max_new_tokens: 4,
+                stop_sequences: vec![],
+                ignore_eos: false,
+            },
+            decoder_input_details: false,
+            skip_special_tokens: true,
+        }
+    }
+
+    fn token(id: u32, text: &str) -> Token {
+        Token {
+            id,
+            text: text.into(),
+            logprob: -0.5,
+            special: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn generate_collects_events() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let infer = Infer::new(tx, 2);
+        let batcher = tokio::spawn(async move {
+            let entry = rx.recv().await.unwrap();
+            assert_eq!(entry.request.input_ids, vec![1, 2]);
+            let send = |e| entry.response_tx.send(Ok(e)).unwrap();
+            send(InferStreamResponse::Intermediate {
+                token: token(5, "a"),
+                top_tokens: vec![],
+            });
+            send(InferStreamResponse::End {
+                token: token(6, "b"),
+                top_tokens: vec![],
+                generated_text: GeneratedText {
+                    text: "ab".into(),
+                    generated_tokens: 2,
+                    finish_reason: FinishReason::Length,
+                    seed: None,
+                },
+                queued: entry.queued,
+                start: Instant::now(),
+            });
+        });
+        let out = infer.generate(request()).await.unwrap();
+        assert_eq!(out.generated_text.text, "ab");
+        assert_eq!(out.tokens.len(), 2);
+        batcher.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn overloaded_and_permits() {
+        let (tx, _rx) = mpsc::channel(4);
+        let infer = Infer::new(tx, 1);
+        let (permit, _s) = infer.generate_stream(request()).await.unwrap();
+        assert_eq!(
+            infer.generate_stream(request()).await.unwrap_err(),
+            InferError::Overloaded
+        );
+        drop(permit);
+        assert!(infer.generate_stream(request()).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn dropped_batcher_is_incomplete_and_closed_queue_unavailable() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let infer = Infer::new(tx, 4);
+        let (_p, mut s) = infer.generate_stream(request()).await.unwrap();
+        drop(rx.recv().await.unwrap());
+        assert_eq!(
+            s.next().await.unwrap().unwrap_err(),
+            InferError::IncompleteGeneration
+        );
+        assert!(s.next().await.is_none());
+        drop(rx);
+        assert_eq!(
+            infer.generate(request()).await.unwrap_err(),
+            InferError::Unavailable
+        );
+    }
+
+    #[tokio::test]
+    async fn dropping_the_stream_closes_the_sender() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let infer = Infer::new(tx, 4);
+        let (_p, s) = infer.generate_stream(request()).await.unwrap();
+        let entry = rx.recv().await.unwrap();
+        assert!(!entry.response_tx.is_closed());
+        drop(s);
+        assert!(entry.response_tx.is_closed());
+    }
+}

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Writes the tokenizer goldens the tessera-formats tests compare against.
+
+    HF_HUB_OFFLINE=1 python scripts/make_tokenizer_goldens.py [--cache DIR]
+
+1. formats/tests/data/smollm2_tokenizer_cases.json: ids and decodes from transformers'
+   GGUF tokenizer (AutoTokenizer.from_pretrained(dir, gguf_file=...)) for
+   SmolLM2-135M-Instruct.Q4_1.gguf on many strings (unicode, CJK, Arabic, emoji with ZWJ,
+   numbers, whitespace runs, code, special tokens).
+2. formats/tests/data/tiny_spm_tokenizer.json: a tiny hand-built SentencePiece-style
+   ("llama") GGUF tokenizer, its metadata and transformers' ids/decodes for it.
+
+Needs transformers (5.x), tokenizers and gguf.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import gguf
+from transformers import AutoTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "formats" / "tests" / "data"
+
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+TEXTS = [
+    "Hello world",
+    "hello world",
+    " Hello world",
+    "  two leading spaces",
+    "trailing spaces   ",
+    "multiple    internal     spaces",
+    "tabs\tand\ttabs\t\t",
+    "new\nlines\n\n\nand\r\nCRLF",
+    "\n\n\n",
+    "   \n\t  \n",
+    "",
+    " ",
+    "The quick brown fox jumps over the lazy dog.",
+    "I'm sure they'll say it's fine, we've done what you'd've done.",
+    "DON'T SHOUT! Isn't it?",
+    "1234567890",
+    "3.14159265358979 and 2,718,281 and 1e-10 and -42",
+    "Year 2024: 12345678901234567890 grains",
+    "naïve café résumé façade Ångström",
+    "Straße, Übergröße, Œuvre, ǅ",
+    "日本語のテキストです。東京は日本の首都です。",
+    "中文测试：你好，世界！",
+    "한국어 문장입니다.",
+    "العربية: مرحبا بالعالم",
+    "עברית: שלום עולם",
+    "Русский текст: Привет, мир!",
+    "Ελληνικά: Γειά σου Κόσμε",
+    "हिन्दी में पाठ",
+    "ภาษาไทย สวัสดี",
+    "emoji 😀😃😄 and 🎉",
+    "family 👨‍👩‍👧‍👦 and flags 🇫🇷🇯🇵 and skin 👍🏽",
+    "🏳️‍🌈 ❤️‍🔥 🧑🏻‍💻",
+    "math ∑∫√∞ ≤ ≥ ≠ ± × ÷",
+    "zero\u200bwidth\u200djoiner\u2060word",
+    "combining e\u0301 a\u0308 n\u0303",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "fn main() {\n\tprintln!(\"{}\", 1 + 2);\n}",
+    "<html><body class=\"x\">&amp; &lt;tag&gt;</body></html>",
+    "SELECT * FROM users WHERE id = 42;",
+    "https://example.com/path?query=1&other=two#frag",
+    "user@example.com (555) 123-4567",
+    "<|im_start|>user\nhi<|im_end|>",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more text",
+    "<|im_start|><|im_end|><|im_start|>",
+    "not special: <|im_start |> <im_start> < |im_end| >",
+    "<repo_name>tessera<file_sep>src/lib.rs<gh_stars>100",
+    "{{ template }} {% block %} {# comment #}",
+    "a" * 300,
+    "ab " * 100,
+    "Mixed 中文 and English with 123 numbers and émojis 🎉!",
+    "\u00a0non-breaking\u00a0spaces\u3000ideographic",
+    "control\x01\x02\x7f chars",
+    "\ufeffBOM at start",
+    "surrogate-free 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟙𝟚𝟛",
+]
+
+
+def smollm2_cases(cache: Path) -> dict:
+    tok = AutoTokenizer.from_pretrained(str(cache), gguf_file=SMOLLM2)
+    cases = []
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=True)
+        cases.append(
+            {
+                "text": text,
+                "ids": ids,
+                "decoded": tok.decode(ids, skip_special_tokens=False),
+                "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+            }
+        )
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi {{ not a template }}"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "日本語で？ 🎉"},
+    ]
+    chats = []
+    for msgs in (messages, conversation):
+        for gen in (True, False):
+            chats.append(
+                {
+                    "messages": msgs,
+                    "add_generation_prompt": gen,
+                    "text": tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen),
+                }
+            )
+    return {"model": SMOLLM2, "cases": cases, "chats": chats}
+
+
+SPM_TEXTS = [
+    "hello world",
+    "  hello\nworld é 日",
+    "the<|user|>and",
+    "<s>hello",
+    "hello</s>",
+    "",
+    " ",
+    "theandthe world",
+    "hello  world  ",
+    "emoji 🎉",
+]
+
+
+def tiny_spm(tmp: Path) -> dict:
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "a", "n", "t", "▁h", "ll", "▁he", "llo",
+              "▁hello", "▁w", "or", "▁wor", "ld", "▁world", "an", "▁an", "▁and", "at", "▁t",
+              "▁th", "▁the", "<|user|>"]
+    for i, piece in enumerate(pieces):
+        tokens.append(piece)
+        types.append(4 if piece.startswith("<|") else 1)
+        scores.append(-float(i))
+    path = tmp / "tiny-spm.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file=path.name)
+    cases = []
+    for text in SPM_TEXTS:
+        ids = tok.encode(text, add_special_tokens=True)
+        cases.append(
+            {
+                "text": text,
+                "ids": ids,
+                "ids_no_special": tok.encode(text, add_special_tokens=False),
+                "decoded": tok.decode(ids, skip_special_tokens=False),
+                "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+            }
+        )
+    spec = {
+        "model": "llama",
+        "tokens": tokens,
+        "token_types": types,
+        "scores": scores,
+        "bos_id": 1,
+        "eos_id": 2,
+        "unk_id": 0,
+        "add_bos": True,
+        "add_space_prefix": True,
+    }
+    return {"spec": spec, "cases": cases}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    default_cache = os.environ.get("TESSERA_CACHE", str(Path.home() / ".cache" / "tessera"))
+    parser.add_argument("--cache", default=default_cache, help="folder holding " + SMOLLM2)
+    args = parser.parse_args()
+    DATA.mkdir(parents=True, exist_ok=True)
+    out = DATA / "smollm2_tokenizer_cases.json"
+    out.write_text(json.dumps(smollm2_cases(Path(args.cache)), ensure_ascii=False, indent=1) + "\n")
+    print("wrote", out)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = DATA / "tiny_spm_tokenizer.json"
+        out.write_text(json.dumps(tiny_spm(Path(tmp)), ensure_ascii=False, indent=1) + "\n")
+        print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

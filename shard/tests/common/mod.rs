@@ -1,0 +1,151 @@
+//! Test harness: a tiny continuous-batching driver over the real engine, and the goldens.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tessera_formats::ModelFiles;
+use tessera_shard::sampling::{Sampler, SamplingParams};
+use tessera_shard::{KvCache, LogitsWanted, Model, SequenceChunk};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+#[derive(Deserialize)]
+pub struct Golden {
+    pub prompts: Vec<GoldenPrompt>,
+}
+
+#[derive(Deserialize)]
+pub struct GoldenPrompt {
+    pub text: String,
+    pub prompt_ids: Vec<u32>,
+    #[serde(default)]
+    pub last_logits: Vec<f32>,
+    pub greedy_ids: Vec<u32>,
+}
+
+pub fn load_fixture(name: &str) -> (Model, Golden) {
+    let dir = repo_root().join("fixtures").join(name);
+    let files = ModelFiles::open(&dir).unwrap();
+    let model = Model::load(&files).unwrap();
+    let golden: Golden =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    (model, golden)
+}
+
+/// How the driver groups work into forward passes.
+#[derive(Clone, Copy, Debug)]
+pub enum Schedule {
+    /// Each sequence runs to completion alone.
+    OneAtATime,
+    /// All sequences share every pass.
+    Together,
+    /// Sequences join one step apart, so prefill chunks and decodes mix in one pass.
+    Staggered,
+}
+
+/// What a sequence produced: the logits after its full prompt, and its greedy tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub prompt_logits: Vec<f32>,
+    pub tokens: Vec<u32>,
+}
+
+struct Seq {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    computed: usize,
+    blocks: Vec<u32>,
+    sampler: Sampler,
+    outcome: Outcome,
+    start_step: usize,
+}
+
+/// Greedy-decodes `steps` tokens for every prompt with prefill split into chunks of at most
+/// `chunk` tokens, blocks allocated as sequences grow (deliberately interleaved between
+/// sequences so that block tables are not contiguous).
+pub fn run(model: &Model, prompts: &[Vec<u32>], steps: usize, chunk: usize, schedule: Schedule) -> Vec<Outcome> {
+    let block_size = 4;
+    let mut cache: KvCache = model.new_cache(1024, block_size);
+    let mut next_block = 1u32; // block 0 stays unused, like the router's null block
+    let mut seqs: Vec<Seq> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Seq {
+            tokens: p.clone(),
+            prompt_len: p.len(),
+            computed: 0,
+            blocks: Vec::new(),
+            sampler: Sampler::new(SamplingParams::default(), p),
+            outcome: Outcome { prompt_logits: Vec::new(), tokens: Vec::new() },
+            start_step: match schedule {
+                Schedule::Staggered => i,
+                _ => 0,
+            },
+        })
+        .collect();
+    let done = |s: &Seq| s.outcome.tokens.len() >= steps;
+    let mut step = 0;
+    loop {
+        let active: Vec<usize> = match schedule {
+            Schedule::OneAtATime => seqs.iter().position(|s| !done(s)).into_iter().collect(),
+            _ => (0..seqs.len()).filter(|&i| !done(&seqs[i]) && seqs[i].start_step <= step).collect(),
+        };
+        if active.is_empty() {
+            if seqs.iter().all(done) {
+                break;
+            }
+            step += 1;
+            continue;
+        }
+        // Plan the pass.
+        let mut plan = Vec::new();
+        for &i in &active {
+            let s = &mut seqs[i];
+            let (start, len) = if s.computed < s.prompt_len {
+                (s.computed, chunk.min(s.prompt_len - s.computed))
+            } else {
+                (s.computed, 1)
+            };
+            while s.blocks.len() * block_size < start + len {
+                s.blocks.push(next_block);
+                next_block += 1;
+            }
+            plan.push((i, start, len));
+        }
+        let chunks: Vec<SequenceChunk<'_>> = plan
+            .iter()
+            .map(|&(i, start, len)| {
+                let s = &seqs[i];
+                SequenceChunk {
+                    tokens: &s.tokens[start..start + len],
+                    start_position: start,
+                    block_table: &s.blocks,
+                    logits: if start + len >= s.prompt_len { LogitsWanted::Last } else { LogitsWanted::None },
+                }
+            })
+            .collect();
+        let out = model.forward(&chunks, &mut cache).unwrap();
+        for (ci, &(i, start, len)) in plan.iter().enumerate() {
+            let s = &mut seqs[i];
+            s.computed = start + len;
+            if let Some(logits) = out.last(ci) {
+                if s.outcome.prompt_logits.is_empty() {
+                    s.outcome.prompt_logits = logits.to_vec();
+                }
+                let t = s.sampler.sample(logits);
+                s.tokens.push(t.id);
+                s.outcome.tokens.push(t.id);
+            }
+        }
+        step += 1;
+    }
+    seqs.into_iter().map(|s| s.outcome).collect()
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
