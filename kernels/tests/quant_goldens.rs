@@ -54,7 +54,11 @@ fn dequantize_matches_gguf_py_exactly() {
         for (i, (got, want)) in out.iter().zip(&g.expected).enumerate() {
             // gguf-py computes in f32 with the same operation order as ggml; we expect
             // bit-identical results (+0.0 and -0.0 compare equal).
-            assert!(got == want, "{}: value {i}: got {got:e}, want {want:e}", g.format);
+            assert!(
+                got == want,
+                "{}: value {i}: got {got:e}, want {want:e}",
+                g.format
+            );
         }
     }
 }
@@ -66,7 +70,11 @@ fn dequantize_unaligned_input_matches() {
         shifted[1..].copy_from_slice(&g.bytes);
         let mut out = vec![f32::NAN; g.expected.len()];
         dequantize(g.format, &shifted[1..], &mut out).expect("lengths match");
-        assert!(out.iter().zip(&g.expected).all(|(a, b)| a == b), "{}", g.format);
+        assert!(
+            out.iter().zip(&g.expected).all(|(a, b)| a == b),
+            "{}",
+            g.format
+        );
     }
 }
 
@@ -75,11 +83,18 @@ fn dequantize_large_input_in_parallel_matches() {
     // Repeat the golden blocks past the parallel threshold, unaligned and aligned.
     for g in goldens() {
         let reps = (1 << 19) / g.expected.len() + 3;
-        let bytes: Vec<u8> = std::iter::repeat_n(&g.bytes, reps).flatten().copied().collect();
+        let bytes: Vec<u8> = std::iter::repeat_n(&g.bytes, reps)
+            .flatten()
+            .copied()
+            .collect();
         let mut out = vec![f32::NAN; g.expected.len() * reps];
         dequantize(g.format, &bytes, &mut out).expect("lengths match");
         for chunk in out.chunks_exact(g.expected.len()) {
-            assert!(chunk.iter().zip(&g.expected).all(|(a, b)| a == b), "{}", g.format);
+            assert!(
+                chunk.iter().zip(&g.expected).all(|(a, b)| a == b),
+                "{}",
+                g.format
+            );
         }
     }
 }

@@ -308,9 +308,11 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
             .checked_mul(multiplier)
             .ok_or_else(|| format!("size `{text}` is too large"))?
     } else {
-        let value: f64 = number
-            .parse()
-            .map_err(|_| format!("invalid size `{text}`: expected a number with an optional unit such as 512M or 2G"))?;
+        let value: f64 = number.parse().map_err(|_| {
+            format!(
+                "invalid size `{text}`: expected a number with an optional unit such as 512M or 2G"
+            )
+        })?;
         let bytes = value * multiplier as f64;
         if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
             return Err(format!("size `{text}` is out of range"));
@@ -375,7 +377,9 @@ mod tests {
             let value = env_name.and_then(|name| {
                 env.iter()
                     .find(|(key, _)| *key == name)
-                    .map(|(_, value)| -> &'static str { Box::leak((*value).to_owned().into_boxed_str()) })
+                    .map(|(_, value)| -> &'static str {
+                        Box::leak((*value).to_owned().into_boxed_str())
+                    })
             });
             command = command.mut_arg(id, move |arg| {
                 let arg = arg.env(None::<&'static str>);

@@ -52,7 +52,9 @@ pub(crate) enum DownloadError {
         source: io::Error,
     },
     /// Python could not be run.
-    #[error("cannot run `{python}` (needed to download the default model; set PYTHON=...): {source}")]
+    #[error(
+        "cannot run `{python}` (needed to download the default model; set PYTHON=...): {source}"
+    )]
     Python {
         /// The interpreter tried.
         python: String,
@@ -85,7 +87,7 @@ pub(crate) enum DownloadError {
 }
 
 /// Attaches a path and an action to an I/O error.
-fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> DownloadError + '_ {
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DownloadError + 'a {
     move |source| DownloadError::Io {
         what,
         path: path.to_path_buf(),
@@ -99,10 +101,7 @@ pub(crate) fn resolve_model(model_id: Option<&Path>) -> Result<PathBuf, Download
     match model_id {
         Some(path) => resolve_local(path),
         None => {
-            let cache = cache_dir(
-                std::env::var_os("TESSERA_CACHE"),
-                std::env::var_os("HOME"),
-            )?;
+            let cache = cache_dir(std::env::var_os("TESSERA_CACHE"), std::env::var_os("HOME"))?;
             ensure_default_model(&cache)
         }
     }
@@ -145,7 +144,9 @@ pub(crate) fn cache_dir(
 ) -> Result<PathBuf, DownloadError> {
     match (tessera_cache, home) {
         (Some(dir), _) if !dir.is_empty() => Ok(PathBuf::from(dir)),
-        (_, Some(home)) if !home.is_empty() => Ok(PathBuf::from(home).join(".cache").join("tessera")),
+        (_, Some(home)) if !home.is_empty() => {
+            Ok(PathBuf::from(home).join(".cache").join("tessera"))
+        }
         _ => Err(DownloadError::NoCacheDir),
     }
 }
@@ -245,7 +246,10 @@ pub(crate) fn ensure_default_model(cache: &Path) -> Result<PathBuf, DownloadErro
     let temp = tempfile::Builder::new()
         .prefix("tessera-smollm2.")
         .tempdir()
-        .map_err(io_err("cannot create a temporary directory in", &std::env::temp_dir()))?;
+        .map_err(io_err(
+            "cannot create a temporary directory in",
+            &std::env::temp_dir(),
+        ))?;
 
     run_python(
         &python,
@@ -360,7 +364,10 @@ mod tests {
             Some(PathBuf::from("/home/u/.cache/tessera")),
             "empty TESSERA_CACHE counts as unset, like ${{TESSERA_CACHE:-...}}"
         );
-        assert!(matches!(cache_dir(None, None), Err(DownloadError::NoCacheDir)));
+        assert!(matches!(
+            cache_dir(None, None),
+            Err(DownloadError::NoCacheDir)
+        ));
     }
 
     #[test]
@@ -394,7 +401,9 @@ mod tests {
         fs::write(&path, b"abc").expect("write");
         assert!(verified(&path, abc).expect("right content"));
         assert_eq!(
-            fs::read_to_string(marker_path(&path)).expect("marker").trim(),
+            fs::read_to_string(marker_path(&path))
+                .expect("marker")
+                .trim(),
             abc
         );
         // With the marker present and fresh, the file is not re-hashed.
@@ -404,7 +413,9 @@ mod tests {
         fs::write(marker_path(&path), "0000\n").expect("write");
         assert!(verified(&path, abc).expect("re-hash"));
         assert_eq!(
-            fs::read_to_string(marker_path(&path)).expect("marker").trim(),
+            fs::read_to_string(marker_path(&path))
+                .expect("marker")
+                .trim(),
             abc
         );
     }
@@ -445,7 +456,10 @@ mod tests {
 
     #[test]
     fn served_model_names() {
-        assert_eq!(served_model_name(Path::new("/m/SmolLM2-135M-Instruct")), "SmolLM2-135M-Instruct");
+        assert_eq!(
+            served_model_name(Path::new("/m/SmolLM2-135M-Instruct")),
+            "SmolLM2-135M-Instruct"
+        );
         assert_eq!(served_model_name(Path::new("/m/llama/")), "llama");
         assert_eq!(
             served_model_name(Path::new("/c/SmolLM2-135M-Instruct.Q4_1.gguf")),

@@ -87,7 +87,11 @@ impl CommandSpec {
     }
 
     /// Appends `--flag value` when `value` is set.
-    pub(crate) fn opt_flag<T: Into<OsString>>(&mut self, flag: &str, value: Option<T>) -> &mut Self {
+    pub(crate) fn opt_flag<T: Into<OsString>>(
+        &mut self,
+        flag: &str,
+        value: Option<T>,
+    ) -> &mut Self {
         if let Some(value) = value {
             self.flag(flag, value);
         }
@@ -95,12 +99,17 @@ impl CommandSpec {
     }
 
     /// Sets an environment variable for the child.
-    pub(crate) fn env(&mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> &mut Self {
+    pub(crate) fn env(
+        &mut self,
+        key: impl Into<OsString>,
+        value: impl Into<OsString>,
+    ) -> &mut Self {
         self.env.push((key.into(), value.into()));
         self
     }
 
-    /// The arguments as UTF-8 strings (lossy), for tests and logs.
+    /// The arguments as UTF-8 strings (lossy), for tests.
+    #[cfg(test)]
     pub(crate) fn args_lossy(&self) -> Vec<String> {
         self.args
             .iter()
@@ -219,7 +228,10 @@ pub(crate) struct OutputTail(Arc<Mutex<VecDeque<String>>>);
 impl OutputTail {
     /// Records one line, dropping the oldest beyond [`TAIL_LINES`].
     pub(crate) fn push(&self, line: String) {
-        let mut lines = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut lines = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if lines.len() == TAIL_LINES {
             lines.pop_front();
         }
@@ -228,7 +240,10 @@ impl OutputTail {
 
     /// A copy of the recorded lines, oldest first.
     pub(crate) fn lines(&self) -> Vec<String> {
-        let lines = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let lines = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         lines.iter().cloned().collect()
     }
 }
@@ -255,15 +270,28 @@ pub(crate) fn spawn(id: ChildId, spec: &CommandSpec, mode: OutputMode) -> io::Re
         .id()
         .ok_or_else(|| io::Error::other("child exited before its pid was read"))?;
     let pid = Pid::from_raw(
-        i32::try_from(raw_pid).map_err(|_| io::Error::other(format!("pid {raw_pid} out of range")))?,
+        i32::try_from(raw_pid)
+            .map_err(|_| io::Error::other(format!("pid {raw_pid} out of range")))?,
     );
     let tail = OutputTail::default();
     let mut forwarders = Vec::with_capacity(2);
     if let Some(stdout) = child.stdout.take() {
-        forwarders.push(tokio::spawn(forward(stdout, id, mode, tail.clone(), Stream::Stdout)));
+        forwarders.push(tokio::spawn(forward(
+            stdout,
+            id,
+            mode,
+            tail.clone(),
+            Stream::Stdout,
+        )));
     }
     if let Some(stderr) = child.stderr.take() {
-        forwarders.push(tokio::spawn(forward(stderr, id, mode, tail.clone(), Stream::Stderr)));
+        forwarders.push(tokio::spawn(forward(
+            stderr,
+            id,
+            mode,
+            tail.clone(),
+            Stream::Stderr,
+        )));
     }
     Ok(Spawned {
         child,
@@ -322,13 +350,6 @@ pub(crate) fn signal_group(pid: Pid, signal: Signal) -> io::Result<()> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ExitState(pub(crate) Option<ExitStatus>);
 
-impl ExitState {
-    /// Whether the child exited with code 0.
-    pub(crate) fn success(&self) -> bool {
-        self.0.is_some_and(|status| status.success())
-    }
-}
-
 impl fmt::Display for ExitState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
@@ -360,10 +381,10 @@ fn find_binary_in(
     beside: Option<&Path>,
     path: Option<&std::ffi::OsStr>,
 ) -> Result<PathBuf, BinaryNotFound> {
-    let candidates = beside
-        .into_iter()
-        .map(Path::to_path_buf)
-        .chain(path.map(|p| std::env::split_paths(p).collect::<Vec<_>>()).unwrap_or_default());
+    let candidates = beside.into_iter().map(Path::to_path_buf).chain(
+        path.map(|p| std::env::split_paths(p).collect::<Vec<_>>())
+            .unwrap_or_default(),
+    );
     for dir in candidates {
         let candidate = dir.join(name);
         if is_executable(&candidate) {
@@ -403,8 +424,14 @@ mod tests {
 
     #[test]
     fn prefixed_and_json_output() {
-        assert_eq!(OutputMode::Prefixed.format(ChildId::Shard(2), "hello"), "[shard 2] hello");
-        assert_eq!(OutputMode::Prefixed.format(ChildId::Router, "hi"), "[router] hi");
+        assert_eq!(
+            OutputMode::Prefixed.format(ChildId::Shard(2), "hello"),
+            "[shard 2] hello"
+        );
+        assert_eq!(
+            OutputMode::Prefixed.format(ChildId::Router, "hi"),
+            "[router] hi"
+        );
         let json = OutputMode::Json.format(ChildId::Shard(1), r#"{"level":"INFO","msg":"x"}"#);
         let value: serde_json::Value = serde_json::from_str(&json).expect("valid json");
         assert_eq!(value["source"], "shard-1");
@@ -430,7 +457,8 @@ mod tests {
     #[test]
     fn secret_env_is_not_in_debug_output() {
         let mut spec = CommandSpec::new("/bin/true");
-        spec.secret_env.push(("TESSERA_API_KEY".into(), "hunter2".into()));
+        spec.secret_env
+            .push(("TESSERA_API_KEY".into(), "hunter2".into()));
         let debug = format!("{spec:?}");
         assert!(!debug.contains("hunter2"), "{debug}");
         assert!(debug.contains("TESSERA_API_KEY"));
@@ -439,10 +467,18 @@ mod tests {
 
     #[test]
     fn exit_state_display() {
-        assert_eq!(ExitState(Some(ExitStatus::from_raw(3 << 8))).to_string(), "exit code 3");
-        assert_eq!(ExitState(Some(ExitStatus::from_raw(9))).to_string(), "signal 9 (SIGKILL)");
-        assert!(ExitState(Some(ExitStatus::from_raw(0))).success());
-        assert!(!ExitState(None).success());
+        assert_eq!(
+            ExitState(Some(ExitStatus::from_raw(3 << 8))).to_string(),
+            "exit code 3"
+        );
+        assert_eq!(
+            ExitState(Some(ExitStatus::from_raw(9))).to_string(),
+            "signal 9 (SIGKILL)"
+        );
+        assert_eq!(
+            ExitState(None).to_string(),
+            "an unknown status (waiting for it failed)"
+        );
     }
 
     #[test]
@@ -453,8 +489,7 @@ mod tests {
         let make = |dir: &Path| {
             let file = dir.join("tessera-fake");
             std::fs::write(&file, "#!/bin/sh\n").expect("write");
-            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755))
-                .expect("chmod");
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).expect("chmod");
             file
         };
         let path_var = std::env::join_paths([on_path.path()]).expect("join");
@@ -462,7 +497,10 @@ mod tests {
         let err = find_binary_in("tessera-fake", Some(beside.path()), Some(&path_var))
             .expect_err("missing everywhere");
         let message = err.to_string();
-        assert!(message.contains("tessera-fake") && message.contains("PATH"), "{message}");
+        assert!(
+            message.contains("tessera-fake") && message.contains("PATH"),
+            "{message}"
+        );
 
         let from_path = make(on_path.path());
         assert_eq!(
@@ -474,6 +512,46 @@ mod tests {
             find_binary_in("tessera-fake", Some(beside.path()), Some(&path_var)).ok(),
             Some(from_beside)
         );
+    }
+
+    /// Whether `pid` is gone or a zombie (killed but not reaped).
+    fn dead(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            // Format: `pid (comm) state ...`; comm may contain spaces, so split after ')'.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        }
+    }
+
+    #[test]
+    fn child_dies_with_its_spawning_thread() {
+        // The parent-death signal fires when the thread that spawned the child exits. Spawn from
+        // a short-lived thread, leak the handle (so kill_on_drop plays no part), end the thread.
+        let pid = std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let spawned = runtime.block_on(async {
+                let mut spec = CommandSpec::new("/bin/sh");
+                spec.arg("-c").arg("exec sleep 600");
+                spawn(ChildId::Shard(0), &spec, OutputMode::Prefixed).expect("spawn")
+            });
+            let pid = spawned.child.id().expect("pid");
+            std::mem::forget(spawned.child);
+            pid
+        })
+        .join()
+        .expect("thread");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !dead(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(dead(pid), "child {pid} outlived its parent thread");
+        // Reap it.
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(pid as i32), None);
     }
 
     #[test]

@@ -84,10 +84,19 @@ impl RouterConfig {
                 "--max-concurrent-requests",
                 limits.max_concurrent_requests.to_string(),
             )
-            .flag("--max-stop-sequences", limits.max_stop_sequences.to_string())
+            .flag(
+                "--max-stop-sequences",
+                limits.max_stop_sequences.to_string(),
+            )
             .flag("--max-top-n-tokens", limits.max_top_n_tokens.to_string())
-            .opt_flag("--max-input-tokens", limits.max_input_tokens.map(|v| v.to_string()))
-            .opt_flag("--max-total-tokens", limits.max_total_tokens.map(|v| v.to_string()))
+            .opt_flag(
+                "--max-input-tokens",
+                limits.max_input_tokens.map(|v| v.to_string()),
+            )
+            .opt_flag(
+                "--max-total-tokens",
+                limits.max_total_tokens.map(|v| v.to_string()),
+            )
             .opt_flag(
                 "--max-batch-prefill-tokens",
                 limits.max_batch_prefill_tokens.map(|v| v.to_string()),
@@ -96,8 +105,14 @@ impl RouterConfig {
                 "--max-batch-total-tokens",
                 limits.max_batch_total_tokens.map(|v| v.to_string()),
             )
-            .opt_flag("--max-batch-size", limits.max_batch_size.map(|v| v.to_string()))
-            .flag("--max-waiting-tokens", limits.max_waiting_tokens.to_string())
+            .opt_flag(
+                "--max-batch-size",
+                limits.max_batch_size.map(|v| v.to_string()),
+            )
+            .flag(
+                "--max-waiting-tokens",
+                limits.max_waiting_tokens.to_string(),
+            )
             .flag("--payload-limit", limits.payload_limit.to_string());
         if self.json_output {
             spec.arg("--json-output");

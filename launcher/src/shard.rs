@@ -80,7 +80,10 @@ impl ShardConfig {
             spec.arg("--json-output");
         }
         spec.opt_flag("--otlp-endpoint", self.otlp_endpoint.as_deref())
-            .opt_flag("--speculate", self.speculation.speculate.map(|k| k.to_string()))
+            .opt_flag(
+                "--speculate",
+                self.speculation.speculate.map(|k| k.to_string()),
+            )
             .opt_flag("--speculator", self.speculation.speculator.as_deref())
             .opt_flag("--draft-model-id", self.speculation.draft_model.as_deref());
         spec.env("RANK", rank.to_string())
@@ -88,7 +91,8 @@ impl ShardConfig {
             .env("MASTER_ADDR", &self.master_addr)
             .env("MASTER_PORT", self.master_port.to_string());
         // Shards never need the API key; keep it out of their environment.
-        spec.env_remove.extend(["API_KEY".into(), "TESSERA_API_KEY".into()]);
+        spec.env_remove
+            .extend(["API_KEY".into(), "TESSERA_API_KEY".into()]);
         spec
     }
 }
@@ -225,7 +229,12 @@ mod tests {
     fn env_of(spec: &CommandSpec) -> Vec<(String, String)> {
         spec.env
             .iter()
-            .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
             .collect()
     }
 
@@ -276,8 +285,14 @@ mod tests {
 
     #[test]
     fn socket_paths() {
-        assert_eq!(config().socket_path(0), PathBuf::from("/tmp/tessera-server-0"));
-        assert_eq!(config().socket_path(12), PathBuf::from("/tmp/tessera-server-12"));
+        assert_eq!(
+            config().socket_path(0),
+            PathBuf::from("/tmp/tessera-server-0")
+        );
+        assert_eq!(
+            config().socket_path(12),
+            PathBuf::from("/tmp/tessera-server-12")
+        );
     }
 
     #[test]

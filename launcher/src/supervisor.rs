@@ -193,7 +193,10 @@ impl Supervisor {
             }
         }
 
-        tracing::info!("all {} shard(s) ready; starting the router", plan.shards.len());
+        tracing::info!(
+            "all {} shard(s) ready; starting the router",
+            plan.shards.len()
+        );
         self.start_router(&plan.router)?;
 
         loop {
@@ -223,7 +226,12 @@ impl Supervisor {
                 source,
             }
         })?;
-        shard::watch(rank, spawned.child, launch.socket.clone(), self.events_tx.clone());
+        shard::watch(
+            rank,
+            spawned.child,
+            launch.socket.clone(),
+            self.events_tx.clone(),
+        );
         self.members.push(Member {
             id,
             pid: spawned.pid,
@@ -280,7 +288,11 @@ impl Supervisor {
             None => Vec::new(),
         };
         report(&format!("{id} exited unexpectedly with {status}"), &tail);
-        SupervisorError::ChildDied { child: id, status, tail }
+        SupervisorError::ChildDied {
+            child: id,
+            status,
+            tail,
+        }
     }
 
     /// Builds the timeout error, after reporting the last output of each shard not ready.
@@ -346,7 +358,11 @@ impl Supervisor {
     /// there was anyone to signal.
     fn signal(&self, ids: &[ChildId], signal: Signal) -> bool {
         let mut any = false;
-        for member in self.members.iter().filter(|m| m.alive && ids.contains(&m.id)) {
+        for member in self
+            .members
+            .iter()
+            .filter(|m| m.alive && ids.contains(&m.id))
+        {
             any = true;
             tracing::info!("sending {} to {}", signal.as_str(), member.id);
             if let Err(err) = process::signal_group(member.pid, signal) {
@@ -460,17 +476,25 @@ mod tests {
         let pid_file = dir.path().join("other.pid");
         let shards = vec![
             sh(&format!("echo $$ > {}; exec sleep 600", pid_file.display())),
-            sh("echo loading weights; echo 'error: out of memory' >&2; exit 3"),
+            sh("echo loading weights; echo 'error: out of memory' >&2; sleep 0.2; exit 3"),
         ];
         let plan = plan(dir.path(), shards, sh("exit 0"));
         let started = std::time::Instant::now();
         let result = run(plan, std::future::pending()).await;
-        let Err(SupervisorError::ChildDied { child, status, tail }) = result else {
+        let Err(SupervisorError::ChildDied {
+            child,
+            status,
+            tail,
+        }) = result
+        else {
             panic!("expected ChildDied, got {result:?}");
         };
         assert_eq!(child, ChildId::Shard(1));
         assert_eq!(status.0.and_then(|s| s.code()), Some(3));
-        assert!(tail.contains(&"error: out of memory".to_owned()), "{tail:?}");
+        assert!(
+            tail.contains(&"error: out of memory".to_owned()),
+            "{tail:?}"
+        );
         assert!(tail.contains(&"loading weights".to_owned()), "{tail:?}");
         // The other shard was stopped by SIGTERM, well within the grace period.
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -479,7 +503,10 @@ mod tests {
             .trim()
             .parse()
             .expect("pid");
-        assert!(!alive(Pid::from_raw(pid)), "shard 0 outlived the supervisor");
+        assert!(
+            !alive(Pid::from_raw(pid)),
+            "shard 0 outlived the supervisor"
+        );
     }
 
     #[tokio::test]
@@ -504,8 +531,19 @@ mod tests {
             vec![CommandSpec::new("/nonexistent/tessera-shard")],
             sh("exit 0"),
         );
-        let err = run(plan, std::future::pending()).await.expect_err("spawn fails");
-        assert!(matches!(err, SupervisorError::Spawn { child: ChildId::Shard(0), .. }), "{err}");
+        let err = run(plan, std::future::pending())
+            .await
+            .expect_err("spawn fails");
+        assert!(
+            matches!(
+                err,
+                SupervisorError::Spawn {
+                    child: ChildId::Shard(0),
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -518,8 +556,14 @@ mod tests {
         let shards = (0..2)
             .map(|rank| listening_shard(&dir.path().join(format!("sock-{rank}")), ""))
             .collect();
-        let plan = plan(dir.path(), shards, sh("echo 'bind: address in use' >&2; exit 1"));
-        let err = run(plan, std::future::pending()).await.expect_err("router died");
+        let plan = plan(
+            dir.path(),
+            shards,
+            sh("echo 'bind: address in use' >&2; exit 1"),
+        );
+        let err = run(plan, std::future::pending())
+            .await
+            .expect_err("router died");
         let SupervisorError::ChildDied { child, tail, .. } = &err else {
             panic!("expected ChildDied, got {err:?}");
         };
@@ -601,7 +645,10 @@ mod tests {
             sh("exit 0"),
         );
         let err = run(plan, std::future::pending()).await.expect_err("in use");
-        assert!(matches!(err, SupervisorError::Socket(SocketError::InUse(_))), "{err}");
+        assert!(
+            matches!(err, SupervisorError::Socket(SocketError::InUse(_))),
+            "{err}"
+        );
         assert!(!marker.exists(), "a shard was started");
         let meta = std::fs::symlink_metadata(&socket).expect("socket left alone");
         assert!(meta.file_type().is_socket());

@@ -240,7 +240,7 @@ async fn json_body<T: DeserializeOwned>(req: Request) -> Result<T, ApiError> {
 
 /// A JSON body whose rejections are native [`ApiError`]s.
 #[derive(Debug, Clone)]
-pub struct NativeJson<T>(pub T);
+pub(crate) struct NativeJson<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for NativeJson<T> {
     type Rejection = ApiError;
@@ -252,7 +252,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for NativeJson<T> {
 
 /// A JSON body whose rejections are [`OpenAiError`]s.
 #[derive(Debug, Clone)]
-pub struct OpenAiJson<T>(pub T);
+pub(crate) struct OpenAiJson<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for OpenAiJson<T> {
     type Rejection = OpenAiError;

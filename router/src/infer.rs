@@ -330,7 +330,7 @@ impl Infer {
 }
 
 /// Collects a request's events into an [`InferResponse`].
-pub async fn collect(mut stream: InferStream) -> Result<InferResponse, InferError> {
+pub(crate) async fn collect(mut stream: InferStream) -> Result<InferResponse, InferError> {
     use futures::StreamExt;
     let mut tokens = Vec::new();
     let mut top = Vec::new();

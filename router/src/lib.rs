@@ -1,1 +1,70 @@
-//! Tessera router.
+//! Tessera router: the HTTP front of the cluster.
+//!
+//! Requests come in through the native (TGI-compatible) or OpenAI API, are validated into
+//! a [`ValidGenerateRequest`] and handed to the batcher through [`Infer`], which answers
+//! with a stream of [`InferStreamResponse`] events. The batcher turns token ids into text
+//! with an [`IncrementalDecoder`] and trims stop sequences with a [`StopSequenceMatcher`].
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tessera_router::{AppState, Infer, ModelInfo, ValidationConfig, app};
+//! # fn tokenizer() -> Arc<tessera_formats::ModelTokenizer> {
+//! #     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-llama");
+//! #     Arc::new(tessera_formats::ModelTokenizer::from_hf_dir(&dir, &[]).unwrap())
+//! # }
+//! let (queue, _batcher_rx) = tokio::sync::mpsc::channel(128);
+//! let state = AppState::builder(Infer::new(queue, 128), tokenizer(), "tiny-llama")
+//!     .validation(ValidationConfig { max_input_tokens: 200, max_total_tokens: 256, ..Default::default() })
+//!     .info(ModelInfo { model_id: "fixtures/tiny-llama".into(), ..Default::default() })
+//!     .build();
+//! let router: axum::Router = app(state);
+//! ```
+#![deny(missing_docs)]
+
+// pub mod batcher;
+// mod client;
+mod detokenizer;
+mod error;
+mod infer;
+mod metrics;
+mod native;
+mod openai;
+mod server;
+mod sse;
+mod stop;
+mod validation;
+
+pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
+pub use crate::error::{ApiError, OpenAiError};
+pub use crate::infer::{
+    Entry, FinishReason, GeneratedText, Infer, InferError, InferResponse, InferStream,
+    InferStreamResponse, PrefillToken, Token, ValidGenerateRequest, ValidParameters,
+    ValidStoppingParameters,
+};
+pub use crate::metrics::{build_recorder, install_recorder, names as metric_names};
+pub use crate::server::{
+    AppState, AppStateBuilder, DEFAULT_PAYLOAD_LIMIT, HealthCheck, ModelInfo, app, serve,
+};
+pub use crate::stop::{StopMatch, StopSequenceMatcher};
+pub use crate::validation::{
+    GenerateInput, Prompt, RequestParameters, Validation, ValidationConfig, ValidationError,
+};
+
+/// Wire types of the native (TGI-compatible) API.
+pub mod native_api {
+    pub use crate::native::{
+        Details, GenerateParameters, GenerateRequest, GenerateResponse, Info, SimpleToken,
+        StreamDetails, StreamResponse,
+    };
+}
+
+/// Wire types of the OpenAI-compatible API.
+pub mod openai_api {
+    pub use crate::openai::{
+        AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+        ChatLogprob, ChatLogprobs, ChunkChoice, Completion, CompletionChoice, CompletionLogprobs,
+        CompletionRequest, ContentPart, Delta, MessageContent, PromptInput, RequestMessage,
+        SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
+    };
+}
+

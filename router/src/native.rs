@@ -269,7 +269,7 @@ pub(crate) async fn generate_stream(
             yield Ok(json_event(&response));
         }
     };
-    Ok(sse(stream).into_response())
+    Ok(sse(stream))
 }
 
 /// One token of `/tokenize`.

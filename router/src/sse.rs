@@ -3,15 +3,18 @@
 use std::convert::Infallible;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::Serialize;
 
 /// An SSE response with keep-alive comments.
-pub(crate) fn sse<S>(stream: S) -> Sse<S>
+pub(crate) fn sse<S>(stream: S) -> Response
 where
     S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
 {
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// An event whose data is `value` as JSON.

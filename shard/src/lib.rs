@@ -12,11 +12,14 @@
 //! ```
 #![deny(missing_docs)]
 
+mod core;
 mod error;
 mod kv_cache;
 mod model;
 pub mod sampling;
+pub mod service;
 
+pub use core::{Engine, NewSequence, StepOutput, StepTimings};
 pub use error::EngineError;
 pub use kv_cache::KvCache;
 pub use model::{ForwardOutput, LogitsWanted, Model, SequenceChunk};

@@ -97,7 +97,9 @@ impl GgufFile {
         items
             .iter()
             .enumerate()
-            .map(|(i, v)| item(v).ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), expected, v)))
+            .map(|(i, v)| {
+                item(v).ok_or_else(|| self.wrong_type(&format!("{key}[{i}]"), expected, v))
+            })
             .collect::<Result<Vec<T>, _>>()
             .map(Some)
     }
@@ -157,11 +159,18 @@ impl GgufFile {
                 key("rope.dimension_count")
             )));
         }
-        let rope_theta = self.optional_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let rope_theta = self
+            .optional_f32(&key("rope.freq_base"))?
+            .unwrap_or(10_000.0);
         let rope_scaling = self.rope_scaling(arch, head_dim, rope_theta)?;
-        let spec_vocab = match self.metadata("tokenizer.ggml.tokens").and_then(|v| v.as_array()) {
+        let spec_vocab = match self
+            .metadata("tokenizer.ggml.tokens")
+            .and_then(|v| v.as_array())
+        {
             Some(tokens) => Some(tokens.len()),
-            None => self.tensor_info("token_embd.weight").and_then(|t| t.dims.get(1).copied()),
+            None => self
+                .tensor_info("token_embd.weight")
+                .and_then(|t| t.dims.get(1).copied()),
         };
         let vocab_size = match self.optional_usize(&key("vocab_size"))? {
             Some(v) => v,
@@ -235,9 +244,9 @@ impl GgufFile {
         let declared = match kind.as_deref() {
             None | Some("none") => None,
             Some("linear") => {
-                let factor = self
-                    .optional_f32(&factor_key)?
-                    .ok_or_else(|| self.invalid(format!("linear rope scaling needs {factor_key}")))?;
+                let factor = self.optional_f32(&factor_key)?.ok_or_else(|| {
+                    self.invalid(format!("linear rope scaling needs {factor_key}"))
+                })?;
                 Some(RopeScaling::Linear { factor })
             }
             Some(other) => {
@@ -302,7 +311,9 @@ impl GgufFile {
 fn short(value: &MetadataValue) -> String {
     match value {
         MetadataValue::Array(items) => format!("of {} items", items.len()),
-        MetadataValue::String(s) if s.len() > 40 => format!("{:?}…", &s[..s.floor_char_boundary(40)]),
+        MetadataValue::String(s) if s.len() > 40 => {
+            format!("{:?}…", &s[..s.floor_char_boundary(40)])
+        }
         other => format!("{other:?}"),
     }
 }
@@ -314,7 +325,11 @@ fn short(value: &MetadataValue) -> String {
 /// Only `low / orig` and `high / orig` matter, so `low_freq_factor` is fixed at 1 and `orig`
 /// and `high` are fitted to the in-between divisors; the result is checked against every
 /// divisor.
-fn fit_llama3(divisors: &[f32], head_dim: usize, theta: f32) -> Result<Option<RopeScaling>, String> {
+fn fit_llama3(
+    divisors: &[f32],
+    head_dim: usize,
+    theta: f32,
+) -> Result<Option<RopeScaling>, String> {
     if divisors.len() != head_dim / 2 {
         return Err(format!(
             "it has {} values but the head size {head_dim} needs {}",
@@ -337,7 +352,9 @@ fn fit_llama3(divisors: &[f32], head_dim: usize, theta: f32) -> Result<Option<Ro
     let points: Vec<(f64, f64)> = divisors
         .iter()
         .enumerate()
-        .filter(|(_, d)| (**d as f64 - 1.0).abs() > 1e-4 && (**d as f64 - factor).abs() > 1e-4 * factor)
+        .filter(|(_, d)| {
+            (**d as f64 - 1.0).abs() > 1e-4 && (**d as f64 - factor).abs() > 1e-4 * factor
+        })
         .map(|(i, &d)| (inv_wavelen(i), (factor / d as f64 - 1.0) / (factor - 1.0)))
         .collect();
     if points.len() < 2 {
@@ -349,7 +366,9 @@ fn fit_llama3(divisors: &[f32], head_dim: usize, theta: f32) -> Result<Option<Ro
     }
     // Least squares s = a x + b, where a = orig / (high - 1) and b = -1 / (high - 1).
     let n = points.len() as f64;
-    let (sx, sy) = points.iter().fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
     let (mx, my) = (sx / n, sy / n);
     let (sxy, sxx) = points.iter().fold((0.0, 0.0), |(sxy, sxx), (x, y)| {
         (sxy + (x - mx) * (y - my), sxx + (x - mx) * (x - mx))

@@ -133,9 +133,9 @@ impl GgufFile {
 
     /// A GGUF tensor converted to f32 in GGUF layout (no permutation undone), by GGUF name.
     pub fn load_gguf_f32(&self, gguf_name: &str) -> Result<Vec<f32>, FormatError> {
-        let info = self.tensor_info(gguf_name).ok_or_else(|| {
-            FormatError::tensor(&self.path, gguf_name, "not in the file")
-        })?;
+        let info = self
+            .tensor_info(gguf_name)
+            .ok_or_else(|| FormatError::tensor(&self.path, gguf_name, "not in the file"))?;
         let bytes = self.tensor_bytes(info);
         let mut out = vec![0.0f32; info.elements()];
         let result = match info.ggml_type {
@@ -172,7 +172,11 @@ impl GgufFile {
             )
         })?;
         self.tensor_info(&gguf_name).ok_or_else(|| {
-            FormatError::tensor(&self.path, name, format!("not in the file (looked for {gguf_name})"))
+            FormatError::tensor(
+                &self.path,
+                name,
+                format!("not in the file (looked for {gguf_name})"),
+            )
         })
     }
 

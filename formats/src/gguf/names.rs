@@ -60,7 +60,8 @@ pub(crate) fn unpermute_rows(data: &[f32], rows: usize, n_head: usize) -> Vec<f3
             for j in 0..half {
                 let src = h * head_rows + 2 * j + s;
                 let dst = h * head_rows + s * half + j;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+                out[dst * cols..(dst + 1) * cols]
+                    .copy_from_slice(&data[src * cols..(src + 1) * cols]);
             }
         }
     }
@@ -77,15 +78,33 @@ mod tests {
             ("model.embed_tokens.weight", "token_embd.weight"),
             ("model.norm.weight", "output_norm.weight"),
             ("lm_head.weight", "output.weight"),
-            ("model.layers.0.input_layernorm.weight", "blk.0.attn_norm.weight"),
-            ("model.layers.12.post_attention_layernorm.weight", "blk.12.ffn_norm.weight"),
-            ("model.layers.3.self_attn.q_proj.weight", "blk.3.attn_q.weight"),
+            (
+                "model.layers.0.input_layernorm.weight",
+                "blk.0.attn_norm.weight",
+            ),
+            (
+                "model.layers.12.post_attention_layernorm.weight",
+                "blk.12.ffn_norm.weight",
+            ),
+            (
+                "model.layers.3.self_attn.q_proj.weight",
+                "blk.3.attn_q.weight",
+            ),
             ("model.layers.3.self_attn.k_proj.bias", "blk.3.attn_k.bias"),
             ("model.layers.3.self_attn.v_proj.bias", "blk.3.attn_v.bias"),
-            ("model.layers.3.self_attn.o_proj.weight", "blk.3.attn_output.weight"),
-            ("model.layers.3.mlp.gate_proj.weight", "blk.3.ffn_gate.weight"),
+            (
+                "model.layers.3.self_attn.o_proj.weight",
+                "blk.3.attn_output.weight",
+            ),
+            (
+                "model.layers.3.mlp.gate_proj.weight",
+                "blk.3.ffn_gate.weight",
+            ),
             ("model.layers.3.mlp.up_proj.weight", "blk.3.ffn_up.weight"),
-            ("model.layers.3.mlp.down_proj.weight", "blk.3.ffn_down.weight"),
+            (
+                "model.layers.3.mlp.down_proj.weight",
+                "blk.3.ffn_down.weight",
+            ),
         ];
         for (hf, gguf) in cases {
             assert_eq!(hf_to_gguf(hf).as_deref(), Some(gguf), "{hf}");

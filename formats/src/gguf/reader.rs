@@ -102,15 +102,8 @@ impl<'a> Reader<'a> {
     /// A length-prefixed string; the length is checked against the file before copying.
     fn string_bytes(&mut self, what: &dyn Fn() -> String) -> Result<&'a [u8], FormatError> {
         let len = self.u64(&|| format!("the length of {}", what()))?;
-        if len > self.remaining() as u64 {
-            return Err(self.invalid(format!(
-                "truncated: {} declares a {len}-byte string at offset {} but only {} bytes remain",
-                what(),
-                self.pos,
-                self.remaining()
-            )));
-        }
-        self.take(len as usize, what)
+        // `take` checks the length against the file before anything is copied.
+        self.take(usize::try_from(len).unwrap_or(usize::MAX), what)
     }
 
     /// A string that must be UTF-8 (keys and tensor names).
@@ -333,10 +326,12 @@ fn tensor_header(r: &mut Reader<'_>, name: &str) -> Result<(Vec<usize>, u32, u64
     let mut dims = Vec::with_capacity(n_dims);
     for d in 0..n_dims {
         let dim = r.u64(&|| format!("dimension {d} of tensor {name}"))?;
-        let dim = usize::try_from(dim).ok().filter(|&d| d <= i64::MAX as usize);
-        dims.push(dim.ok_or_else(|| {
-            r.invalid(format!("tensor {name}: dimension {d} is out of range"))
-        })?);
+        let dim = usize::try_from(dim)
+            .ok()
+            .filter(|&d| d <= i64::MAX as usize);
+        dims.push(
+            dim.ok_or_else(|| r.invalid(format!("tensor {name}: dimension {d} is out of range")))?,
+        );
     }
     let type_id = r.u32(&|| format!("the type of tensor {name}"))?;
     let offset = r.u64(&|| format!("the data offset of tensor {name}"))?;

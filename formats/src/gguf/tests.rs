@@ -89,7 +89,8 @@ impl Writer {
     }
 
     fn tensor(mut self, name: &str, dims: &[u64], ggml_type: u32, data: Vec<u8>) -> Self {
-        self.tensors.push((name.into(), dims.to_vec(), ggml_type, data));
+        self.tensors
+            .push((name.into(), dims.to_vec(), ggml_type, data));
         self
     }
 
@@ -243,9 +244,7 @@ fn tensors_respect_default_and_custom_alignment() {
         }
         let a: Vec<f32> = (0..5).map(|i| i as f32).collect();
         let b: Vec<f32> = (0..6).map(|i| -(i as f32)).collect();
-        let w = w
-            .f32_tensor("a", &[5], &a)
-            .f32_tensor("b", &[3, 2], &b);
+        let w = w.f32_tensor("a", &[5], &a).f32_tensor("b", &[3, 2], &b);
         let (bytes, layout) = w.bytes();
         let file = open_bytes(&bytes).expect("valid file");
         let expected = alignment.map_or(32, |a| a as usize);
@@ -316,15 +315,24 @@ fn every_supported_type_loads_with_hf_shape() {
     }
     // F16 and BF16.
     let x: Vec<f32> = (0..12).map(|i| i as f32 * 0.25 - 1.0).collect();
-    let halves = x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect();
-    let brains = x.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
+    let halves = x
+        .iter()
+        .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+        .collect();
+    let brains = x
+        .iter()
+        .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+        .collect();
     let w = Writer::new()
         .kv("general.architecture", V::String("qwen2".into()))
         .tensor("token_embd.weight", &[4, 3], 1, halves)
         .tensor("output.weight", &[4, 3], 30, brains);
     let file = open_bytes(&w.bytes().0).unwrap();
     let embed = file.load_f32("model.embed_tokens.weight").unwrap();
-    assert_eq!((embed.shape.as_slice(), embed.data.as_slice()), ([3, 4].as_slice(), x.as_slice()));
+    assert_eq!(
+        (embed.shape.as_slice(), embed.data.as_slice()),
+        ([3, 4].as_slice(), x.as_slice())
+    );
     assert_eq!(file.load_f32("lm_head.weight").unwrap().data, x);
 }
 
@@ -336,12 +344,27 @@ fn unsupported_and_unmapped_tensors_are_clear_errors() {
     let (bytes, _) = w.bytes();
     let file = write_file(&bytes);
     let gguf = GgufFile::open(&file.path).unwrap();
-    let err = gguf.load_f32("model.layers.0.mlp.up_proj.weight").unwrap_err().to_string();
-    assert!(err.contains("Q5_0") && err.contains("not supported"), "{err}");
+    let err = gguf
+        .load_f32("model.layers.0.mlp.up_proj.weight")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Q5_0") && err.contains("not supported"),
+        "{err}"
+    );
     assert!(err.contains(&file.path.display().to_string()), "{err}");
-    let err = gguf.load_f32("model.layers.0.mlp.down_proj.weight").unwrap_err().to_string();
-    assert!(err.contains("blk.0.ffn_down.weight") && err.contains("not in the file"), "{err}");
-    let err = gguf.load_f32("model.rotary_emb.inv_freq").unwrap_err().to_string();
+    let err = gguf
+        .load_f32("model.layers.0.mlp.down_proj.weight")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("blk.0.ffn_down.weight") && err.contains("not in the file"),
+        "{err}"
+    );
+    let err = gguf
+        .load_f32("model.rotary_emb.inv_freq")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("no GGUF tensor corresponds"), "{err}");
     assert!(!gguf.contains("lm_head.weight"));
     assert!(gguf.shape("lm_head.weight").is_err());
@@ -393,18 +416,30 @@ fn tiny_model(arch: &str, with_bias: bool, tied: bool) -> (Writer, Vec<f32>, Vec
         .kv("tokenizer.ggml.model", V::String("gpt2".into()))
         .kv("tokenizer.ggml.pre", V::String("smollm".into()))
         .kv("tokenizer.ggml.tokens", V::Array(tokens))
-        .kv("tokenizer.ggml.token_type", V::Array(vec![V::I32(2), V::I32(3), V::I32(3), V::I32(1), V::I32(1)]))
-        .kv("tokenizer.ggml.merges", V::Array(vec![V::String("a b".into())]))
+        .kv(
+            "tokenizer.ggml.token_type",
+            V::Array(vec![V::I32(2), V::I32(3), V::I32(3), V::I32(1), V::I32(1)]),
+        )
+        .kv(
+            "tokenizer.ggml.merges",
+            V::Array(vec![V::String("a b".into())]),
+        )
         .kv("tokenizer.ggml.bos_token_id", V::U32(1))
         .kv("tokenizer.ggml.eos_token_id", V::U32(2))
         .kv("tokenizer.ggml.eot_token_id", V::U32(2))
         .kv("tokenizer.ggml.add_bos_token", V::Bool(false))
-        .kv("tokenizer.chat_template", V::String("{{ messages }}".into()))
+        .kv(
+            "tokenizer.chat_template",
+            V::String("{{ messages }}".into()),
+        )
         .f32_tensor("token_embd.weight", &[8, 5], &[0.5; 40])
         .f32_tensor("blk.0.attn_q.weight", &[8, 8], &q_file)
         .f32_tensor("blk.0.attn_k.weight", &[8, 4], &k_file);
     if with_bias {
-        let (qb, kb): (Vec<f32>, Vec<f32>) = ((0..8).map(|i| i as f32).collect(), (0..4).map(|i| i as f32).collect());
+        let (qb, kb): (Vec<f32>, Vec<f32>) = (
+            (0..8).map(|i| i as f32).collect(),
+            (0..4).map(|i| i as f32).collect(),
+        );
         let (qb_file, kb_file) = if permute {
             (llama_cpp_permute(&qb, 8, 2), llama_cpp_permute(&kb, 4, 1))
         } else {
@@ -425,15 +460,27 @@ fn llama_q_and_k_are_unpermuted_to_hf_layout() {
     for arch in ["llama", "mistral", "qwen2"] {
         let (w, q, k) = tiny_model(arch, true, true);
         let file = open_bytes(&w.bytes().0).unwrap();
-        let lq = file.load_f32("model.layers.0.self_attn.q_proj.weight").unwrap();
+        let lq = file
+            .load_f32("model.layers.0.self_attn.q_proj.weight")
+            .unwrap();
         assert_eq!(lq.shape, [8, 8]);
         assert_eq!(lq.data, q, "{arch} q");
-        let lk = file.load_f32("model.layers.0.self_attn.k_proj.weight").unwrap();
+        let lk = file
+            .load_f32("model.layers.0.self_attn.k_proj.weight")
+            .unwrap();
         assert_eq!(lk.shape, [4, 8]);
         assert_eq!(lk.data, k, "{arch} k");
-        let qb = file.load_f32("model.layers.0.self_attn.q_proj.bias").unwrap();
-        assert_eq!(qb.data, (0..8).map(|i| i as f32).collect::<Vec<_>>(), "{arch} q bias");
-        let kb = file.load_f32("model.layers.0.self_attn.k_proj.bias").unwrap();
+        let qb = file
+            .load_f32("model.layers.0.self_attn.q_proj.bias")
+            .unwrap();
+        assert_eq!(
+            qb.data,
+            (0..8).map(|i| i as f32).collect::<Vec<_>>(),
+            "{arch} q bias"
+        );
+        let kb = file
+            .load_f32("model.layers.0.self_attn.k_proj.bias")
+            .unwrap();
         assert_eq!(kb.data, [0.0, 1.0, 2.0, 3.0], "{arch} k bias");
     }
 }
@@ -445,7 +492,12 @@ fn model_config_from_metadata() {
     let c = file.model_config().unwrap();
     assert_eq!(c.architecture, Architecture::Llama);
     assert_eq!(
-        (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers),
+        (
+            c.vocab_size,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_layers
+        ),
         (5, 8, 16, 2)
     );
     assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (2, 1, 4));
@@ -480,10 +532,18 @@ fn model_config_from_metadata() {
 fn model_config_errors_name_the_problem() {
     let (w, _, _) = tiny_model("llama", false, true);
     let mut w2 = Writer::new();
-    w2.kvs = w.kvs.iter().filter(|(k, _)| k != "llama.block_count").cloned().collect();
+    w2.kvs = w
+        .kvs
+        .iter()
+        .filter(|(k, _)| k != "llama.block_count")
+        .cloned()
+        .collect();
     let file = open_bytes(&w2.bytes().0).unwrap();
     let err = file.model_config().unwrap_err().to_string();
-    assert!(err.contains("missing metadata key llama.block_count"), "{err}");
+    assert!(
+        err.contains("missing metadata key llama.block_count"),
+        "{err}"
+    );
 
     let w3 = Writer::new().kv("general.architecture", V::String("gptneox".into()));
     let f = write_file(&w3.bytes().0);
@@ -493,15 +553,30 @@ fn model_config_errors_name_the_problem() {
         "{err}"
     );
     let text = err.to_string();
-    assert!(text.contains("gptneox") && text.contains("llama") && text.contains(&f.path.display().to_string()));
+    assert!(
+        text.contains("gptneox")
+            && text.contains("llama")
+            && text.contains(&f.path.display().to_string())
+    );
 
     let w4 = Writer::new();
-    let err = open_bytes(&w4.bytes().0).unwrap().architecture().unwrap_err().to_string();
-    assert!(err.contains("missing metadata key general.architecture"), "{err}");
+    let err = open_bytes(&w4.bytes().0)
+        .unwrap()
+        .architecture()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("missing metadata key general.architecture"),
+        "{err}"
+    );
 
     let (w, _, _) = tiny_model("llama", false, true);
     let w = w.kv("llama.rope.scaling.type", V::String("yarn".into()));
-    let err = open_bytes(&w.bytes().0).unwrap().model_config().unwrap_err().to_string();
+    let err = open_bytes(&w.bytes().0)
+        .unwrap()
+        .model_config()
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("unsupported rope scaling \"yarn\""), "{err}");
 
     let (w, _, _) = tiny_model("llama", false, true);
@@ -511,9 +586,15 @@ fn model_config_errors_name_the_problem() {
             *v = V::String("nine".into());
         }
     }
-    let err = open_bytes(&w.bytes().0).unwrap().model_config().unwrap_err().to_string();
+    let err = open_bytes(&w.bytes().0)
+        .unwrap()
+        .model_config()
+        .unwrap_err()
+        .to_string();
     assert!(
-        err.contains("metadata llama.attention.head_count must be a non-negative integer, found string"),
+        err.contains(
+            "metadata llama.attention.head_count must be a non-negative integer, found string"
+        ),
         "{err}"
     );
 }
@@ -529,19 +610,36 @@ fn tokenizer_spec_from_metadata() {
     assert_eq!(spec.token_types, Some(vec![2, 3, 3, 1, 1]));
     assert_eq!(spec.merges, Some(vec!["a b".to_string()]));
     assert_eq!(spec.scores, None);
-    assert_eq!((spec.bos_id, spec.eos_id, spec.unk_id, spec.pad_id), (Some(1), Some(2), None, None));
+    assert_eq!(
+        (spec.bos_id, spec.eos_id, spec.unk_id, spec.pad_id),
+        (Some(1), Some(2), None, None)
+    );
     assert_eq!((spec.add_bos, spec.add_eos), (Some(false), None));
     assert_eq!(spec.chat_template.as_deref(), Some("{{ messages }}"));
 
     let w = Writer::new()
         .kv("tokenizer.ggml.model", V::String("llama".into()))
         .kv("tokenizer.ggml.tokens", V::Array(vec![V::U32(3)]));
-    let err = open_bytes(&w.bytes().0).unwrap().tokenizer_spec().unwrap_err().to_string();
-    assert!(err.contains("tokenizer.ggml.tokens[0] must be an array of strings, found u32"), "{err}");
+    let err = open_bytes(&w.bytes().0)
+        .unwrap()
+        .tokenizer_spec()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("tokenizer.ggml.tokens[0] must be an array of strings, found u32"),
+        "{err}"
+    );
 }
 
 /// Llama 3's divisors as llama.cpp's converter computes them (`generate_extra_tensors`).
-fn llama3_divisors(head_dim: usize, theta: f64, factor: f64, low: f64, high: f64, orig: f64) -> Vec<f32> {
+fn llama3_divisors(
+    head_dim: usize,
+    theta: f64,
+    factor: f64,
+    low: f64,
+    high: f64,
+    orig: f64,
+) -> Vec<f32> {
     let (low_wavelen, high_wavelen) = (orig / low, orig / high);
     (0..head_dim / 2)
         .map(|i| {
@@ -598,8 +696,15 @@ fn llama3_rope_scaling_is_recovered_from_rope_freqs() {
     // Divisors that are not Llama 3's shape are refused with a reason.
     let (w, _, _) = tiny_model("llama", false, true);
     let w = w.f32_tensor("rope_freqs.weight", &[2], &[1.0, 3.0]);
-    let err = open_bytes(&w.bytes().0).unwrap().model_config().unwrap_err().to_string();
-    assert!(err.contains("rope_freqs.weight is not Llama 3 rope scaling"), "{err}");
+    let err = open_bytes(&w.bytes().0)
+        .unwrap()
+        .model_config()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("rope_freqs.weight is not Llama 3 rope scaling"),
+        "{err}"
+    );
 }
 
 // ---- corrupt files -------------------------------------------------------------------
@@ -613,7 +718,10 @@ fn valid_file() -> (Vec<u8>, Layout) {
 fn bad_magic_and_versions_are_rejected() {
     let (mut bytes, _) = valid_file();
     bytes[..4].copy_from_slice(b"GGML");
-    expect_error(&bytes, "not a GGUF file: expected magic \"GGUF\", found \"GGML\"");
+    expect_error(
+        &bytes,
+        "not a GGUF file: expected magic \"GGUF\", found \"GGML\"",
+    );
     let (mut bytes, _) = valid_file();
     bytes[4..8].copy_from_slice(&1u32.to_le_bytes());
     expect_error(&bytes, "GGUF version 1 is not supported");
@@ -621,13 +729,19 @@ fn bad_magic_and_versions_are_rejected() {
     expect_error(&bytes, "big-endian GGUF");
     bytes[4..8].copy_from_slice(&4u32.to_le_bytes());
     expect_error(&bytes, "unsupported GGUF version 4");
-    expect_error(b"", "truncated: the GGUF magic needs bytes 0..4 but the file has 0");
+    expect_error(
+        b"",
+        "truncated: the GGUF magic needs bytes 0..4 but the file has 0",
+    );
 }
 
 #[test]
 fn truncation_in_each_section_is_named() {
     let (bytes, layout) = valid_file();
-    expect_error(&bytes[..10], "truncated: the tensor count needs bytes 8..16 but the file has 10");
+    expect_error(
+        &bytes[..10],
+        "truncated: the tensor count needs bytes 8..16 but the file has 10",
+    );
     // Too short for the declared metadata count.
     expect_error(
         &bytes[..layout.kv_start + 12],
@@ -636,13 +750,19 @@ fn truncation_in_each_section_is_named() {
     // Inside the first metadata key.
     let mut one_kv = header(3, 0, 1);
     one_kv.extend(&bytes[layout.kv_start..layout.kv_start + 16]);
-    expect_error(&one_kv, "truncated: the key of metadata entry #0 needs bytes 32..52");
+    expect_error(
+        &one_kv,
+        "truncated: the key of metadata entry #0 needs bytes 32..52",
+    );
     // Inside the metadata (the token list).
     let text = expect_error(&bytes[..layout.tensor_info_start - 100], "truncated");
     assert!(text.contains("metadata"), "{text}");
     // Inside the tensor infos.
-    let text = expect_error(&bytes[..layout.tensor_info_start + 30], "truncated: ");
-    assert!(text.contains("tensor token_embd.weight"), "{text}");
+    let text = expect_error(&bytes[..layout.tensor_info_start + 150], "truncated: ");
+    assert!(
+        text.contains("of tensor blk.0.attn_k.weight needs bytes"),
+        "{text}"
+    );
     // Inside the data of the last tensor (output.weight).
     let cut = bytes.len() - 40;
     let text = expect_error(&bytes[..cut], "truncated: tensor output.weight needs bytes");
@@ -653,7 +773,10 @@ fn truncation_in_each_section_is_named() {
 fn every_truncation_and_byte_flip_is_an_error_or_a_valid_file_never_a_panic() {
     let (bytes, _) = valid_file();
     for len in 0..bytes.len() {
-        assert!(open_bytes(&bytes[..len]).is_err(), "truncated to {len} bytes opened");
+        assert!(
+            open_bytes(&bytes[..len]).is_err(),
+            "truncated to {len} bytes opened"
+        );
     }
     // Flip bytes through the header, metadata and tensor infos: the reader must either
     // refuse the file or load every tensor without panicking.
@@ -686,13 +809,22 @@ fn header(version: u32, tensors: u64, kvs: u64) -> Vec<u8> {
 
 #[test]
 fn absurd_counts_and_lengths_fail_fast_without_allocating() {
-    expect_error(&header(3, 0, u64::MAX), "declares 18446744073709551615 entries");
-    expect_error(&header(3, u64::MAX, 0), "the header's tensor count declares");
+    expect_error(
+        &header(3, 0, u64::MAX),
+        "declares 18446744073709551615 entries",
+    );
+    expect_error(
+        &header(3, u64::MAX, 0),
+        "the header's tensor count declares",
+    );
     // A string key claiming 2^60 bytes.
     let mut b = header(3, 0, 1);
     b.extend((1u64 << 60).to_le_bytes());
     b.extend([0u8; 16]);
-    expect_error(&b, "declares a 1152921504606846976-byte string");
+    expect_error(
+        &b,
+        "truncated: the key of metadata entry #0 needs bytes 32..1152921504606847008 but the file has 48",
+    );
     // An array claiming 2^62 u32 elements.
     let mut b = header(3, 0, 1);
     put_str(&mut b, "big");
@@ -738,13 +870,22 @@ fn malformed_values_and_tensor_infos_are_named() {
     expect_error(&w.bytes().0, "tensor t has unknown ggml type 200");
 
     let w = Writer::new().tensor("t", &[1, 1, 1, 1, 1], 0, vec![0; 4]);
-    expect_error(&w.bytes().0, "tensor t has 5 dimensions; ggml allows at most 4");
+    expect_error(
+        &w.bytes().0,
+        "tensor t has 5 dimensions; ggml allows at most 4",
+    );
 
     let w = Writer::new().tensor("t", &[16], 8, vec![0; 34]);
-    expect_error(&w.bytes().0, "tensor t: innermost dimension 16 is not a multiple of the Q8_0 block size 32");
+    expect_error(
+        &w.bytes().0,
+        "tensor t: innermost dimension 16 is not a multiple of the Q8_0 block size 32",
+    );
 
     let w = Writer::new().tensor("t", &[1 << 40, 1 << 40], 0, vec![]);
-    expect_error(&w.bytes().0, "tensor t: dimensions [1099511627776, 1099511627776] overflow");
+    expect_error(
+        &w.bytes().0,
+        "tensor t: dimensions [1099511627776, 1099511627776] overflow",
+    );
 
     let w = Writer::new()
         .f32_tensor("t", &[1], &[1.0])
@@ -756,7 +897,10 @@ fn malformed_values_and_tensor_infos_are_named() {
     // The offset is the last 8 bytes of the (only) tensor info.
     let info_end = layout.tensor_info_start + 8 + 1 + 4 + 8 + 4 + 8;
     bytes[info_end - 8..info_end].copy_from_slice(&5u64.to_le_bytes());
-    expect_error(&bytes, "tensor t: data offset 5 is not a multiple of the alignment 32");
+    expect_error(
+        &bytes,
+        "tensor t: data offset 5 is not a multiple of the alignment 32",
+    );
     bytes[info_end - 8..info_end].copy_from_slice(&(u64::MAX - 31).to_le_bytes());
     expect_error(&bytes, "truncated: tensor t needs bytes");
 }

@@ -170,8 +170,7 @@ fn run_blocks<B: bytemuck::Pod + Send + Sync>(
     row: fn(&[B], &mut [f32]),
 ) {
     let block_bytes = size_of::<B>();
-    let one_task = |bytes: &[u8], out: &mut [f32]| match bytemuck::try_cast_slice::<u8, B>(bytes)
-    {
+    let one_task = |bytes: &[u8], out: &mut [f32]| match bytemuck::try_cast_slice::<u8, B>(bytes) {
         Ok(blocks) => row(blocks, out),
         Err(_) => {
             const STAGE: usize = 64;

@@ -134,7 +134,11 @@ fn quantize(format: QuantFormat, x: &[f32]) -> Vec<u8> {
                     scales[s] = nearest(samax / 31.0 / d.to_f32(), -128, 127) as i8;
                     let step = d.to_f32() * f32::from(scales[s]);
                     for (l, &v) in sub.iter().enumerate() {
-                        let qv = if step > 0.0 { nearest(v / step, -32, 31) } else { 0 };
+                        let qv = if step > 0.0 {
+                            nearest(v / step, -32, 31)
+                        } else {
+                            0
+                        };
                         q[16 * s + l] = (qv + 32) as u8;
                     }
                 }
@@ -173,7 +177,10 @@ fn quantize_then_dequantize_round_trips() {
         assert_eq!(bytes.len(), 8 * format.block_bytes());
         let mut y = vec![0.0; x.len()];
         dequantize(format, &bytes, &mut y).unwrap();
-        let worst = x.iter().zip(&y).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let worst = x
+            .iter()
+            .zip(&y)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(
             worst <= tolerance(format) * 4.0,
             "{format}: worst error {worst}"
@@ -183,7 +190,14 @@ fn quantize_then_dequantize_round_trips() {
 
 #[test]
 fn block_sizes_match_ggml() {
-    let expected = [(32, 34), (32, 18), (32, 20), (256, 144), (256, 176), (256, 210)];
+    let expected = [
+        (32, 34),
+        (32, 18),
+        (32, 20),
+        (256, 144),
+        (256, 176),
+        (256, 210),
+    ];
     for (format, (elements, bytes)) in QuantFormat::ALL.into_iter().zip(expected) {
         assert_eq!(format.block_elements(), elements, "{format}");
         assert_eq!(format.block_bytes(), bytes, "{format}");
@@ -214,17 +228,31 @@ fn length_mismatches_are_errors() {
 #[test]
 fn half_and_float_rows_convert_at_any_alignment() {
     let x = random_values(1000, 3);
-    let halves: Vec<u8> = x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect();
-    let brains: Vec<u8> = x.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
+    let halves: Vec<u8> = x
+        .iter()
+        .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+        .collect();
+    let brains: Vec<u8> = x
+        .iter()
+        .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+        .collect();
     let floats: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
     for shift in 0..2 {
         let mut out = vec![0.0; x.len()];
         let buf = [vec![0u8; shift], halves.clone()].concat();
         f16_bytes_to_f32(&buf[shift..], &mut out).unwrap();
-        assert!(out.iter().zip(&x).all(|(a, b)| *a == f16::from_f32(*b).to_f32()));
+        assert!(
+            out.iter()
+                .zip(&x)
+                .all(|(a, b)| *a == f16::from_f32(*b).to_f32())
+        );
         let buf = [vec![0u8; shift], brains.clone()].concat();
         bf16_bytes_to_f32(&buf[shift..], &mut out).unwrap();
-        assert!(out.iter().zip(&x).all(|(a, b)| *a == bf16::from_f32(*b).to_f32()));
+        assert!(
+            out.iter()
+                .zip(&x)
+                .all(|(a, b)| *a == bf16::from_f32(*b).to_f32())
+        );
         let buf = [vec![0u8; shift], floats.clone()].concat();
         f32_bytes_to_f32(&buf[shift..], &mut out).unwrap();
         assert_eq!(out, x);

@@ -1,0 +1,367 @@
+//! The shard's execution state: the model, its KV cache, and the sequences of the cached
+//! batches between `Prefill` and `Decode` calls. Scheduling and block allocation belong to
+//! the router; this only executes what it is told and checks that it is possible.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::model::{LogitsWanted, Model, SequenceChunk};
+use crate::sampling::{SampledToken, Sampler, SamplingParams};
+use crate::{EngineError, KvCache};
+
+/// A request as the router sends it with a prefill.
+#[derive(Debug, Clone)]
+pub struct NewSequence {
+    /// Router-wide request id.
+    pub id: u64,
+    /// Prompt tokens (followed by previously generated ones when resuming).
+    pub input_ids: Vec<u32>,
+    /// Sampling parameters, already validated by the router (checked again here).
+    pub params: SamplingParams,
+    /// Report the logprob of every prompt token.
+    pub prefill_logprobs: bool,
+    /// KV blocks covering at least the tokens computed in this pass.
+    pub blocks: Vec<u32>,
+    /// Leading tokens whose K/V are already in `blocks`.
+    pub cache_len: usize,
+    /// Tokens to compute in this pass (`None`: all the rest).
+    pub chunk_len: Option<usize>,
+    /// Trailing tokens of `input_ids` generated before a preemption.
+    pub generated_len: usize,
+}
+
+/// What one sequence produced in one pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// Router-wide request id.
+    pub request_id: u64,
+    /// `(token, logprob)` of every prompt token (the first one's logprob is NaN).
+    pub prefill: Option<Vec<(u32, f32)>>,
+    /// The new tokens (empty while a chunked prefill is unfinished).
+    pub tokens: Vec<SampledToken>,
+}
+
+/// Time spent in one call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTimings {
+    /// In the model's forward pass.
+    pub forward_ns: u64,
+    /// In sampling.
+    pub decode_ns: u64,
+    /// The whole call.
+    pub total_ns: u64,
+}
+
+struct Sequence {
+    tokens: Vec<u32>,
+    /// Tokens whose K/V are in the cache.
+    computed: usize,
+    blocks: Vec<u32>,
+    sampler: Sampler,
+    prefill_logprobs: bool,
+}
+
+/// The model, its cache, and every live sequence.
+pub struct Engine {
+    model: Model,
+    cache: KvCache,
+    sequences: HashMap<u64, Sequence>,
+    batches: HashMap<u64, Vec<u64>>,
+}
+
+impl Engine {
+    /// An engine over `model` with a cache of `num_blocks` blocks.
+    pub fn new(model: Model, num_blocks: usize, block_size: usize) -> Self {
+        let cache = model.new_cache(num_blocks, block_size);
+        Self {
+            model,
+            cache,
+            sequences: HashMap::new(),
+            batches: HashMap::new(),
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Blocks in the cache.
+    pub fn num_blocks(&self) -> usize {
+        self.cache.num_blocks()
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.cache.block_size()
+    }
+
+    /// Live sequences (for tests and metrics).
+    pub fn num_sequences(&self) -> usize {
+        self.sequences.len()
+    }
+
+    /// Adds `new` as batch `batch_id`, merges `cached` into it, and runs one pass: the new
+    /// sequences' prompt chunks and one decode step of the cached ones. Returns the outputs
+    /// and the request ids of the merged batch (now cached as `batch_id`).
+    pub fn prefill(
+        &mut self,
+        batch_id: u64,
+        new: Vec<NewSequence>,
+        cached: Option<u64>,
+        block_updates: Vec<(u64, Vec<u32>)>,
+    ) -> Result<(Vec<StepOutput>, Vec<u64>, StepTimings), EngineError> {
+        let mut ids = match cached {
+            Some(c) => self.take_batch(c)?,
+            None => Vec::new(),
+        };
+        let mut limits = HashMap::new();
+        let result = self.admit(new, &mut ids, &mut limits).and_then(|()| {
+            self.apply_block_updates(block_updates)?;
+            self.step(&ids, &limits)
+        });
+        self.finish_call(batch_id, ids, result)
+    }
+
+    /// One decode step for the given cached batches, merged into the first one.
+    pub fn decode(
+        &mut self,
+        batch_ids: &[u64],
+        block_updates: Vec<(u64, Vec<u32>)>,
+    ) -> Result<(Vec<StepOutput>, Vec<u64>, StepTimings), EngineError> {
+        let Some(&first) = batch_ids.first() else {
+            return Err(EngineError::InvalidBatch("decode needs at least one batch".into()));
+        };
+        let mut ids = Vec::new();
+        for &b in batch_ids {
+            ids.extend(self.take_batch(b)?);
+        }
+        let result = self
+            .apply_block_updates(block_updates)
+            .and_then(|()| self.step(&ids, &HashMap::new()));
+        self.finish_call(first, ids, result)
+    }
+
+    /// Replaces the cache with one of `num_blocks` blocks, dropping every sequence.
+    pub fn resize_cache(&mut self, num_blocks: usize) {
+        self.clear(None);
+        // Free the old pages before allocating the new ones.
+        self.cache = self.model.new_cache(0, self.block_size());
+        self.cache = self.model.new_cache(num_blocks, self.block_size());
+    }
+
+    /// Keeps only `keep` in the batch and frees every other sequence of it.
+    pub fn filter(&mut self, batch_id: u64, keep: &[u64]) -> Result<Vec<u64>, EngineError> {
+        let ids = self.take_batch(batch_id)?;
+        let (kept, dropped): (Vec<u64>, Vec<u64>) = ids.into_iter().partition(|id| keep.contains(id));
+        for id in dropped {
+            self.sequences.remove(&id);
+        }
+        self.batches.insert(batch_id, kept.clone());
+        Ok(kept)
+    }
+
+    /// Drops one batch, or all of them.
+    pub fn clear(&mut self, batch_id: Option<u64>) {
+        match batch_id {
+            Some(b) => {
+                for id in self.batches.remove(&b).unwrap_or_default() {
+                    self.sequences.remove(&id);
+                }
+            }
+            None => {
+                self.batches.clear();
+                self.sequences.clear();
+            }
+        }
+    }
+
+    /// A one-token pass on block 0, which the router never hands out.
+    pub fn health_check(&mut self) -> Result<(), EngineError> {
+        let chunk = SequenceChunk {
+            tokens: &[0],
+            start_position: 0,
+            block_table: &[0],
+            logits: LogitsWanted::Last,
+        };
+        let out = self.model.forward(&[chunk], &mut self.cache)?;
+        match out.last(0) {
+            Some(l) if l.iter().all(|v| v.is_finite()) => Ok(()),
+            _ => Err(EngineError::InvalidBatch("health check produced non-finite logits".into())),
+        }
+    }
+
+    /// Runs a prefill of `tokens` tokens spread over the cache's blocks (then forgets it), so
+    /// that the first real request does not pay for page faults and thread-pool start-up.
+    pub fn warmup(&mut self, tokens: usize) -> Result<(), EngineError> {
+        let bs = self.block_size();
+        let tokens = tokens.clamp(1, (self.num_blocks() - 1) * bs);
+        let ids: Vec<u32> = (0..tokens).map(|i| (i % self.model.config().vocab_size) as u32).collect();
+        let blocks: Vec<u32> = (1..=tokens.div_ceil(bs) as u32).collect();
+        let chunk = SequenceChunk {
+            tokens: &ids,
+            start_position: 0,
+            block_table: &blocks,
+            logits: LogitsWanted::Last,
+        };
+        self.model.forward(&[chunk], &mut self.cache)?;
+        Ok(())
+    }
+
+    fn admit(
+        &mut self,
+        new: Vec<NewSequence>,
+        ids: &mut Vec<u64>,
+        limits: &mut HashMap<u64, usize>,
+    ) -> Result<(), EngineError> {
+        for seq in new {
+            seq.params
+                .validate_for_vocab(self.model.config().vocab_size)
+                .map_err(|e| EngineError::InvalidBatch(format!("request {}: {e}", seq.id)))?;
+            if seq.cache_len >= seq.input_ids.len() {
+                return Err(EngineError::InvalidBatch(format!(
+                    "request {}: needs at least one token beyond the {} cached ones",
+                    seq.id, seq.cache_len
+                )));
+            }
+            if self.sequences.contains_key(&seq.id) || ids.contains(&seq.id) {
+                return Err(EngineError::InvalidBatch(format!("request {} already exists", seq.id)));
+            }
+            let prompt_len = seq.input_ids.len() - seq.generated_len.min(seq.input_ids.len());
+            let mut sampler = Sampler::new(seq.params, &seq.input_ids[..prompt_len]);
+            for &t in &seq.input_ids[prompt_len..] {
+                sampler.record(t);
+            }
+            if let Some(chunk) = seq.chunk_len {
+                limits.insert(seq.id, chunk.max(1));
+            }
+            ids.push(seq.id);
+            self.sequences.insert(
+                seq.id,
+                Sequence {
+                    tokens: seq.input_ids,
+                    computed: seq.cache_len,
+                    blocks: seq.blocks,
+                    sampler,
+                    prefill_logprobs: seq.prefill_logprobs,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Caches the batch after a call; on failure its sequences are dropped, since their
+    /// state may be half-updated.
+    fn finish_call(
+        &mut self,
+        batch_id: u64,
+        ids: Vec<u64>,
+        result: Result<(Vec<StepOutput>, StepTimings), EngineError>,
+    ) -> Result<(Vec<StepOutput>, Vec<u64>, StepTimings), EngineError> {
+        match result {
+            Ok((outputs, timings)) => {
+                self.batches.insert(batch_id, ids.clone());
+                Ok((outputs, ids, timings))
+            }
+            Err(e) => {
+                for id in ids {
+                    self.sequences.remove(&id);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn take_batch(&mut self, batch_id: u64) -> Result<Vec<u64>, EngineError> {
+        self.batches
+            .remove(&batch_id)
+            .ok_or_else(|| EngineError::InvalidBatch(format!("batch {batch_id} is not cached")))
+    }
+
+    fn apply_block_updates(&mut self, updates: Vec<(u64, Vec<u32>)>) -> Result<(), EngineError> {
+        for (id, blocks) in updates {
+            let seq = self
+                .sequences
+                .get_mut(&id)
+                .ok_or_else(|| EngineError::InvalidBatch(format!("block update for unknown request {id}")))?;
+            seq.blocks = blocks;
+        }
+        Ok(())
+    }
+
+    /// One forward pass over the pending tokens of `ids`, then sampling.
+    fn step(
+        &mut self,
+        ids: &[u64],
+        limits: &HashMap<u64, usize>,
+    ) -> Result<(Vec<StepOutput>, StepTimings), EngineError> {
+        let start = Instant::now();
+        let mut plan = Vec::with_capacity(ids.len());
+        for id in ids {
+            let seq = self
+                .sequences
+                .get(id)
+                .ok_or_else(|| EngineError::InvalidBatch(format!("request {id} is not cached")))?;
+            let pending = seq.tokens.len() - seq.computed;
+            let len = limits.get(id).map_or(pending, |&l| l.min(pending));
+            plan.push((*id, seq.computed, len));
+        }
+        let chunks: Vec<SequenceChunk<'_>> = plan
+            .iter()
+            .map(|&(id, start, len)| {
+                let seq = &self.sequences[&id];
+                let completes = start + len == seq.tokens.len();
+                SequenceChunk {
+                    tokens: &seq.tokens[start..start + len],
+                    start_position: start,
+                    block_table: &seq.blocks,
+                    logits: match (completes, seq.prefill_logprobs && start == 0) {
+                        (_, true) => LogitsWanted::All,
+                        (true, false) => LogitsWanted::Last,
+                        (false, false) => LogitsWanted::None,
+                    },
+                }
+            })
+            .collect();
+        let out = self.model.forward(&chunks, &mut self.cache)?;
+        let wanted: Vec<LogitsWanted> = chunks.iter().map(|c| c.logits).collect();
+        let forward_done = Instant::now();
+        let mut outputs = Vec::with_capacity(plan.len());
+        for (ci, &(id, start, len)) in plan.iter().enumerate() {
+            let Some(seq) = self.sequences.get_mut(&id) else { continue };
+            seq.computed = start + len;
+            let mut output = StepOutput {
+                request_id: id,
+                prefill: None,
+                tokens: Vec::new(),
+            };
+            if wanted[ci] == LogitsWanted::All {
+                // Logprob of token i is read from the logits at position i - 1.
+                let mut prefill = vec![(seq.tokens[0], f32::NAN)];
+                for i in 1..len {
+                    let t = seq.tokens[i];
+                    prefill.push((t, seq.sampler.report(out.row(ci, i - 1), t).logprob));
+                }
+                output.prefill = Some(prefill);
+                seq.prefill_logprobs = false;
+            }
+            if seq.computed == seq.tokens.len() {
+                if let Some(logits) = out.last(ci) {
+                    let token = seq.sampler.sample(logits);
+                    seq.tokens.push(token.id);
+                    output.tokens.push(token);
+                }
+            }
+            outputs.push(output);
+        }
+        let end = Instant::now();
+        Ok((
+            outputs,
+            StepTimings {
+                forward_ns: (forward_done - start).as_nanos() as u64,
+                decode_ns: (end - forward_done).as_nanos() as u64,
+                total_ns: (end - start).as_nanos() as u64,
+            },
+        ))
+    }
+}

@@ -1,0 +1,169 @@
+//! `tessera-shard`: loads a model and serves the router's gRPC calls on a unix socket.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use tessera_formats::ModelFiles;
+use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
+use tessera_shard::service::{ShardInfo, ShardService};
+use tessera_shard::{Engine, Model};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+/// One shard process of a Tessera server (started by `tessera-launcher`).
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Hugging Face model directory or `.gguf` file.
+    #[arg(long, env = "MODEL_ID")]
+    model_id: PathBuf,
+    /// Socket path prefix; this shard listens on `{uds_path}-{rank}`.
+    #[arg(long, default_value = "/tmp/tessera-server")]
+    uds_path: String,
+    /// This shard's rank.
+    #[arg(long, env = "RANK", default_value_t = 0)]
+    rank: u32,
+    /// Number of shards.
+    #[arg(long, env = "WORLD_SIZE", default_value_t = 1)]
+    world_size: u32,
+    /// Rendezvous address for the collective communicator.
+    #[arg(long, env = "MASTER_ADDR", default_value = "localhost")]
+    master_addr: String,
+    /// Rendezvous port for the collective communicator.
+    #[arg(long, env = "MASTER_PORT", default_value_t = 29500)]
+    master_port: u16,
+    /// Compute and KV-cache dtype.
+    #[arg(long, default_value = "float32")]
+    dtype: String,
+    /// Bytes the KV cache may use on CPU (suffixes K, M, G accepted).
+    #[arg(long, default_value = "1G", value_parser = parse_bytes)]
+    kv_cache_memory: u64,
+    /// Fraction of device memory for weights and KV cache (GPU only).
+    #[arg(long, default_value_t = 0.9)]
+    memory_fraction: f32,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Tokens proposed per speculative step.
+    #[arg(long, default_value_t = 0)]
+    speculate: u32,
+    /// Log as JSON lines.
+    #[arg(long)]
+    json_output: bool,
+    /// OpenTelemetry collector endpoint.
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+}
+
+/// Parses a byte count such as `1073741824`, `512M` or `2G`.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = s[i..].to_ascii_uppercase();
+            let mult: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => return Err(format!("unknown unit in {s:?}; use K, M, G or T")),
+            };
+            (&s[..i], mult)
+        }
+        None => (s, 1),
+    };
+    let n: f64 = digits.trim().parse().map_err(|_| format!("{s:?} is not a byte count"))?;
+    if !(n.is_finite() && n >= 0.0) {
+        return Err(format!("{s:?} is not a byte count"));
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(args.json_output);
+    if args.world_size != 1 {
+        bail!("--world-size {}: tensor parallelism across shards is not available yet; use one shard", args.world_size);
+    }
+    if args.speculate != 0 {
+        bail!("--speculate {}: speculative decoding is not available yet", args.speculate);
+    }
+    if args.dtype != "float32" {
+        bail!(
+            "--dtype {}: the CPU backend computes in float32 for now; use --dtype float32",
+            args.dtype
+        );
+    }
+    if args.block_size == 0 {
+        bail!("--block-size must be at least 1");
+    }
+    let socket = format!("{}-{}", args.uds_path, args.rank);
+    let files = ModelFiles::open(&args.model_id)?;
+    tracing::info!(model = %args.model_id.display(), config = ?files.config, "loading weights");
+    let model = Model::load(&files)?;
+    // A minimal cache until Warmup sizes it from the memory budget.
+    let engine = Engine::new(model, 2, args.block_size);
+    let info = ShardInfo {
+        dtype: args.dtype.clone(),
+        rank: args.rank,
+        world_size: args.world_size,
+        socket_paths: (0..args.world_size).map(|r| format!("{}-{r}", args.uds_path)).collect(),
+    };
+    let service = ShardService::new(engine, info, args.kv_cache_memory);
+
+    match std::fs::remove_file(&socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing stale socket {socket}")),
+    }
+    let listener = UnixListener::bind(&socket).with_context(|| format!("binding {socket}"))?;
+    tracing::info!(%socket, "shard ready");
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler cannot fail on unix");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+    };
+    tonic::transport::Server::builder()
+        .add_service(
+            TextGenerationServiceServer::new(service)
+                .max_decoding_message_size(256 << 20)
+                .max_encoding_message_size(256 << 20),
+        )
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await?;
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert_eq!(parse_bytes("1.5KiB"), Ok(1536));
+        assert!(parse_bytes("12Q").is_err());
+        assert!(parse_bytes("-3").is_err());
+    }
+}
