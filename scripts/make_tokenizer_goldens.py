@@ -7,7 +7,9 @@
    GGUF tokenizer (AutoTokenizer.from_pretrained(dir, gguf_file=...)) for
    SmolLM2-135M-Instruct.Q4_1.gguf on many strings (unicode, CJK, Arabic, emoji with ZWJ,
    numbers, whitespace runs, code, special tokens).
-2. formats/tests/data/tiny_spm_tokenizer.json: a tiny hand-built SentencePiece-style
+2. formats/tests/data/hf_fixture_tokenizer_cases.json: ids, decodes and chat renderings from
+   AutoTokenizer on the fixtures/tiny-* model directories (ModelTokenizer::from_hf_dir).
+3. formats/tests/data/tiny_spm_tokenizer.json: a tiny hand-built SentencePiece-style
    ("llama") GGUF tokenizer, its metadata and transformers' ids/decodes for it.
 
 Needs transformers (5.x), tokenizers and gguf.
@@ -186,6 +188,40 @@ def tiny_spm(tmp: Path) -> dict:
     return {"spec": spec, "cases": cases}
 
 
+FIXTURES = ["tiny-llama", "tiny-mistral", "tiny-qwen2"]
+
+
+def hf_fixture_cases() -> dict:
+    out = {}
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi {{ not a template }}"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "日本語で？ 🎉"},
+    ]
+    for name in FIXTURES:
+        tok = AutoTokenizer.from_pretrained(str(ROOT / "fixtures" / name))
+        cases = []
+        for text in TEXTS[::3] + [TEXTS[41], TEXTS[42]]:
+            ids = tok.encode(text, add_special_tokens=True)
+            cases.append(
+                {
+                    "text": text,
+                    "ids": ids,
+                    "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+                }
+            )
+        chats = []
+        for gen in (True, False):
+            try:
+                text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=gen)
+            except Exception as e:  # a template that rejects system messages, etc.
+                text = None
+            chats.append({"messages": conversation, "add_generation_prompt": gen, "text": text})
+        out[name] = {"cases": cases, "chats": chats}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     default_cache = os.environ.get("TESSERA_CACHE", str(Path.home() / ".cache" / "tessera"))
@@ -194,6 +230,9 @@ def main() -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     out = DATA / "smollm2_tokenizer_cases.json"
     out.write_text(json.dumps(smollm2_cases(Path(args.cache)), ensure_ascii=False, indent=1) + "\n")
+    print("wrote", out)
+    out = DATA / "hf_fixture_tokenizer_cases.json"
+    out.write_text(json.dumps(hf_fixture_cases(), ensure_ascii=False, indent=1) + "\n")
     print("wrote", out)
     with tempfile.TemporaryDirectory() as tmp:
         out = DATA / "tiny_spm_tokenizer.json"

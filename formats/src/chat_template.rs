@@ -330,9 +330,16 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         Some(v) if v.is_none() || v.is_undefined() => None,
         Some(v) => Some(match v.as_str() {
             Some(s) => s.to_string(),
-            None => " ".repeat(v.as_i64().and_then(|n| usize::try_from(n).ok()).ok_or_else(
-                || Error::new(ErrorKind::InvalidOperation, "tojson: indent must be a number or a string"),
-            )?),
+            None => " ".repeat(
+                v.as_i64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::InvalidOperation,
+                            "tojson: indent must be a number or a string",
+                        )
+                    })?,
+            ),
         }),
     };
     let (item_sep, key_sep) = match separators {
@@ -385,7 +392,10 @@ impl JsonWriter {
 
     fn write(&self, out: &mut String, value: &Value, depth: usize) -> Result<(), Error> {
         if depth > 512 {
-            return Err(Error::new(ErrorKind::InvalidOperation, "tojson: value nested too deeply"));
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: value nested too deeply",
+            ));
         }
         match value.kind() {
             ValueKind::Undefined | ValueKind::None => out.push_str("null"),
@@ -501,11 +511,14 @@ mod tests {
 
     #[test]
     fn strftime_formats_known_dates() {
-        // 2024-07-26 13:05:09 UTC, a Friday.
+        // 2024-07-26 13:25:09 UTC, a Friday.
         let t = 1_722_000_309;
-        assert_eq!(strftime("%Y-%m-%d %H:%M:%S", t), "2024-07-26 13:05:09");
+        assert_eq!(strftime("%Y-%m-%d %H:%M:%S", t), "2024-07-26 13:25:09");
         assert_eq!(strftime("%d %b %Y", t), "26 Jul 2024");
-        assert_eq!(strftime("%A, %B %-d, %y %I%p %j %%", t), "Friday, July 26, 24 01PM 208 %");
+        assert_eq!(
+            strftime("%A, %B %-d, %y %I%p %j %%", t),
+            "Friday, July 26, 24 01PM 208 %"
+        );
         assert_eq!(strftime("%a %F %T", 0), "Thu 1970-01-01 00:00:00");
         assert_eq!(strftime("%d %b %Y", 951_782_400), "29 Feb 2000");
     }

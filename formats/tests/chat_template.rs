@@ -18,7 +18,10 @@ const LLAMA3: &str = r#"{{- bos_token }}
 "#;
 
 fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
-    pairs.iter().map(|(r, c)| ChatMessage::new(*r, *c)).collect()
+    pairs
+        .iter()
+        .map(|(r, c)| ChatMessage::new(*r, *c))
+        .collect()
 }
 
 fn template(source: &str) -> ChatTemplate {
@@ -85,7 +88,11 @@ fn trim_and_lstrip_blocks_are_on() {
     let t = template(source);
     // transformers: trim_blocks drops the newline after a block tag, lstrip_blocks the
     // indentation before it, and the final newline of the template is dropped.
-    assert_eq!(t.render(&msgs(&[("user", "a"), ("user", "b")]), false).unwrap(), "a\nb\n");
+    assert_eq!(
+        t.render(&msgs(&[("user", "a"), ("user", "b")]), false)
+            .unwrap(),
+        "a\nb\n"
+    );
 }
 
 #[test]
@@ -96,13 +103,20 @@ fn hostile_content_is_rendered_literally() {
     assert_eq!(out, format!("<|im_start|>user\n{evil}<|im_end|>\n"));
     let huge = "x".repeat(4 << 20);
     let out = t.render(&msgs(&[("user", &huge)]), false).unwrap();
-    assert_eq!(out.len(), huge.len() + "<|im_start|>user\n<|im_end|>\n".len());
+    assert_eq!(
+        out.len(),
+        huge.len() + "<|im_start|>user\n<|im_end|>\n".len()
+    );
 }
 
 #[test]
 fn syntax_error_names_the_line() {
-    let err = ChatTemplate::new("line one\n{% for m in messages %}\n{{ m.content }\n".into(), None, None)
-        .unwrap_err();
+    let err = ChatTemplate::new(
+        "line one\n{% for m in messages %}\n{{ m.content }\n".into(),
+        None,
+        None,
+    )
+    .unwrap_err();
     let text = err.to_string();
     assert!(text.contains("syntax error"), "{text}");
     assert!(text.contains("line 3"), "{text}");
@@ -139,6 +153,7 @@ fn tools_are_visible_to_the_template() {
 #[test]
 fn messages_round_trip_through_serde() {
     let m: Vec<ChatMessage> =
-        serde_json::from_str(r#"[{"role":"user","content":"What is the capital of France?"}]"#).unwrap();
+        serde_json::from_str(r#"[{"role":"user","content":"What is the capital of France?"}]"#)
+            .unwrap();
     assert_eq!(m, msgs(&[("user", "What is the capital of France?")]));
 }

@@ -14,11 +14,19 @@ fn golden() -> Value {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|n| n.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// The tiny SentencePiece spec scripts/make_tokenizer_goldens.py wrote as a GGUF.
@@ -27,8 +35,22 @@ fn tiny_spm_spec(g: &Value) -> GgufTokenizerSpec {
     GgufTokenizerSpec {
         model: "llama".into(),
         tokens: strings(&s["tokens"]),
-        token_types: Some(s["token_types"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap() as i32).collect()),
-        scores: Some(s["scores"].as_array().unwrap().iter().map(|t| t.as_f64().unwrap() as f32).collect()),
+        token_types: Some(
+            s["token_types"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_i64().unwrap() as i32)
+                .collect(),
+        ),
+        scores: Some(
+            s["scores"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_f64().unwrap() as f32)
+                .collect(),
+        ),
         bos_id: Some(1),
         eos_id: Some(2),
         unk_id: Some(0),
@@ -49,8 +71,16 @@ fn sentencepiece_bpe_matches_transformers() {
         let text = case["text"].as_str().unwrap();
         let got = tok.encode(text, true).unwrap();
         assert_eq!(got, ids(&case["ids"]), "encode({text:?})");
-        assert_eq!(tok.encode(text, false).unwrap(), ids(&case["ids_no_special"]), "encode({text:?}, no special)");
-        assert_eq!(tok.decode(&got, false).unwrap(), case["decoded"].as_str().unwrap(), "decode({text:?})");
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            ids(&case["ids_no_special"]),
+            "encode({text:?}, no special)"
+        );
+        assert_eq!(
+            tok.decode(&got, false).unwrap(),
+            case["decoded"].as_str().unwrap(),
+            "decode({text:?})"
+        );
         assert_eq!(
             tok.decode(&got, true).unwrap(),
             case["decoded_skip_special"].as_str().unwrap(),
@@ -61,7 +91,11 @@ fn sentencepiece_bpe_matches_transformers() {
 
 /// A byte-level BPE vocabulary: bytes of "Ġhi" etc., with merges given.
 fn tiny_gpt2_spec() -> GgufTokenizerSpec {
-    let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+    let mut tokens: Vec<String> = vec![
+        "<|endoftext|>".into(),
+        "<|im_start|>".into(),
+        "<|im_end|>".into(),
+    ];
     // The printable ASCII bytes map to themselves; space is Ġ, newline Ċ.
     for c in ['h', 'i', 'Ġ', 'Ċ', 'a', 'b', '!'] {
         tokens.push(c.to_string());
@@ -94,28 +128,53 @@ fn byte_level_bpe_with_special_tokens() {
     assert!(!tok.add_bos);
     // eos plus the end-of-turn control tokens llama.cpp recognises.
     assert_eq!(tok.eos_token_ids, vec![2, 0]);
-    let ids = tok.encode("<|im_start|>hi hi!\nab<|im_end|><think>", true).unwrap();
+    let ids = tok
+        .encode("<|im_start|>hi hi!\nab<|im_end|><think>", true)
+        .unwrap();
     assert_eq!(ids, vec![1, 10, 11, 9, 6, 12, 2, 13]);
-    assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>hi hi!\nab<|im_end|><think>");
+    assert_eq!(
+        tok.decode(&ids, false).unwrap(),
+        "<|im_start|>hi hi!\nab<|im_end|><think>"
+    );
     // <think> is user-defined, not special: it stays when skipping special tokens.
     assert_eq!(tok.decode(&ids, true).unwrap(), "hi hi!\nab<think>");
     let chat = tok.chat_template.as_ref().unwrap();
-    let text = chat.render(&[tessera_formats::ChatMessage::new("user", "hi")], false).unwrap();
+    let text = chat
+        .render(&[tessera_formats::ChatMessage::new("user", "hi")], false)
+        .unwrap();
     assert_eq!(text, "<|im_start|>user\nhi<|im_end|>\n");
 }
 
 #[test]
 fn known_pre_tokenizers_build() {
-    for pre in ["llama-bpe", "qwen2", "qwen35", "tekken", "gpt-4o", "gpt-2", "something-new"] {
-        let spec = GgufTokenizerSpec { pre: Some(pre.into()), ..tiny_gpt2_spec() };
+    for pre in [
+        "llama-bpe",
+        "qwen2",
+        "qwen35",
+        "tekken",
+        "gpt-4o",
+        "gpt-2",
+        "something-new",
+    ] {
+        let spec = GgufTokenizerSpec {
+            pre: Some(pre.into()),
+            ..tiny_gpt2_spec()
+        };
         let tok = ModelTokenizer::from_gguf(&spec, Path::new(FILE)).unwrap();
-        assert_eq!(tok.encode("hi hi", false).unwrap(), vec![10, 11], "pre {pre}");
+        assert_eq!(
+            tok.encode("hi hi", false).unwrap(),
+            vec![10, 11],
+            "pre {pre}"
+        );
     }
 }
 
 #[test]
 fn add_bos_prepends_bos() {
-    let spec = GgufTokenizerSpec { add_bos: Some(true), ..tiny_gpt2_spec() };
+    let spec = GgufTokenizerSpec {
+        add_bos: Some(true),
+        ..tiny_gpt2_spec()
+    };
     let tok = ModelTokenizer::from_gguf(&spec, Path::new(FILE)).unwrap();
     assert!(tok.add_bos);
     assert_eq!(tok.encode("hi", true).unwrap(), vec![1, 10]);
@@ -130,22 +189,51 @@ fn invalid_message(err: FormatError) -> String {
 
 #[test]
 fn unsupported_model_is_an_error_naming_it() {
-    let spec = GgufTokenizerSpec { model: "bert".into(), ..tiny_gpt2_spec() };
+    let spec = GgufTokenizerSpec {
+        model: "bert".into(),
+        ..tiny_gpt2_spec()
+    };
     let text = invalid_message(ModelTokenizer::from_gguf(&spec, Path::new(FILE)).unwrap_err());
-    assert!(text.contains("\"bert\"") && text.contains("gpt2") && text.contains("llama"), "{text}");
+    assert!(
+        text.contains("\"bert\"") && text.contains("gpt2") && text.contains("llama"),
+        "{text}"
+    );
 }
 
 #[test]
 fn inconsistent_specs_are_errors() {
     let base = tiny_gpt2_spec();
     let cases = [
-        GgufTokenizerSpec { tokens: vec![], ..base.clone() },
-        GgufTokenizerSpec { token_types: Some(vec![1]), ..base.clone() },
-        GgufTokenizerSpec { eos_id: Some(10_000), ..base.clone() },
-        GgufTokenizerSpec { merges: Some(vec!["h i x".into()]), ..base.clone() },
-        GgufTokenizerSpec { merges: None, scores: None, ..base.clone() },
-        GgufTokenizerSpec { merges: None, scores: Some(vec![0.0]), ..base.clone() },
-        GgufTokenizerSpec { chat_template: Some("{% for %}".into()), ..base.clone() },
+        GgufTokenizerSpec {
+            tokens: vec![],
+            ..base.clone()
+        },
+        GgufTokenizerSpec {
+            token_types: Some(vec![1]),
+            ..base.clone()
+        },
+        GgufTokenizerSpec {
+            eos_id: Some(10_000),
+            ..base.clone()
+        },
+        GgufTokenizerSpec {
+            merges: Some(vec!["h i x".into()]),
+            ..base.clone()
+        },
+        GgufTokenizerSpec {
+            merges: None,
+            scores: None,
+            ..base.clone()
+        },
+        GgufTokenizerSpec {
+            merges: None,
+            scores: Some(vec![0.0]),
+            ..base.clone()
+        },
+        GgufTokenizerSpec {
+            chat_template: Some("{% for %}".into()),
+            ..base.clone()
+        },
     ];
     for spec in cases {
         let err = ModelTokenizer::from_gguf(&spec, Path::new(FILE)).unwrap_err();

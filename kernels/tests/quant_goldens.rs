@@ -11,7 +11,7 @@ struct Golden {
 }
 
 fn parse_hex_bytes(hex: &str) -> Vec<u8> {
-    assert!(hex.len() % 2 == 0, "odd hex length");
+    assert!(hex.len().is_multiple_of(2), "odd hex length");
     (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex byte"))

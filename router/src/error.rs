@@ -170,10 +170,14 @@ impl ApiError {
                 ("invalid_request_error", v.param(), None)
             }
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
-            ApiError::ModelNotFound(_) => {
-                ("invalid_request_error", Some("model"), Some("model_not_found"))
+            ApiError::ModelNotFound(_) => (
+                "invalid_request_error",
+                Some("model"),
+                Some("model_not_found"),
+            ),
+            ApiError::Infer(InferError::Overloaded) => {
+                ("requests", None, Some("rate_limit_exceeded"))
             }
-            ApiError::Infer(InferError::Overloaded) => ("requests", None, Some("rate_limit_exceeded")),
             _ if status.is_server_error() => ("server_error", None, Some(self.error_type())),
             _ => ("invalid_request_error", None, None),
         };
@@ -306,7 +310,9 @@ mod tests {
         assert_eq!(s.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(s.openai_body()["error"]["type"], "server_error");
         assert_eq!(
-            ApiError::from(InferError::Validation(ValidationError::EmptyInput("inputs"))),
+            ApiError::from(InferError::Validation(ValidationError::EmptyInput(
+                "inputs"
+            ))),
             ApiError::Validation(ValidationError::EmptyInput("inputs"))
         );
         let i = ApiError::Internal("secret detail".into());

@@ -323,7 +323,10 @@ impl Infer {
     }
 
     /// Runs a request to the end and collects its output.
-    pub async fn generate(&self, request: ValidGenerateRequest) -> Result<InferResponse, InferError> {
+    pub async fn generate(
+        &self,
+        request: ValidGenerateRequest,
+    ) -> Result<InferResponse, InferError> {
         let (_permit, stream) = self.generate_stream(request).await?;
         collect(stream).await
     }

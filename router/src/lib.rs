@@ -21,8 +21,8 @@
 //! ```
 #![deny(missing_docs)]
 
-// pub mod batcher;
-// mod client;
+pub mod batcher;
+pub mod client;
 mod detokenizer;
 mod error;
 mod infer;
@@ -67,4 +67,3 @@ pub mod openai_api {
         SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
     };
 }
-

@@ -4,7 +4,9 @@
 
 use std::time::Instant;
 
-use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    BuildError, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 use crate::infer::GeneratedText;
 
@@ -109,7 +111,10 @@ fn describe() {
     describe_counter!(BATCH_INFERENCE_COUNT, "Batch steps");
     describe_counter!(BATCH_INFERENCE_FAILURE, "Failed batch steps");
     describe_gauge!(KV_BLOCKS_FREE, "Free KV blocks");
-    describe_counter!(PREFIX_CACHE_HIT_TOKENS, "Prompt tokens served from the prefix cache");
+    describe_counter!(
+        PREFIX_CACHE_HIT_TOKENS,
+        "Prompt tokens served from the prefix cache"
+    );
 }
 
 /// Records a queued request.
@@ -121,7 +126,8 @@ pub(crate) fn record_request(input_length: usize, max_new_tokens: u32) {
 
 /// Records how long validation took.
 pub(crate) fn record_validation(started: Instant) {
-    ::metrics::histogram!(names::REQUEST_VALIDATION_DURATION).record(started.elapsed().as_secs_f64());
+    ::metrics::histogram!(names::REQUEST_VALIDATION_DURATION)
+        .record(started.elapsed().as_secs_f64());
 }
 
 /// Records a finished request.

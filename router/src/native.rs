@@ -4,11 +4,11 @@
 use std::convert::Infallible;
 use std::time::Instant;
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
@@ -183,9 +183,15 @@ fn timing_headers(out: &InferResponse, prompt_tokens: usize, received: Instant) 
     let mut h = HeaderMap::new();
     h.insert("x-compute-type", HeaderValue::from_static("tessera"));
     h.insert("x-prompt-tokens", HeaderValue::from(prompt_tokens as u64));
-    h.insert("x-generated-tokens", HeaderValue::from(out.generated_text.generated_tokens));
+    h.insert(
+        "x-generated-tokens",
+        HeaderValue::from(out.generated_text.generated_tokens),
+    );
     h.insert("x-total-time", ms(now.saturating_duration_since(received)));
-    h.insert("x-queue-time", ms(out.start.saturating_duration_since(out.queued)));
+    h.insert(
+        "x-queue-time",
+        ms(out.start.saturating_duration_since(out.queued)),
+    );
     h.insert("x-inference-time", ms(inference));
     h.insert("x-time-per-token", ms(inference / tokens));
     h
@@ -201,7 +207,11 @@ pub(crate) async fn generate(
     let valid = state.validation().validate(input).await?;
     crate::metrics::record_validation(received);
     let prompt_tokens = valid.input_ids.len();
-    let prefix = if full_text { valid.inputs.clone() } else { String::new() };
+    let prefix = if full_text {
+        valid.inputs.clone()
+    } else {
+        String::new()
+    };
     let out = state.infer().generate(valid).await?;
     let headers = timing_headers(&out, prompt_tokens, received);
     let generated = &out.generated_text;
@@ -234,7 +244,11 @@ pub(crate) async fn generate_stream(
     let valid = state.validation().validate(input).await?;
     crate::metrics::record_validation(received);
     let input_length = valid.input_ids.len() as u32;
-    let prefix = if full_text { valid.inputs.clone() } else { String::new() };
+    let prefix = if full_text {
+        valid.inputs.clone()
+    } else {
+        String::new()
+    };
     let (permit, mut events) = state.infer().generate_stream(valid).await?;
     let stream = async_stream::stream! {
         let _permit = permit;
@@ -306,7 +320,12 @@ pub(crate) async fn tokenize(
                     Some(t) if !t.is_empty() => t.to_owned(),
                     _ => tokenizer.decode(&[id], false).unwrap_or_default(),
                 };
-                SimpleToken { id, text, start, stop }
+                SimpleToken {
+                    id,
+                    text,
+                    start,
+                    stop,
+                }
             })
             .collect::<Vec<_>>();
         Ok::<_, ValidationError>(tokens)
@@ -365,7 +384,9 @@ pub(crate) async fn info(State(state): State<AppState>) -> Json<Info> {
 }
 
 /// `GET /health`: 200 when the engine answers, 503 otherwise.
-pub(crate) async fn health(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+pub(crate) async fn health(
+    State(state): State<AppState>,
+) -> Result<Json<serde_json::Value>, ApiError> {
     if state.healthy().await {
         Ok(Json(serde_json::json!({ "status": "ok" })))
     } else {

@@ -27,8 +27,7 @@ use crate::infer::{
 use crate::server::AppState;
 use crate::sse::{done_event, json_event, sse};
 use crate::validation::{
-    GenerateInput, Prompt, RequestParameters, ValidationError, random_u64,
-    validate_openai_sampling,
+    GenerateInput, Prompt, RequestParameters, ValidationError, random_u64, validate_openai_sampling,
 };
 
 /// `stop`: one string or a list.
@@ -376,7 +375,13 @@ pub struct CompletionLogprobs {
 }
 
 impl CompletionLogprobs {
-    fn push(&mut self, text: &str, logprob: Option<f32>, top: Option<&[Token]>, offset: &mut usize) {
+    fn push(
+        &mut self,
+        text: &str,
+        logprob: Option<f32>,
+        top: Option<&[Token]>,
+        offset: &mut usize,
+    ) {
         self.tokens.push(text.to_owned());
         self.token_logprobs.push(logprob);
         self.top_logprobs
@@ -460,7 +465,11 @@ impl Meta {
         })
     }
 
-    fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Option<Usage>>) -> Completion {
+    fn completion(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Option<Usage>>,
+    ) -> Completion {
         Completion {
             id: self.id.clone(),
             object: "text_completion",
@@ -521,7 +530,11 @@ fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, Valida
 }
 
 /// `n` copies of a request, each with its own seed (`seed + i` when the client gave one).
-fn samples(valid: ValidGenerateRequest, n: usize, client_seed: Option<u64>) -> Vec<ValidGenerateRequest> {
+fn samples(
+    valid: ValidGenerateRequest,
+    n: usize,
+    client_seed: Option<u64>,
+) -> Vec<ValidGenerateRequest> {
     (0..n)
         .map(|i| {
             let mut r = valid.clone();
@@ -553,7 +566,10 @@ async fn launch(
 }
 
 /// Runs requests to the end; dropping the future cancels them all.
-async fn run_all(state: &AppState, requests: Vec<ValidGenerateRequest>) -> Result<Vec<InferResponse>, InferError> {
+async fn run_all(
+    state: &AppState,
+    requests: Vec<ValidGenerateRequest>,
+) -> Result<Vec<InferResponse>, InferError> {
     let (_permits, streams) = launch(state, requests).await?;
     futures::future::try_join_all(streams.into_iter().map(collect)).await
 }
@@ -599,7 +615,10 @@ pub(crate) async fn chat_completions(
         return Ok(sse(chat_stream(meta, permits, streams, logprobs, usage)));
     }
     let outputs = run_all(&state, requests).await?;
-    let completion_tokens = outputs.iter().map(|o| o.generated_text.generated_tokens).sum();
+    let completion_tokens = outputs
+        .iter()
+        .map(|o| o.generated_text.generated_tokens)
+        .sum();
     let choices = outputs
         .into_iter()
         .enumerate()
@@ -633,7 +652,9 @@ pub(crate) async fn chat_completions(
 }
 
 /// Streams of several choices, merged, each event tagged with its choice index.
-fn merged(streams: Vec<InferStream>) -> impl futures::Stream<Item = (usize, Result<InferStreamResponse, InferError>)> {
+fn merged(
+    streams: Vec<InferStream>,
+) -> impl futures::Stream<Item = (usize, Result<InferStreamResponse, InferError>)> {
     futures::stream::select_all(
         streams
             .into_iter()
@@ -705,12 +726,21 @@ struct CompletionPlan {
     n: usize,
 }
 
-async fn plan_completions(state: &AppState, req: &CompletionRequest) -> Result<CompletionPlan, ValidationError> {
+async fn plan_completions(
+    state: &AppState,
+    req: &CompletionRequest,
+) -> Result<CompletionPlan, ValidationError> {
     if req.best_of.is_some_and(|b| b > 1) {
-        return Err(ValidationError::Unsupported { param: "best_of", reason: "only 1 is supported; use `n`" });
+        return Err(ValidationError::Unsupported {
+            param: "best_of",
+            reason: "only 1 is supported; use `n`",
+        });
     }
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(ValidationError::Unsupported { param: "suffix", reason: "insertion is not implemented" });
+        return Err(ValidationError::Unsupported {
+            param: "suffix",
+            reason: "insertion is not implemented",
+        });
     }
     let top = req.logprobs.unwrap_or(0);
     validate_openai_sampling(None, Some(("logprobs", top, 5)))?;
@@ -726,28 +756,56 @@ async fn plan_completions(state: &AppState, req: &CompletionRequest) -> Result<C
     if prompts.is_empty() {
         return Err(ValidationError::EmptyInput("prompt"));
     }
-    state.validation().validate_n("n", prompts.len() * n).map_err(|_| ValidationError::TooMany {
-        param: "prompt",
-        max: state.validation().config().max_best_of,
-        given: prompts.len() * n,
-    })?;
-    let parameters = req.sampling.parameters(Some(req.max_tokens.unwrap_or(16)), top, echo && req.logprobs.is_some())?;
-    let mut plan = CompletionPlan { requests: Vec::new(), prompts: Vec::new(), prompt_tokens: 0, n };
+    state
+        .validation()
+        .validate_n("n", prompts.len() * n)
+        .map_err(|_| ValidationError::TooMany {
+            param: "prompt",
+            max: state.validation().config().max_best_of,
+            given: prompts.len() * n,
+        })?;
+    let parameters = req.sampling.parameters(
+        Some(req.max_tokens.unwrap_or(16)),
+        top,
+        echo && req.logprobs.is_some(),
+    )?;
+    let mut plan = CompletionPlan {
+        requests: Vec::new(),
+        prompts: Vec::new(),
+        prompt_tokens: 0,
+        n,
+    };
     for prompt in prompts {
-        let input = GenerateInput { prompt, parameters: parameters.clone(), truncate: None };
+        let input = GenerateInput {
+            prompt,
+            parameters: parameters.clone(),
+            truncate: None,
+        };
         let valid = state.validation().validate(input).await?;
         plan.prompt_tokens += valid.input_ids.len() as u32;
-        plan.prompts.push(if echo { valid.inputs.clone() } else { String::new() });
+        plan.prompts.push(if echo {
+            valid.inputs.clone()
+        } else {
+            String::new()
+        });
         plan.requests.extend(samples(valid, n, req.sampling.seed));
     }
     Ok(plan)
 }
 
 fn text_prompt(text: &str) -> Prompt {
-    Prompt::Text { text: text.to_owned(), add_special_tokens: true }
+    Prompt::Text {
+        text: text.to_owned(),
+        add_special_tokens: true,
+    }
 }
 
-fn completion_choice(index: usize, echo: &str, out: InferResponse, logprobs: bool) -> CompletionChoice {
+fn completion_choice(
+    index: usize,
+    echo: &str,
+    out: InferResponse,
+    logprobs: bool,
+) -> CompletionChoice {
     let logprobs = logprobs.then(|| {
         let mut lp = CompletionLogprobs::default();
         let mut offset = 0;
@@ -784,11 +842,22 @@ pub(crate) async fn completions(
     if req.sampling.stream.unwrap_or(false) {
         let usage = req.sampling.include_usage().then_some(plan.prompt_tokens);
         let (permits, streams) = launch(&state, plan.requests).await?;
-        let stream = completion_stream(meta, permits, streams, plan.prompts, plan.n, logprobs, usage);
+        let stream = completion_stream(
+            meta,
+            permits,
+            streams,
+            plan.prompts,
+            plan.n,
+            logprobs,
+            usage,
+        );
         return Ok(sse(stream));
     }
     let outputs = run_all(&state, plan.requests).await?;
-    let completion_tokens = outputs.iter().map(|o| o.generated_text.generated_tokens).sum();
+    let completion_tokens = outputs
+        .iter()
+        .map(|o| o.generated_text.generated_tokens)
+        .sum();
     let choices = outputs
         .into_iter()
         .enumerate()

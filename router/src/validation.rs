@@ -296,7 +296,10 @@ impl Validation {
     }
 
     /// Tokenizes (off the async runtime) and validates a request.
-    pub async fn validate(&self, input: GenerateInput) -> Result<ValidGenerateRequest, ValidationError> {
+    pub async fn validate(
+        &self,
+        input: GenerateInput,
+    ) -> Result<ValidGenerateRequest, ValidationError> {
         let (inputs, input_ids) = match input.prompt {
             Prompt::Text {
                 text,
@@ -350,11 +353,7 @@ impl Validation {
         let cfg = &self.config;
         if let Some(t) = truncate {
             if t == 0 || t > cfg.max_input_tokens {
-                return Err(out_of_range(
-                    "truncate",
-                    "in [1, max_input_tokens]",
-                    t,
-                ));
+                return Err(out_of_range("truncate", "in [1, max_input_tokens]", t));
             }
             let drop = input_ids.len().saturating_sub(t);
             input_ids.drain(..drop);
@@ -418,17 +417,35 @@ impl Validation {
         })
     }
 
-    fn validate_parameters(&self, p: RequestParameters) -> Result<ValidParameters, ValidationError> {
+    fn validate_parameters(
+        &self,
+        p: RequestParameters,
+    ) -> Result<ValidParameters, ValidationError> {
         check_f32("temperature", p.temperature, ">= 0", |t| t >= 0.0)?;
         check_f32("top_p", p.top_p, "in (0, 1]", |v| v > 0.0 && v <= 1.0)?;
-        check_f32("typical_p", p.typical_p, "in (0, 1]", |v| v > 0.0 && v <= 1.0)?;
-        check_f32("min_p", p.min_p, "in [0, 1]", |v| (0.0..=1.0).contains(&v))?;
-        check_f32("repetition_penalty", p.repetition_penalty, "strictly positive", |v| {
-            v > 0.0
+        check_f32("typical_p", p.typical_p, "in (0, 1]", |v| {
+            v > 0.0 && v <= 1.0
         })?;
+        check_f32("min_p", p.min_p, "in [0, 1]", |v| (0.0..=1.0).contains(&v))?;
+        check_f32(
+            "repetition_penalty",
+            p.repetition_penalty,
+            "strictly positive",
+            |v| v > 0.0,
+        )?;
         let penalty = |v: f32| (-2.0..=2.0).contains(&v);
-        check_f32("frequency_penalty", p.frequency_penalty, "in [-2, 2]", penalty)?;
-        check_f32("presence_penalty", p.presence_penalty, "in [-2, 2]", penalty)?;
+        check_f32(
+            "frequency_penalty",
+            p.frequency_penalty,
+            "in [-2, 2]",
+            penalty,
+        )?;
+        check_f32(
+            "presence_penalty",
+            p.presence_penalty,
+            "in [-2, 2]",
+            penalty,
+        )?;
         let top_k = match p.top_k {
             None => 0,
             Some(k) => u32::try_from(k)
@@ -470,7 +487,10 @@ impl Validation {
         })
     }
 
-    fn validate_logit_bias(&self, bias: &[(String, f32)]) -> Result<Vec<(u32, f32)>, ValidationError> {
+    fn validate_logit_bias(
+        &self,
+        bias: &[(String, f32)],
+    ) -> Result<Vec<(u32, f32)>, ValidationError> {
         let vocab_size = self.tokenizer.vocab_size();
         bias.iter()
             .map(|(token, b)| {
@@ -513,7 +533,9 @@ pub(crate) fn validate_openai_sampling(
     temperature: Option<f32>,
     top_logprobs: Option<(&'static str, u32, u32)>,
 ) -> Result<(), ValidationError> {
-    check_f32("temperature", temperature, "in [0, 2]", |t| (0.0..=2.0).contains(&t))?;
+    check_f32("temperature", temperature, "in [0, 2]", |t| {
+        (0.0..=2.0).contains(&t)
+    })?;
     if let Some((param, given, max)) = top_logprobs
         && given > max
     {
@@ -605,7 +627,10 @@ mod tests {
         assert_eq!(e.to_string(), "`inputs` cannot be empty");
         let e = v.validate(input(Prompt::Ids(vec![]))).await.unwrap_err();
         assert_eq!(e, ValidationError::EmptyInput("inputs"));
-        let e = v.validate(input(Prompt::Ids(vec![9999]))).await.unwrap_err();
+        let e = v
+            .validate(input(Prompt::Ids(vec![9999])))
+            .await
+            .unwrap_err();
         assert_eq!(
             e.to_string(),
             "`prompt` token id 9999 is not in the vocabulary (size 263)"
@@ -619,7 +644,10 @@ mod tests {
         let e = v
             .validate_tokenized("x".into(), vec![1; 11], p(), None)
             .unwrap_err();
-        assert_eq!(e.to_string(), "`inputs` must have at most 10 tokens. Given: 11");
+        assert_eq!(
+            e.to_string(),
+            "`inputs` must have at most 10 tokens. Given: 11"
+        );
         // Truncation keeps the last tokens.
         let r = v
             .validate_tokenized("x".into(), (0..11).collect(), p(), Some(4))
@@ -652,7 +680,9 @@ mod tests {
         assert_eq!(validate(p()).unwrap().stopping.max_new_tokens, 13);
         let mut v = validation();
         v.config.default_max_new_tokens = Some(5);
-        let r = v.validate_tokenized("x".into(), vec![1], p(), None).unwrap();
+        let r = v
+            .validate_tokenized("x".into(), vec![1], p(), None)
+            .unwrap();
         assert_eq!(r.stopping.max_new_tokens, 5);
     }
 
@@ -675,11 +705,17 @@ mod tests {
                 "`temperature` must be >= 0. Given: NaN",
             ),
             (
-                RequestParameters { top_p: Some(0.0), ..p() },
+                RequestParameters {
+                    top_p: Some(0.0),
+                    ..p()
+                },
                 "`top_p` must be in (0, 1]. Given: 0",
             ),
             (
-                RequestParameters { top_p: Some(1.5), ..p() },
+                RequestParameters {
+                    top_p: Some(1.5),
+                    ..p()
+                },
                 "`top_p` must be in (0, 1]. Given: 1.5",
             ),
             (
@@ -690,15 +726,24 @@ mod tests {
                 "`typical_p` must be in (0, 1]. Given: 0",
             ),
             (
-                RequestParameters { min_p: Some(1.1), ..p() },
+                RequestParameters {
+                    min_p: Some(1.1),
+                    ..p()
+                },
                 "`min_p` must be in [0, 1]. Given: 1.1",
             ),
             (
-                RequestParameters { top_k: Some(0), ..p() },
+                RequestParameters {
+                    top_k: Some(0),
+                    ..p()
+                },
                 "`top_k` must be strictly positive. Given: 0",
             ),
             (
-                RequestParameters { top_k: Some(-3), ..p() },
+                RequestParameters {
+                    top_k: Some(-3),
+                    ..p()
+                },
                 "`top_k` must be strictly positive. Given: -3",
             ),
             (
@@ -816,7 +861,9 @@ mod tests {
             "`n` must be strictly positive. Given: 0"
         );
         assert_eq!(
-            validate_openai_sampling(Some(2.1), None).unwrap_err().to_string(),
+            validate_openai_sampling(Some(2.1), None)
+                .unwrap_err()
+                .to_string(),
             "`temperature` must be in [0, 2]. Given: 2.1"
         );
         assert_eq!(

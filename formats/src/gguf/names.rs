@@ -51,8 +51,8 @@ pub(crate) fn permuted_projection(gguf_name: &str) -> Option<bool> {
 /// Within a head, the converter moved Hugging Face row `s * half + j` (rotate-half layout)
 /// to row `2 * j + s` (interleaved pairs); this moves it back.
 pub(crate) fn unpermute_rows(data: &[f32], rows: usize, n_head: usize) -> Vec<f32> {
-    let cols = if rows == 0 { 0 } else { data.len() / rows };
-    let head_rows = rows / n_head;
+    let cols = data.len().checked_div(rows).unwrap_or(0);
+    let head_rows = rows.checked_div(n_head).unwrap_or(0);
     let half = head_rows / 2;
     let mut out = vec![0.0; data.len()];
     for h in 0..n_head {

@@ -663,9 +663,8 @@ fn llama3_rope_scaling_is_recovered_from_rope_freqs() {
     let mut w = w;
     // head_dim 128 like Llama 3.1 8B.
     for (k, v) in &mut w.kvs {
-        match k.as_str() {
-            "llama.embedding_length" => *v = V::U32(256),
-            _ => {}
+        if k == "llama.embedding_length" {
+            *v = V::U32(256);
         }
     }
     let divisors = llama3_divisors(128, 500_000.0, 8.0, 1.0, 4.0, 8192.0);

@@ -15,7 +15,9 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, DecoderWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{
+    AddedToken, DecoderWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
+};
 
 use super::GgufTokenizerSpec;
 use crate::FormatError;
@@ -67,7 +69,8 @@ fn bytes_to_unicode() -> [char; 256] {
     let mut next = 256u32;
     for (byte, slot) in table.iter_mut().enumerate() {
         let b = byte as u32;
-        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
         let code = if printable {
             b
         } else {
@@ -378,7 +381,13 @@ mod tests {
             .collect();
         let scores = [0.0, 0.0, 0.0, -1.0, -3.0, -2.0];
         let merges = generate_merges(&tokens, &scores);
-        let merges: Vec<(&str, &str)> = merges.iter().map(|(l, r)| (l.as_str(), r.as_str())).collect();
-        assert_eq!(merges, vec![("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc")]);
+        let merges: Vec<(&str, &str)> = merges
+            .iter()
+            .map(|(l, r)| (l.as_str(), r.as_str()))
+            .collect();
+        assert_eq!(
+            merges,
+            vec![("a", "b"), ("b", "c"), ("ab", "c"), ("a", "bc")]
+        );
     }
 }

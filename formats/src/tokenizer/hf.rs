@@ -31,7 +31,11 @@ fn token_text(value: Option<&Value>) -> Option<String> {
 /// `eos_token_id` as an int or a list of ints.
 fn ids(value: Option<&Value>) -> Vec<u32> {
     match value {
-        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).into_iter().collect(),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .into_iter()
+            .collect(),
         Some(Value::Array(items)) => items
             .iter()
             .filter_map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
@@ -105,7 +109,10 @@ pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer,
         .map(|t| AddedToken::from(t, true).normalized(false))
         .collect();
     tokenizer.add_special_tokens(specials).map_err(|e| {
-        FormatError::invalid(&config_path, format!("cannot register the special tokens: {e}"))
+        FormatError::invalid(
+            &config_path,
+            format!("cannot register the special tokens: {e}"),
+        )
     })?;
 
     // transformers 5 rebuilds the post-processor when the config states add_bos/eos_token, or
@@ -120,7 +127,9 @@ pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer,
             eos_token.as_ref(),
             flag("add_eos_token"),
         )
-        .map_err(|e| FormatError::invalid(&config_path, format!("add_bos_token/add_eos_token: {e}")))?;
+        .map_err(|e| {
+            FormatError::invalid(&config_path, format!("add_bos_token/add_eos_token: {e}"))
+        })?;
     }
     let add_bos = match &bos_token {
         Some((_, bos)) => tokenizer

@@ -93,14 +93,21 @@ impl ModelTokenizer {
     /// loading with `gguf_file=`. `path` is the GGUF file, named in errors.
     pub fn from_gguf(spec: &GgufTokenizerSpec, path: &Path) -> Result<Self, FormatError> {
         let mut tokenizer = gguf::build(spec, path)?;
-        let token = |id: Option<u32>| id.and_then(|id| Some((spec.tokens.get(id as usize)?.clone(), id)));
+        let token =
+            |id: Option<u32>| id.and_then(|id| Some((spec.tokens.get(id as usize)?.clone(), id)));
         let bos_token = token(spec.bos_id);
         let eos_token = token(spec.eos_id);
         // llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise.
         let add_bos = spec.add_bos.unwrap_or(spec.model == "llama") && bos_token.is_some();
         let add_eos = spec.add_eos.unwrap_or(false) && eos_token.is_some();
-        set_post_processor(&mut tokenizer, bos_token.as_ref(), add_bos, eos_token.as_ref(), add_eos)
-            .map_err(|e| FormatError::invalid(path, format!("cannot build the post-processor: {e}")))?;
+        set_post_processor(
+            &mut tokenizer,
+            bos_token.as_ref(),
+            add_bos,
+            eos_token.as_ref(),
+            add_eos,
+        )
+        .map_err(|e| FormatError::invalid(path, format!("cannot build the post-processor: {e}")))?;
 
         let mut eos_token_ids = Vec::new();
         if let Some((_, id)) = &eos_token {
@@ -124,9 +131,7 @@ impl ModelTokenizer {
                     bos_token.as_ref().map(|(t, _)| t.clone()),
                     eos_token.as_ref().map(|(t, _)| t.clone()),
                 )
-                .map_err(|e| {
-                    FormatError::invalid(path, format!("tokenizer.chat_template: {e}"))
-                })?,
+                .map_err(|e| FormatError::invalid(path, format!("tokenizer.chat_template: {e}")))?,
             ),
             None => None,
         };

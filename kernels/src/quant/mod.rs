@@ -143,7 +143,7 @@ fn check_lengths(
     per_unit: usize,
     out: usize,
 ) -> Result<(), QuantError> {
-    if bytes % unit != 0 {
+    if !bytes.is_multiple_of(unit) {
         return Err(QuantError::PartialBlock {
             format,
             bytes,

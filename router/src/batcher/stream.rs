@@ -1,0 +1,186 @@
+//! Per-request output state: token ids in, client events out. Detokenizes incrementally,
+//! holds back and trims stop sequences, and decides when a request is finished.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tessera_formats::ModelTokenizer;
+
+use crate::detokenizer::IncrementalDecoder;
+use crate::infer::{
+    FinishReason, GeneratedText, InferError, InferStreamResponse, PrefillToken, Token,
+    ValidGenerateRequest,
+};
+use crate::stop::{StopMatch, StopSequenceMatcher};
+
+/// What the batcher knows about the vocabulary's special tokens.
+#[derive(Debug, Default)]
+pub(crate) struct SpecialTokens {
+    /// Tokens that end generation.
+    pub(crate) eos: Vec<u32>,
+    /// Control and other special tokens (eos included).
+    pub(crate) special: HashSet<u32>,
+}
+
+impl SpecialTokens {
+    pub(crate) fn of(tokenizer: &ModelTokenizer) -> Self {
+        let mut special: HashSet<u32> = tokenizer
+            .tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
+        special.extend(tokenizer.eos_token_ids.iter().copied());
+        Self {
+            eos: tokenizer.eos_token_ids.clone(),
+            special,
+        }
+    }
+}
+
+/// A generated token as the shards report it.
+#[derive(Debug, Clone)]
+pub(crate) struct SampledToken {
+    pub(crate) id: u32,
+    pub(crate) logprob: f32,
+    pub(crate) top: Vec<(u32, f32)>,
+}
+
+pub(crate) struct OutputStream {
+    tokenizer: Arc<ModelTokenizer>,
+    special: Arc<SpecialTokens>,
+    decoder: IncrementalDecoder,
+    stop: StopSequenceMatcher,
+    text: String,
+    generated: u32,
+    max_new_tokens: u32,
+    ignore_eos: bool,
+    seed: Option<u64>,
+    queued: Instant,
+    pub(crate) start: Instant,
+}
+
+impl OutputStream {
+    pub(crate) fn new(
+        request: &ValidGenerateRequest,
+        tokenizer: Arc<ModelTokenizer>,
+        special: Arc<SpecialTokens>,
+        queued: Instant,
+    ) -> Self {
+        Self {
+            decoder: IncrementalDecoder::new(
+                tokenizer.clone(),
+                &request.input_ids,
+                request.skip_special_tokens,
+            ),
+            tokenizer,
+            special,
+            stop: StopSequenceMatcher::new(request.stopping.stop_sequences.clone()),
+            text: String::new(),
+            generated: 0,
+            max_new_tokens: request.stopping.max_new_tokens,
+            ignore_eos: request.stopping.ignore_eos,
+            seed: request.parameters.seed,
+            queued,
+            start: Instant::now(),
+        }
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
+
+    fn is_special(&self, id: u32) -> bool {
+        self.special.special.contains(&id)
+    }
+
+    /// The prompt tokens with their logprobs, as the client sees them.
+    pub(crate) fn prefill_event(&self, ids: &[u32], logprobs: &[f32]) -> InferStreamResponse {
+        InferStreamResponse::Prefill(
+            ids.iter()
+                .zip(logprobs)
+                .enumerate()
+                .map(|(i, (&id, &lp))| PrefillToken {
+                    id,
+                    text: self.token_text(id),
+                    logprob: (i > 0 && !lp.is_nan()).then_some(lp),
+                })
+                .collect(),
+        )
+    }
+
+    /// Takes one generated token; returns the event for the client and whether the request
+    /// is finished.
+    pub(crate) fn push(&mut self, token: SampledToken) -> Result<(InferStreamResponse, bool), InferError> {
+        self.generated += 1;
+        let piece = self
+            .decoder
+            .push(token.id)
+            .map_err(|e| InferError::GenerationError(e.to_string()))?;
+        let (mut emitted, mut finish) = match self.stop.push(&piece) {
+            StopMatch::Continue(text) => (text, None),
+            StopMatch::Stopped { text, .. } => (text, Some(FinishReason::StopSequence)),
+        };
+        if finish.is_none() {
+            if !self.ignore_eos && self.special.eos.contains(&token.id) {
+                finish = Some(FinishReason::EosToken);
+            } else if self.generated >= self.max_new_tokens {
+                finish = Some(FinishReason::Length);
+            }
+            if finish.is_some() {
+                // Flush what was held back: an unfinished character, a partial stop match.
+                let tail = self
+                    .decoder
+                    .finish()
+                    .map_err(|e| InferError::GenerationError(e.to_string()))?;
+                match self.stop.push(&tail) {
+                    StopMatch::Continue(text) => {
+                        emitted.push_str(&text);
+                        emitted.push_str(&self.stop.finish());
+                    }
+                    StopMatch::Stopped { text, .. } => {
+                        emitted.push_str(&text);
+                        finish = Some(FinishReason::StopSequence);
+                    }
+                }
+            }
+        }
+        self.text.push_str(&emitted);
+        let top_tokens = token
+            .top
+            .iter()
+            .map(|&(id, logprob)| Token {
+                id,
+                text: self.token_text(id),
+                logprob,
+                special: self.is_special(id),
+            })
+            .collect();
+        let token = Token {
+            id: token.id,
+            text: emitted,
+            logprob: token.logprob,
+            special: self.is_special(token.id),
+        };
+        Ok(match finish {
+            None => (InferStreamResponse::Intermediate { token, top_tokens }, false),
+            Some(finish_reason) => (
+                InferStreamResponse::End {
+                    token,
+                    top_tokens,
+                    generated_text: GeneratedText {
+                        text: std::mem::take(&mut self.text),
+                        generated_tokens: self.generated,
+                        finish_reason,
+                        seed: self.seed,
+                    },
+                    queued: self.queued,
+                    start: self.start,
+                },
+                true,
+            ),
+        })
+    }
+}

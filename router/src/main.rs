@@ -1,0 +1,220 @@
+//! `tessera-router`: the HTTP front of a Tessera server (started by `tessera-launcher`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use tessera_formats::ModelFiles;
+use tessera_proto::v1 as pb;
+use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
+use tessera_router::client::ShardedClient;
+use tessera_router::{AppState, Infer, ModelInfo, ValidationConfig, install_recorder, serve};
+
+/// The router of a Tessera server.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Hugging Face model directory or `.gguf` file (for the tokenizer and chat template).
+    #[arg(long, env = "MODEL_ID")]
+    model_id: PathBuf,
+    /// The model name `/v1/models` lists and requests must use.
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Socket of shard 0.
+    #[arg(long, default_value = "/tmp/tessera-server-0")]
+    master_shard_uds_path: String,
+    /// Number of shards (checked against the shards' own answer).
+    #[arg(long, default_value_t = 1)]
+    num_shard: u32,
+    /// Socket prefix of the shards.
+    #[arg(long, default_value = "/tmp/tessera-server")]
+    shard_uds_path: String,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    hostname: IpAddr,
+    /// Port to listen on.
+    #[arg(long, short, default_value_t = 3000)]
+    port: u16,
+    /// Requests in flight at once; more get 429.
+    #[arg(long, default_value_t = 128)]
+    max_concurrent_requests: usize,
+    /// Stop sequences per request.
+    #[arg(long, default_value_t = 4)]
+    max_stop_sequences: usize,
+    /// Alternatives reported per token.
+    #[arg(long, default_value_t = 5)]
+    max_top_n_tokens: u32,
+    /// Longest prompt (default: min(context − 1, 4095)).
+    #[arg(long)]
+    max_input_tokens: Option<usize>,
+    /// Longest prompt + generation (default: min(context, 4096)).
+    #[arg(long)]
+    max_total_tokens: Option<usize>,
+    /// Prompt tokens prefilled in one step (default: max(max_input_tokens, 4096)).
+    #[arg(long)]
+    max_batch_prefill_tokens: Option<usize>,
+    /// Tokens the running batch may hold (default: what the KV cache holds).
+    #[arg(long)]
+    max_batch_total_tokens: Option<usize>,
+    /// Requests in the running batch.
+    #[arg(long)]
+    max_batch_size: Option<usize>,
+    /// Decode steps a waiting request may be held back for a bigger prefill.
+    #[arg(long, default_value_t = 20)]
+    max_waiting_tokens: usize,
+    /// Largest request body in bytes; larger gets 413.
+    #[arg(long, default_value_t = 2_000_000)]
+    payload_limit: usize,
+    /// Log as JSON lines.
+    #[arg(long)]
+    json_output: bool,
+    /// Reuse KV blocks of shared prompt prefixes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    prefix_caching: bool,
+    /// OpenTelemetry collector endpoint.
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+    /// Service name in traces.
+    #[arg(long, default_value = "tessera-router")]
+    otlp_service_name: String,
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// The shards' sockets exist before the router starts, but a shard may still be binding.
+async fn connect(path: &str) -> anyhow::Result<ShardedClient> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match ShardedClient::connect(path).await {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => return Err(e).context("connecting to the shards"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Limits derived from the flags and the model.
+struct Limits {
+    max_input_tokens: usize,
+    max_total_tokens: usize,
+    max_batch_prefill_tokens: usize,
+}
+
+fn limits(args: &Args, context: usize) -> anyhow::Result<Limits> {
+    let max_total_tokens = args.max_total_tokens.unwrap_or(context.min(4096));
+    let max_input_tokens = args
+        .max_input_tokens
+        .unwrap_or(max_total_tokens.saturating_sub(1).min(4095));
+    if max_input_tokens >= max_total_tokens {
+        bail!("--max-input-tokens ({max_input_tokens}) must be below --max-total-tokens ({max_total_tokens})");
+    }
+    if max_total_tokens > context {
+        bail!("--max-total-tokens ({max_total_tokens}) exceeds the model's context of {context} tokens");
+    }
+    let max_batch_prefill_tokens = args.max_batch_prefill_tokens.unwrap_or(max_input_tokens.max(4096));
+    if max_batch_prefill_tokens < max_input_tokens {
+        bail!(
+            "--max-batch-prefill-tokens ({max_batch_prefill_tokens}) must be at least --max-input-tokens ({max_input_tokens})"
+        );
+    }
+    Ok(Limits {
+        max_input_tokens,
+        max_total_tokens,
+        max_batch_prefill_tokens,
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(args.json_output);
+    let api_key = std::env::var("TESSERA_API_KEY").ok().filter(|k| !k.is_empty());
+    let prometheus = install_recorder().context("installing the metrics recorder")?;
+
+    let files = ModelFiles::open(&args.model_id)?;
+    let tokenizer = Arc::new(files.tokenizer()?);
+    let served_model_name = args.served_model_name.clone().unwrap_or_else(|| files.name());
+
+    let client = connect(&args.master_shard_uds_path).await?;
+    if client.len() != args.num_shard as usize {
+        bail!("expected {} shards, the shards report {}", args.num_shard, client.len());
+    }
+    let info = client.info().await?;
+    let limits = limits(&args, info.max_position_embeddings as usize)?;
+    let max_batch_size = args.max_batch_size.unwrap_or(args.max_concurrent_requests).max(1);
+    let warmup = client
+        .warmup(pb::WarmupRequest {
+            max_input_tokens: limits.max_input_tokens as u32,
+            max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
+            max_total_tokens: limits.max_total_tokens as u32,
+            max_batch_size: max_batch_size as u32,
+        })
+        .await
+        .context("warming up the shards")?;
+    let block_size = warmup.block_size as usize;
+    let mut num_blocks = warmup.num_blocks as usize;
+    if let Some(cap) = args.max_batch_total_tokens {
+        if cap < limits.max_total_tokens {
+            bail!("--max-batch-total-tokens ({cap}) must be at least --max-total-tokens ({})", limits.max_total_tokens);
+        }
+        num_blocks = num_blocks.min(cap.div_ceil(block_size) + 1);
+    }
+    let max_batch_total_tokens = (num_blocks - 1) * block_size;
+    tracing::info!(num_blocks, block_size, max_batch_total_tokens, "KV cache sized");
+
+    let (queue, health) = batcher::spawn(BatcherConfig {
+        client,
+        tokenizer: tokenizer.clone(),
+        num_blocks,
+        block_size,
+        limits: SchedulerLimits {
+            max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
+            max_batch_size,
+        },
+        queue_capacity: args.max_concurrent_requests,
+    });
+    let state = AppState::builder(Infer::new(queue, args.max_concurrent_requests), tokenizer, served_model_name)
+        .validation(ValidationConfig {
+            max_input_tokens: limits.max_input_tokens,
+            max_total_tokens: limits.max_total_tokens,
+            max_stop_sequences: args.max_stop_sequences,
+            max_top_n_tokens: args.max_top_n_tokens,
+            ..Default::default()
+        })
+        .info(ModelInfo {
+            model_id: args.model_id.display().to_string(),
+            model_dtype: info.dtype,
+            model_device_type: info.device_type,
+            max_batch_total_tokens: Some(max_batch_total_tokens as u32),
+            max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
+            ..Default::default()
+        })
+        .api_key(api_key)
+        .payload_limit(args.payload_limit)
+        .health_check(health)
+        .prometheus(prometheus)
+        .build();
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler cannot fail on unix");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+    };
+    serve(state, SocketAddr::new(args.hostname, args.port), shutdown).await?;
+    Ok(())
+}
