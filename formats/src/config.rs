@@ -20,7 +20,8 @@ pub enum Architecture {
 
 impl Architecture {
     /// The architectures as users name them, for error messages.
-    pub const SUPPORTED: &'static str = "LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2)";
+    pub const SUPPORTED: &'static str =
+        "LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2)";
 
     /// Parses an HF `architectures[0]` / `model_type` or a GGUF `general.architecture` value.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -169,12 +170,15 @@ impl ModelConfig {
                 FormatError::io(path, e)
             }
         })?;
-        Self::from_hf_json(&text).map_err(|message| FormatError::invalid(path, message))
-            .and_then(|c| c.map_err(|found| FormatError::UnsupportedArchitecture {
-                path: path.to_path_buf(),
-                found,
-                supported: Architecture::SUPPORTED.into(),
-            }))
+        Self::from_hf_json(&text)
+            .map_err(|message| FormatError::invalid(path, message))
+            .and_then(|c| {
+                c.map_err(|found| FormatError::UnsupportedArchitecture {
+                    path: path.to_path_buf(),
+                    found,
+                    supported: Architecture::SUPPORTED.into(),
+                })
+            })
     }
 
     /// Parses `config.json` text. The outer error is malformed JSON or a bad value; the inner
@@ -202,7 +206,7 @@ impl ModelConfig {
             return Err("num_attention_heads and hidden_size must be positive".into());
         }
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
+        if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
             return Err(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({num_kv_heads})",
                 raw.num_attention_heads
@@ -211,8 +215,10 @@ impl ModelConfig {
         let head_dim = raw
             .head_dim
             .unwrap_or(raw.hidden_size / raw.num_attention_heads);
-        if head_dim % 2 != 0 {
-            return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings"));
+        if !head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "head_dim ({head_dim}) must be even for rotary embeddings"
+            ));
         }
         // transformers 5 moved rope_theta and rope_scaling into `rope_parameters`.
         let rope_params = raw.rope_parameters.as_ref();
@@ -309,7 +315,9 @@ mod tests {
             "eos_token_id":[1,2]}"#,
         );
         assert_eq!(c.rope_theta, 500_000.0);
-        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 8.0));
+        assert!(
+            matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, .. }) if factor == 8.0)
+        );
         assert_eq!(c.dtype, Some(DType::BF16));
         assert_eq!(c.eos_token_ids, vec![1, 2]);
         assert_eq!(c.head_dim, 4);

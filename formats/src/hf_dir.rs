@@ -82,13 +82,20 @@ impl SafetensorsWeights {
         Ok(Self { shards, index })
     }
 
-    fn locate(&self, name: &str) -> Result<(&Shard, &safetensors::tensor::TensorInfo), FormatError> {
+    fn locate(
+        &self,
+        name: &str,
+    ) -> Result<(&Shard, &safetensors::tensor::TensorInfo), FormatError> {
         let shard = self
             .index
             .get(name)
             .map(|&i| &self.shards[i])
             .ok_or_else(|| {
-                let path = self.shards.first().map(|s| s.path.clone()).unwrap_or_default();
+                let path = self
+                    .shards
+                    .first()
+                    .map(|s| s.path.clone())
+                    .unwrap_or_default();
                 FormatError::tensor(path, name, "not found in the checkpoint")
             })?;
         let info = shard
@@ -161,7 +168,10 @@ mod tests {
     #[test]
     fn reads_f32_f16_bf16() {
         let dir = tempfile::tempdir().unwrap();
-        let f32s: Vec<u8> = [1.0f32, -2.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f32s: Vec<u8> = [1.0f32, -2.5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         let f16s: Vec<u8> = [f16::from_f32(0.5), f16::from_f32(3.0)]
             .iter()
             .flat_map(|v| v.to_le_bytes())
@@ -184,7 +194,10 @@ mod tests {
         let c = w.load_f32("c").unwrap();
         assert_eq!((c.shape, c.data), (vec![2, 1], vec![-1.0, 8.0]));
         let err = w.load_f32("missing").unwrap_err().to_string();
-        assert!(err.contains("missing") && err.contains("model.safetensors"), "{err}");
+        assert!(
+            err.contains("missing") && err.contains("model.safetensors"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -195,10 +208,19 @@ mod tests {
         write_safetensors(&path, &[("a", Dtype::F32, vec![16], bytes)]);
         let full = std::fs::read(&path).unwrap();
         std::fs::write(&path, &full[..full.len() - 10]).unwrap();
-        let err = SafetensorsWeights::open(dir.path()).err().unwrap().to_string();
-        assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
+        let err = SafetensorsWeights::open(dir.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("model.safetensors") && err.contains("truncated"),
+            "{err}"
+        );
         std::fs::write(&path, b"garbage").unwrap();
-        let err = SafetensorsWeights::open(dir.path()).err().unwrap().to_string();
+        let err = SafetensorsWeights::open(dir.path())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("corrupt"), "{err}");
     }
 
@@ -217,7 +239,10 @@ mod tests {
     #[test]
     fn missing_weights_file() {
         let dir = tempfile::tempdir().unwrap();
-        let err = SafetensorsWeights::open(dir.path()).err().unwrap().to_string();
+        let err = SafetensorsWeights::open(dir.path())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("model.safetensors"), "{err}");
     }
 }

@@ -19,9 +19,9 @@ mod model_files;
 mod tokenizer;
 mod weights;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 pub use config::{Architecture, DType, ModelConfig, RopeScaling};
 pub use error::FormatError;
 pub use model_files::ModelFiles;
-pub use tokenizer::{GgufTokenizerSpec, ModelTokenizer};
+pub use tokenizer::{GgufTokenizerSpec, ModelTokenizer, TokenizeError};
 pub use weights::{HostTensor, WeightSource};

@@ -111,7 +111,10 @@ impl ShardedClient {
     }
 
     /// Sizes the KV cache and runs a warm-up pass.
-    pub async fn warmup(&self, request: pb::WarmupRequest) -> Result<pb::WarmupResponse, ClientError> {
+    pub async fn warmup(
+        &self,
+        request: pb::WarmupRequest,
+    ) -> Result<pb::WarmupResponse, ClientError> {
         Ok(broadcast!(self, warmup, request))
     }
 
@@ -122,19 +125,32 @@ impl ShardedClient {
     }
 
     /// Keeps only `request_ids` of a cached batch.
-    pub async fn filter_batch(&self, batch_id: u64, request_ids: Vec<u64>) -> Result<(), ClientError> {
-        let request = pb::FilterBatchRequest { batch_id, request_ids };
+    pub async fn filter_batch(
+        &self,
+        batch_id: u64,
+        request_ids: Vec<u64>,
+    ) -> Result<(), ClientError> {
+        let request = pb::FilterBatchRequest {
+            batch_id,
+            request_ids,
+        };
         broadcast!(self, filter_batch, request);
         Ok(())
     }
 
     /// Prefills `batch` (merged with `cached` in the same pass).
-    pub async fn prefill(&self, request: pb::PrefillRequest) -> Result<pb::PrefillResponse, ClientError> {
+    pub async fn prefill(
+        &self,
+        request: pb::PrefillRequest,
+    ) -> Result<pb::PrefillResponse, ClientError> {
         Ok(broadcast!(self, prefill, request))
     }
 
     /// One decode step of the cached batches.
-    pub async fn decode(&self, request: pb::DecodeRequest) -> Result<pb::DecodeResponse, ClientError> {
+    pub async fn decode(
+        &self,
+        request: pb::DecodeRequest,
+    ) -> Result<pb::DecodeResponse, ClientError> {
         Ok(broadcast!(self, decode, request))
     }
 }

@@ -99,7 +99,9 @@ async fn connect(path: &str) -> anyhow::Result<ShardedClient> {
     loop {
         match ShardedClient::connect(path).await {
             Ok(c) => return Ok(c),
-            Err(e) if Instant::now() > deadline => return Err(e).context("connecting to the shards"),
+            Err(e) if Instant::now() > deadline => {
+                return Err(e).context("connecting to the shards");
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
@@ -118,12 +120,18 @@ fn limits(args: &Args, context: usize) -> anyhow::Result<Limits> {
         .max_input_tokens
         .unwrap_or(max_total_tokens.saturating_sub(1).min(4095));
     if max_input_tokens >= max_total_tokens {
-        bail!("--max-input-tokens ({max_input_tokens}) must be below --max-total-tokens ({max_total_tokens})");
+        bail!(
+            "--max-input-tokens ({max_input_tokens}) must be below --max-total-tokens ({max_total_tokens})"
+        );
     }
     if max_total_tokens > context {
-        bail!("--max-total-tokens ({max_total_tokens}) exceeds the model's context of {context} tokens");
+        bail!(
+            "--max-total-tokens ({max_total_tokens}) exceeds the model's context of {context} tokens"
+        );
     }
-    let max_batch_prefill_tokens = args.max_batch_prefill_tokens.unwrap_or(max_input_tokens.max(4096));
+    let max_batch_prefill_tokens = args
+        .max_batch_prefill_tokens
+        .unwrap_or(max_input_tokens.max(4096));
     if max_batch_prefill_tokens < max_input_tokens {
         bail!(
             "--max-batch-prefill-tokens ({max_batch_prefill_tokens}) must be at least --max-input-tokens ({max_input_tokens})"
@@ -140,20 +148,32 @@ fn limits(args: &Args, context: usize) -> anyhow::Result<Limits> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(args.json_output);
-    let api_key = std::env::var("TESSERA_API_KEY").ok().filter(|k| !k.is_empty());
+    let api_key = std::env::var("TESSERA_API_KEY")
+        .ok()
+        .filter(|k| !k.is_empty());
     let prometheus = install_recorder().context("installing the metrics recorder")?;
 
     let files = ModelFiles::open(&args.model_id)?;
     let tokenizer = Arc::new(files.tokenizer()?);
-    let served_model_name = args.served_model_name.clone().unwrap_or_else(|| files.name());
+    let served_model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| files.name());
 
     let client = connect(&args.master_shard_uds_path).await?;
     if client.len() != args.num_shard as usize {
-        bail!("expected {} shards, the shards report {}", args.num_shard, client.len());
+        bail!(
+            "expected {} shards, the shards report {}",
+            args.num_shard,
+            client.len()
+        );
     }
     let info = client.info().await?;
     let limits = limits(&args, info.max_position_embeddings as usize)?;
-    let max_batch_size = args.max_batch_size.unwrap_or(args.max_concurrent_requests).max(1);
+    let max_batch_size = args
+        .max_batch_size
+        .unwrap_or(args.max_concurrent_requests)
+        .max(1);
     let warmup = client
         .warmup(pb::WarmupRequest {
             max_input_tokens: limits.max_input_tokens as u32,
@@ -167,12 +187,20 @@ async fn main() -> anyhow::Result<()> {
     let mut num_blocks = warmup.num_blocks as usize;
     if let Some(cap) = args.max_batch_total_tokens {
         if cap < limits.max_total_tokens {
-            bail!("--max-batch-total-tokens ({cap}) must be at least --max-total-tokens ({})", limits.max_total_tokens);
+            bail!(
+                "--max-batch-total-tokens ({cap}) must be at least --max-total-tokens ({})",
+                limits.max_total_tokens
+            );
         }
         num_blocks = num_blocks.min(cap.div_ceil(block_size) + 1);
     }
     let max_batch_total_tokens = (num_blocks - 1) * block_size;
-    tracing::info!(num_blocks, block_size, max_batch_total_tokens, "KV cache sized");
+    tracing::info!(
+        num_blocks,
+        block_size,
+        max_batch_total_tokens,
+        "KV cache sized"
+    );
 
     let (queue, health) = batcher::spawn(BatcherConfig {
         client,
@@ -185,27 +213,31 @@ async fn main() -> anyhow::Result<()> {
         },
         queue_capacity: args.max_concurrent_requests,
     });
-    let state = AppState::builder(Infer::new(queue, args.max_concurrent_requests), tokenizer, served_model_name)
-        .validation(ValidationConfig {
-            max_input_tokens: limits.max_input_tokens,
-            max_total_tokens: limits.max_total_tokens,
-            max_stop_sequences: args.max_stop_sequences,
-            max_top_n_tokens: args.max_top_n_tokens,
-            ..Default::default()
-        })
-        .info(ModelInfo {
-            model_id: args.model_id.display().to_string(),
-            model_dtype: info.dtype,
-            model_device_type: info.device_type,
-            max_batch_total_tokens: Some(max_batch_total_tokens as u32),
-            max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
-            ..Default::default()
-        })
-        .api_key(api_key)
-        .payload_limit(args.payload_limit)
-        .health_check(health)
-        .prometheus(prometheus)
-        .build();
+    let state = AppState::builder(
+        Infer::new(queue, args.max_concurrent_requests),
+        tokenizer,
+        served_model_name,
+    )
+    .validation(ValidationConfig {
+        max_input_tokens: limits.max_input_tokens,
+        max_total_tokens: limits.max_total_tokens,
+        max_stop_sequences: args.max_stop_sequences,
+        max_top_n_tokens: args.max_top_n_tokens,
+        ..Default::default()
+    })
+    .info(ModelInfo {
+        model_id: args.model_id.display().to_string(),
+        model_dtype: info.dtype,
+        model_device_type: info.device_type,
+        max_batch_total_tokens: Some(max_batch_total_tokens as u32),
+        max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
+        ..Default::default()
+    })
+    .api_key(api_key)
+    .payload_limit(args.payload_limit)
+    .health_check(health)
+    .prometheus(prometheus)
+    .build();
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("installing a SIGTERM handler cannot fail on unix");

@@ -809,9 +809,7 @@ fn completion_choice(
     let logprobs = logprobs.then(|| {
         let mut lp = CompletionLogprobs::default();
         let mut offset = 0;
-        if echo.is_empty() {
-            lp.prefill(&[], &mut offset);
-        } else {
+        if !echo.is_empty() {
             lp.prefill(&out.prefill, &mut offset);
             offset = echo.chars().count();
         }

@@ -130,7 +130,9 @@ impl Engine {
         block_updates: Vec<(u64, Vec<u32>)>,
     ) -> Result<(Vec<StepOutput>, Vec<u64>, StepTimings), EngineError> {
         let Some(&first) = batch_ids.first() else {
-            return Err(EngineError::InvalidBatch("decode needs at least one batch".into()));
+            return Err(EngineError::InvalidBatch(
+                "decode needs at least one batch".into(),
+            ));
         };
         let mut ids = Vec::new();
         for &b in batch_ids {
@@ -153,7 +155,8 @@ impl Engine {
     /// Keeps only `keep` in the batch and frees every other sequence of it.
     pub fn filter(&mut self, batch_id: u64, keep: &[u64]) -> Result<Vec<u64>, EngineError> {
         let ids = self.take_batch(batch_id)?;
-        let (kept, dropped): (Vec<u64>, Vec<u64>) = ids.into_iter().partition(|id| keep.contains(id));
+        let (kept, dropped): (Vec<u64>, Vec<u64>) =
+            ids.into_iter().partition(|id| keep.contains(id));
         for id in dropped {
             self.sequences.remove(&id);
         }
@@ -187,7 +190,9 @@ impl Engine {
         let out = self.model.forward(&[chunk], &mut self.cache)?;
         match out.last(0) {
             Some(l) if l.iter().all(|v| v.is_finite()) => Ok(()),
-            _ => Err(EngineError::InvalidBatch("health check produced non-finite logits".into())),
+            _ => Err(EngineError::InvalidBatch(
+                "health check produced non-finite logits".into(),
+            )),
         }
     }
 
@@ -196,7 +201,9 @@ impl Engine {
     pub fn warmup(&mut self, tokens: usize) -> Result<(), EngineError> {
         let bs = self.block_size();
         let tokens = tokens.clamp(1, (self.num_blocks() - 1) * bs);
-        let ids: Vec<u32> = (0..tokens).map(|i| (i % self.model.config().vocab_size) as u32).collect();
+        let ids: Vec<u32> = (0..tokens)
+            .map(|i| (i % self.model.config().vocab_size) as u32)
+            .collect();
         let blocks: Vec<u32> = (1..=tokens.div_ceil(bs) as u32).collect();
         let chunk = SequenceChunk {
             tokens: &ids,
@@ -225,7 +232,10 @@ impl Engine {
                 )));
             }
             if self.sequences.contains_key(&seq.id) || ids.contains(&seq.id) {
-                return Err(EngineError::InvalidBatch(format!("request {} already exists", seq.id)));
+                return Err(EngineError::InvalidBatch(format!(
+                    "request {} already exists",
+                    seq.id
+                )));
             }
             let prompt_len = seq.input_ids.len() - seq.generated_len.min(seq.input_ids.len());
             let mut sampler = Sampler::new(seq.params, &seq.input_ids[..prompt_len]);
@@ -280,10 +290,9 @@ impl Engine {
 
     fn apply_block_updates(&mut self, updates: Vec<(u64, Vec<u32>)>) -> Result<(), EngineError> {
         for (id, blocks) in updates {
-            let seq = self
-                .sequences
-                .get_mut(&id)
-                .ok_or_else(|| EngineError::InvalidBatch(format!("block update for unknown request {id}")))?;
+            let seq = self.sequences.get_mut(&id).ok_or_else(|| {
+                EngineError::InvalidBatch(format!("block update for unknown request {id}"))
+            })?;
             seq.blocks = blocks;
         }
         Ok(())
@@ -328,7 +337,9 @@ impl Engine {
         let forward_done = Instant::now();
         let mut outputs = Vec::with_capacity(plan.len());
         for (ci, &(id, start, len)) in plan.iter().enumerate() {
-            let Some(seq) = self.sequences.get_mut(&id) else { continue };
+            let Some(seq) = self.sequences.get_mut(&id) else {
+                continue;
+            };
             seq.computed = start + len;
             let mut output = StepOutput {
                 request_id: id,
@@ -345,12 +356,12 @@ impl Engine {
                 output.prefill = Some(prefill);
                 seq.prefill_logprobs = false;
             }
-            if seq.computed == seq.tokens.len() {
-                if let Some(logits) = out.last(ci) {
-                    let token = seq.sampler.sample(logits);
-                    seq.tokens.push(token.id);
-                    output.tokens.push(token);
-                }
+            if seq.computed == seq.tokens.len()
+                && let Some(logits) = out.last(ci)
+            {
+                let token = seq.sampler.sample(logits);
+                seq.tokens.push(token.id);
+                output.tokens.push(token);
             }
             outputs.push(output);
         }

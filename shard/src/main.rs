@@ -74,7 +74,10 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         }
         None => (s, 1),
     };
-    let n: f64 = digits.trim().parse().map_err(|_| format!("{s:?} is not a byte count"))?;
+    let n: f64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count"))?;
     if !(n.is_finite() && n >= 0.0) {
         return Err(format!("{s:?} is not a byte count"));
     }
@@ -84,7 +87,9 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -97,10 +102,16 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(args.json_output);
     if args.world_size != 1 {
-        bail!("--world-size {}: tensor parallelism across shards is not available yet; use one shard", args.world_size);
+        bail!(
+            "--world-size {}: tensor parallelism across shards is not available yet; use one shard",
+            args.world_size
+        );
     }
     if args.speculate != 0 {
-        bail!("--speculate {}: speculative decoding is not available yet", args.speculate);
+        bail!(
+            "--speculate {}: speculative decoding is not available yet",
+            args.speculate
+        );
     }
     if args.dtype != "float32" {
         bail!(
@@ -121,7 +132,9 @@ async fn main() -> anyhow::Result<()> {
         dtype: args.dtype.clone(),
         rank: args.rank,
         world_size: args.world_size,
-        socket_paths: (0..args.world_size).map(|r| format!("{}-{r}", args.uds_path)).collect(),
+        socket_paths: (0..args.world_size)
+            .map(|r| format!("{}-{r}", args.uds_path))
+            .collect(),
     };
     let service = ShardService::new(engine, info, args.kv_cache_memory);
 

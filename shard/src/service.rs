@@ -8,9 +8,9 @@ use tessera_proto::v1::text_generation_service_server::TextGenerationService;
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
+use crate::EngineError;
 use crate::core::{Engine, NewSequence, StepOutput, StepTimings};
 use crate::sampling::{SampledToken, SamplingParams};
-use crate::EngineError;
 
 /// Facts about this shard that `Info` and `ServiceDiscovery` report.
 #[derive(Debug, Clone)]
@@ -83,7 +83,11 @@ fn sequence(r: pb::Request) -> NewSequence {
             repetition_penalty: p.repetition_penalty,
             frequency_penalty: p.frequency_penalty,
             presence_penalty: p.presence_penalty,
-            logit_bias: p.logit_bias.into_iter().map(|b| (b.token_id, b.bias)).collect(),
+            logit_bias: p
+                .logit_bias
+                .into_iter()
+                .map(|b| (b.token_id, b.bias))
+                .collect(),
             seed: p.seed,
             top_n_logprobs: r.top_n_tokens,
         },
@@ -137,7 +141,10 @@ fn cached(batch_id: u64, ids: Vec<u64>) -> Option<pb::CachedBatch> {
 
 #[tonic::async_trait]
 impl TextGenerationService for ShardService {
-    async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
+    async fn info(
+        &self,
+        _: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::InfoResponse>, Status> {
         let engine = self.engine.lock().await;
         let c = engine.model().config();
         Ok(Response::new(pb::InfoResponse {
@@ -154,7 +161,10 @@ impl TextGenerationService for ShardService {
         }))
     }
 
-    async fn health(&self, _: Request<pb::HealthRequest>) -> Result<Response<pb::HealthResponse>, Status> {
+    async fn health(
+        &self,
+        _: Request<pb::HealthRequest>,
+    ) -> Result<Response<pb::HealthResponse>, Status> {
         self.with_engine(|e| e.health_check()).await?;
         Ok(Response::new(pb::HealthResponse {}))
     }
@@ -182,7 +192,12 @@ impl TextGenerationService for ShardService {
         request: Request<pb::FilterBatchRequest>,
     ) -> Result<Response<pb::FilterBatchResponse>, Status> {
         let r = request.into_inner();
-        let kept = self.engine.lock().await.filter(r.batch_id, &r.request_ids).map_err(to_status)?;
+        let kept = self
+            .engine
+            .lock()
+            .await
+            .filter(r.batch_id, &r.request_ids)
+            .map_err(to_status)?;
         Ok(Response::new(pb::FilterBatchResponse {
             batch: Some(pb::CachedBatch {
                 id: r.batch_id,
@@ -191,7 +206,10 @@ impl TextGenerationService for ShardService {
         }))
     }
 
-    async fn warmup(&self, request: Request<pb::WarmupRequest>) -> Result<Response<pb::WarmupResponse>, Status> {
+    async fn warmup(
+        &self,
+        request: Request<pb::WarmupRequest>,
+    ) -> Result<Response<pb::WarmupResponse>, Status> {
         let r = request.into_inner();
         let budget = self.kv_cache_memory;
         let (num_blocks, block_size) = self
@@ -222,9 +240,14 @@ impl TextGenerationService for ShardService {
         }))
     }
 
-    async fn prefill(&self, request: Request<pb::PrefillRequest>) -> Result<Response<pb::PrefillResponse>, Status> {
+    async fn prefill(
+        &self,
+        request: Request<pb::PrefillRequest>,
+    ) -> Result<Response<pb::PrefillResponse>, Status> {
         let r = request.into_inner();
-        let batch = r.batch.ok_or_else(|| Status::invalid_argument("prefill needs a batch"))?;
+        let batch = r
+            .batch
+            .ok_or_else(|| Status::invalid_argument("prefill needs a batch"))?;
         let batch_id = batch.id;
         let new: Vec<NewSequence> = batch.requests.into_iter().map(sequence).collect();
         let cached_id = r.cached_batch.map(|c| c.id);
@@ -239,13 +262,17 @@ impl TextGenerationService for ShardService {
         }))
     }
 
-    async fn decode(&self, request: Request<pb::DecodeRequest>) -> Result<Response<pb::DecodeResponse>, Status> {
+    async fn decode(
+        &self,
+        request: Request<pb::DecodeRequest>,
+    ) -> Result<Response<pb::DecodeResponse>, Status> {
         let r = request.into_inner();
         let batch_ids: Vec<u64> = r.batches.iter().map(|b| b.id).collect();
         let first = batch_ids.first().copied().unwrap_or_default();
         let block_updates = updates(r.block_updates);
-        let (outputs, ids, t): StepResult =
-            self.with_engine(move |e| e.decode(&batch_ids, block_updates)).await?;
+        let (outputs, ids, t): StepResult = self
+            .with_engine(move |e| e.decode(&batch_ids, block_updates))
+            .await?;
         Ok(Response::new(pb::DecodeResponse {
             generations: outputs.into_iter().map(generation).collect(),
             batch: cached(first, ids),

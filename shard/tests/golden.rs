@@ -11,12 +11,24 @@ const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
 fn logits_and_greedy_tokens_match_transformers() {
     for name in FIXTURES {
         let (model, golden) = load_fixture(name);
-        let prompts: Vec<Vec<u32>> = golden.prompts.iter().map(|p| p.prompt_ids.clone()).collect();
+        let prompts: Vec<Vec<u32>> = golden
+            .prompts
+            .iter()
+            .map(|p| p.prompt_ids.clone())
+            .collect();
         let outcomes = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
         for (p, o) in golden.prompts.iter().zip(&outcomes) {
             let diff = max_abs_diff(&o.prompt_logits, &p.last_logits);
-            assert!(diff <= 1e-4, "{name} {:?}: max |logit - golden| = {diff}", p.text);
-            assert_eq!(o.tokens, p.greedy_ids, "{name} {:?}: greedy tokens differ", p.text);
+            assert!(
+                diff <= 1e-4,
+                "{name} {:?}: max |logit - golden| = {diff}",
+                p.text
+            );
+            assert_eq!(
+                o.tokens, p.greedy_ids,
+                "{name} {:?}: greedy tokens differ",
+                p.text
+            );
         }
     }
 }
@@ -25,7 +37,11 @@ fn logits_and_greedy_tokens_match_transformers() {
 fn results_do_not_depend_on_batching_or_chunking() {
     for name in FIXTURES {
         let (model, golden) = load_fixture(name);
-        let prompts: Vec<Vec<u32>> = golden.prompts.iter().map(|p| p.prompt_ids.clone()).collect();
+        let prompts: Vec<Vec<u32>> = golden
+            .prompts
+            .iter()
+            .map(|p| p.prompt_ids.clone())
+            .collect();
         let alone = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
         for (schedule, chunk) in [
             (Schedule::Together, usize::MAX),
@@ -38,8 +54,14 @@ fn results_do_not_depend_on_batching_or_chunking() {
             let other = run(&model, &prompts, 20, chunk, schedule);
             for (i, (a, b)) in alone.iter().zip(&other).enumerate() {
                 let diff = max_abs_diff(&a.prompt_logits, &b.prompt_logits);
-                assert!(diff <= 1e-5, "{name} prompt {i} {schedule:?} chunk {chunk}: logits differ by {diff}");
-                assert_eq!(a.tokens, b.tokens, "{name} prompt {i} {schedule:?} chunk {chunk}");
+                assert!(
+                    diff <= 1e-5,
+                    "{name} prompt {i} {schedule:?} chunk {chunk}: logits differ by {diff}"
+                );
+                assert_eq!(
+                    a.tokens, b.tokens,
+                    "{name} prompt {i} {schedule:?} chunk {chunk}"
+                );
             }
         }
     }

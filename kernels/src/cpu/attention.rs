@@ -130,6 +130,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     /// Dense reference: contiguous K/V per sequence, f64 softmax.
+    #[allow(clippy::too_many_arguments)]
     fn reference(
         q: &[f32],
         k: &[f32],
@@ -152,7 +153,11 @@ mod tests {
                 let s: Vec<f64> = (lo..=pos)
                     .map(|p| {
                         let kh = &k[(p * kv_heads + g) * hd..(p * kv_heads + g + 1) * hd];
-                        qh.iter().zip(kh).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale
+                        qh.iter()
+                            .zip(kh)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            * scale
                     })
                     .collect();
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -160,7 +165,8 @@ mod tests {
                 for (i, p) in (lo..=pos).enumerate() {
                     let pr = (s[i] - m).exp() / z;
                     for d in 0..hd {
-                        out[(r * heads + h) * hd + d] += (pr * v[(p * kv_heads + g) * hd + d] as f64) as f32;
+                        out[(r * heads + h) * hd + d] +=
+                            (pr * v[(p * kv_heads + g) * hd + d] as f64) as f32;
                     }
                 }
             }
@@ -172,10 +178,18 @@ mod tests {
     fn paged_matches_dense_with_gqa_and_window() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         let (heads, kv_heads, hd, bs) = (4, 2, 8, 4);
-        let layout = KvLayout { block_size: bs, kv_heads, head_dim: hd };
+        let layout = KvLayout {
+            block_size: bs,
+            kv_heads,
+            head_dim: hd,
+        };
         let ctx = 11;
-        let k: Vec<f32> = (0..ctx * kv_heads * hd).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let v: Vec<f32> = (0..ctx * kv_heads * hd).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let k: Vec<f32> = (0..ctx * kv_heads * hd)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let v: Vec<f32> = (0..ctx * kv_heads * hd)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
         // Scatter into non-contiguous blocks.
         let block_table = [5u32, 2, 7];
         let mut ck = vec![0f32; 8 * bs * layout.slot_width()];
@@ -183,20 +197,51 @@ mod tests {
         let kv_rows: Vec<f32> = (0..ctx)
             .flat_map(|p| {
                 let w = layout.slot_width();
-                k[p * w..(p + 1) * w].iter().chain(&v[p * w..(p + 1) * w]).copied().collect::<Vec<_>>()
+                k[p * w..(p + 1) * w]
+                    .iter()
+                    .chain(&v[p * w..(p + 1) * w])
+                    .copied()
+                    .collect::<Vec<_>>()
             })
             .collect();
         let slots: Vec<usize> = (0..ctx)
             .map(|p| block_table[p / bs] as usize * bs + p % bs)
             .collect();
-        write_kv(layout, &mut ck, &mut cv, &kv_rows, 2 * layout.slot_width(), 0, layout.slot_width(), &slots);
+        write_kv(
+            layout,
+            &mut ck,
+            &mut cv,
+            &kv_rows,
+            2 * layout.slot_width(),
+            0,
+            layout.slot_width(),
+            &slots,
+        );
         for window in [None, Some(3)] {
             let (first, rows) = (6, 5);
-            let q: Vec<f32> = (0..rows * heads * hd).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let seq = AttentionSeq { first_row: 0, rows, first_position: first, block_table: &block_table };
+            let q: Vec<f32> = (0..rows * heads * hd)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let seq = AttentionSeq {
+                first_row: 0,
+                rows,
+                first_position: first,
+                block_table: &block_table,
+            };
             let mut out = vec![0f32; rows * heads * hd];
             let scale = 1.0 / (hd as f32).sqrt();
-            paged_attention(layout, &ck, &cv, &q, heads * hd, heads, &[seq], scale, window, &mut out);
+            paged_attention(
+                layout,
+                &ck,
+                &cv,
+                &q,
+                heads * hd,
+                heads,
+                &[seq],
+                scale,
+                window,
+                &mut out,
+            );
             let want = reference(&q, &k, &v, heads, kv_heads, hd, first, rows, window);
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "{window:?}: {a} vs {b}");

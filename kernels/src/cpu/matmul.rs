@@ -91,7 +91,8 @@ pub fn linear(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize, ou
             let mut local = vec![0f32; rows * m];
             let mut i = 0;
             while i + X_TILE <= m {
-                let xs: [&[f32]; X_TILE] = std::array::from_fn(|t| &x[(i + t) * k..(i + t + 1) * k]);
+                let xs: [&[f32]; X_TILE] =
+                    std::array::from_fn(|t| &x[(i + t) * k..(i + t + 1) * k]);
                 for r in 0..rows {
                     let d = dot_tile(xs, &wchunk[r * k..(r + 1) * k]);
                     local[r * m + i..r * m + i + X_TILE].copy_from_slice(&d);
@@ -142,7 +143,14 @@ mod tests {
     #[test]
     fn matches_naive_on_odd_shapes() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        for &(m, k, n) in &[(1, 1, 1), (1, 17, 3), (3, 33, 19), (5, 64, 40), (9, 100, 33), (4, 16, 16)] {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (1, 17, 3),
+            (3, 33, 19),
+            (5, 64, 40),
+            (9, 100, 33),
+            (4, 16, 16),
+        ] {
             let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
             let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
             let b: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();

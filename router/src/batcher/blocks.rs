@@ -43,7 +43,13 @@ impl BlockAllocator {
         if n > self.free.len() {
             return None;
         }
-        Some(self.free.split_off(self.free.len() - n).into_iter().rev().collect())
+        Some(
+            self.free
+                .split_off(self.free.len() - n)
+                .into_iter()
+                .rev()
+                .collect(),
+        )
     }
 
     pub(crate) fn free(&mut self, blocks: Vec<u32>) {

@@ -192,7 +192,9 @@ impl Batcher {
 
     /// Tells the shards which requests are still running.
     async fn sync_batch(&mut self) {
-        let Some(batch_id) = self.batch_id else { return };
+        let Some(batch_id) = self.batch_id else {
+            return;
+        };
         let result = if self.running.is_empty() {
             self.batch_id = None;
             self.client.clear_cache(Some(batch_id)).await
@@ -207,8 +209,17 @@ impl Batcher {
     }
 
     async fn step(&mut self) {
-        let admitted = admit(&mut self.waiting, self.running.len(), self.limits, &mut self.blocks);
-        let method = if admitted.is_empty() { "decode" } else { "prefill" };
+        let admitted = admit(
+            &mut self.waiting,
+            self.running.len(),
+            self.limits,
+            &mut self.blocks,
+        );
+        let method = if admitted.is_empty() {
+            "decode"
+        } else {
+            "prefill"
+        };
         let started = Instant::now();
         let result = if admitted.is_empty() {
             let Some(batch_id) = self.batch_id else {
@@ -232,7 +243,10 @@ impl Batcher {
                 .map(|r| (r.generations, r.timings))
         } else {
             let request = self.prefill_request(admitted);
-            self.client.prefill(request).await.map(|r| (r.generations, r.timings))
+            self.client
+                .prefill(request)
+                .await
+                .map(|r| (r.generations, r.timings))
         };
         counter!(names::BATCH_INFERENCE_COUNT, "method" => method).increment(1);
         match result {
@@ -298,8 +312,20 @@ impl Batcher {
                 generated_len: 0,
             });
             histogram!(names::REQUEST_QUEUE_DURATION).record(entry.queued.elapsed().as_secs_f64());
-            let output = OutputStream::new(r, self.tokenizer.clone(), self.special.clone(), entry.queued);
-            self.running.insert(id, Running { entry, blocks, output });
+            let output = OutputStream::new(
+                r,
+                self.tokenizer.clone(),
+                self.special.clone(),
+                entry.queued,
+            );
+            self.running.insert(
+                id,
+                Running {
+                    entry,
+                    blocks,
+                    output,
+                },
+            );
         }
         let cached_batch = self.batch_id.map(|id| pb::CachedBatch {
             id,
@@ -307,7 +333,10 @@ impl Batcher {
         });
         self.batch_id = Some(batch_id);
         pb::PrefillRequest {
-            batch: Some(pb::Batch { id: batch_id, requests }),
+            batch: Some(pb::Batch {
+                id: batch_id,
+                requests,
+            }),
             cached_batch,
             block_updates: Vec::new(),
         }
@@ -317,10 +346,14 @@ impl Batcher {
     fn deliver(&mut self, generations: Vec<pb::Generation>) -> bool {
         let mut finished = false;
         for g in generations {
-            let Some(running) = self.running.get_mut(&g.request_id) else { continue };
+            let Some(running) = self.running.get_mut(&g.request_id) else {
+                continue;
+            };
             let mut done = false;
             if let Some(prefill) = &g.prefill_tokens {
-                let event = running.output.prefill_event(&prefill.ids, &prefill.logprobs);
+                let event = running
+                    .output
+                    .prefill_event(&prefill.ids, &prefill.logprobs);
                 done |= running.entry.response_tx.send(Ok(event)).is_err();
             }
             let tokens = g.tokens.unwrap_or_default();
@@ -328,7 +361,13 @@ impl Batcher {
                 let top = g
                     .top_tokens
                     .get(i)
-                    .map(|t| t.ids.iter().copied().zip(t.logprobs.iter().copied()).collect())
+                    .map(|t| {
+                        t.ids
+                            .iter()
+                            .copied()
+                            .zip(t.logprobs.iter().copied())
+                            .collect()
+                    })
                     .unwrap_or_default();
                 match running.output.push(SampledToken { id, logprob, top }) {
                     Ok((event, end)) => {
@@ -361,7 +400,10 @@ impl Batcher {
     fn fail_all(&mut self, error: ClientError) {
         tracing::error!(%error, "shard call failed; failing the running batch");
         for (_, r) in self.running.drain() {
-            let _ = r.entry.response_tx.send(Err(InferError::ShardFailure(error.to_string())));
+            let _ = r
+                .entry
+                .response_tx
+                .send(Err(InferError::ShardFailure(error.to_string())));
             self.blocks.free(r.blocks);
             counter!(names::REQUEST_FAILURE, "err" => "shard_failure").increment(1);
         }

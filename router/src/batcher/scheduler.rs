@@ -97,7 +97,10 @@ mod tests {
         for (_, blk) in a {
             blocks.free(blk);
         }
-        assert_eq!(admit(&mut waiting, 0, limits(1000, 8), &mut blocks).len(), 2);
+        assert_eq!(
+            admit(&mut waiting, 0, limits(1000, 8), &mut blocks).len(),
+            2
+        );
     }
 
     #[test]

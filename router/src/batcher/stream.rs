@@ -113,7 +113,10 @@ impl OutputStream {
 
     /// Takes one generated token; returns the event for the client and whether the request
     /// is finished.
-    pub(crate) fn push(&mut self, token: SampledToken) -> Result<(InferStreamResponse, bool), InferError> {
+    pub(crate) fn push(
+        &mut self,
+        token: SampledToken,
+    ) -> Result<(InferStreamResponse, bool), InferError> {
         self.generated += 1;
         let piece = self
             .decoder
@@ -165,7 +168,10 @@ impl OutputStream {
             special: self.is_special(token.id),
         };
         Ok(match finish {
-            None => (InferStreamResponse::Intermediate { token, top_tokens }, false),
+            None => (
+                InferStreamResponse::Intermediate { token, top_tokens },
+                false,
+            ),
             Some(finish_reason) => (
                 InferStreamResponse::End {
                     token,

@@ -12,8 +12,8 @@ use std::ops::Range;
 use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::cpu::{activation, attention, matmul, norm, rope as rope_kernel};
 
-use crate::kv_cache::KvCache;
 use crate::EngineError;
+use crate::kv_cache::KvCache;
 use weights::{Linear, ModelWeights};
 
 /// Which positions of a chunk need logits.
@@ -100,16 +100,28 @@ impl Model {
 
     /// A cache of `num_blocks` blocks of `block_size` tokens for this model.
     pub fn new_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
-        KvCache::new(self.config.num_layers, num_blocks, self.kv_layout(block_size))
+        KvCache::new(
+            self.config.num_layers,
+            num_blocks,
+            self.kv_layout(block_size),
+        )
     }
 
     fn check(&self, chunks: &[SequenceChunk<'_>], cache: &KvCache) -> Result<(), EngineError> {
-        if cache.layout != self.kv_layout(cache.layout.block_size) || cache.layers.len() != self.config.num_layers {
-            return Err(EngineError::InvalidBatch("the KV cache was made for another model".into()));
+        if cache.layout != self.kv_layout(cache.layout.block_size)
+            || cache.layers.len() != self.config.num_layers
+        {
+            return Err(EngineError::InvalidBatch(
+                "the KV cache was made for another model".into(),
+            ));
         }
         let bs = cache.layout.block_size;
         for (i, c) in chunks.iter().enumerate() {
-            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            if let Some(&t) = c
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.config.vocab_size)
+            {
                 return Err(EngineError::InvalidBatch(format!(
                     "sequence {i}: token id {t} is outside the vocabulary (size {})",
                     self.config.vocab_size
@@ -122,7 +134,11 @@ impl Model {
                     c.block_table.len()
                 )));
             }
-            if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= cache.num_blocks) {
+            if let Some(&b) = c
+                .block_table
+                .iter()
+                .find(|&&b| b as usize >= cache.num_blocks)
+            {
                 return Err(EngineError::InvalidBatch(format!(
                     "sequence {i}: block {b} does not exist (the cache has {})",
                     cache.num_blocks
@@ -134,7 +150,11 @@ impl Model {
 
     /// Runs one pass over all chunks, writing their K/V into `cache` and returning the logits
     /// they asked for. Each sequence's results do not depend on the other chunks.
-    pub fn forward(&self, chunks: &[SequenceChunk<'_>], cache: &mut KvCache) -> Result<ForwardOutput, EngineError> {
+    pub fn forward(
+        &self,
+        chunks: &[SequenceChunk<'_>],
+        cache: &mut KvCache,
+    ) -> Result<ForwardOutput, EngineError> {
         self.check(chunks, cache)?;
         let cfg = &self.config;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
@@ -165,7 +185,9 @@ impl Model {
             let before = logit_rows.len();
             match c.logits {
                 LogitsWanted::None => {}
-                LogitsWanted::Last if !c.tokens.is_empty() => logit_rows.push(first_row + c.tokens.len() - 1),
+                LogitsWanted::Last if !c.tokens.is_empty() => {
+                    logit_rows.push(first_row + c.tokens.len() - 1)
+                }
                 LogitsWanted::Last => {}
                 LogitsWanted::All => logit_rows.extend(first_row..first_row + c.tokens.len()),
             }
@@ -191,13 +213,28 @@ impl Model {
             if li == 0 {
                 norm::rms_norm(&residual, &layer.input_norm, cfg.rms_norm_eps, &mut normed);
             } else {
-                norm::add_rms_norm(&mut residual, &proj, &layer.input_norm, cfg.rms_norm_eps, &mut normed);
+                norm::add_rms_norm(
+                    &mut residual,
+                    &proj,
+                    &layer.input_norm,
+                    cfg.rms_norm_eps,
+                    &mut normed,
+                );
             }
             linear(&normed, &layer.qkv, t, &mut qkv);
             rope_kernel::apply_rope(&mut qkv, qkv_width, 0, nh, hd, &cos, &sin);
             rope_kernel::apply_rope(&mut qkv, qkv_width, nh * hd, nkv, hd, &cos, &sin);
             let (ck, cv) = &mut cache.layers[li];
-            attention::write_kv(cache.layout, ck, cv, &qkv, qkv_width, nh * hd, (nh + nkv) * hd, &slots);
+            attention::write_kv(
+                cache.layout,
+                ck,
+                cv,
+                &qkv,
+                qkv_width,
+                nh * hd,
+                (nh + nkv) * hd,
+                &slots,
+            );
             attention::paged_attention(
                 cache.layout,
                 ck,
@@ -211,7 +248,13 @@ impl Model {
                 &mut attn,
             );
             linear(&attn, &layer.o, t, &mut proj);
-            norm::add_rms_norm(&mut residual, &proj, &layer.post_attention_norm, cfg.rms_norm_eps, &mut normed);
+            norm::add_rms_norm(
+                &mut residual,
+                &proj,
+                &layer.post_attention_norm,
+                cfg.rms_norm_eps,
+                &mut normed,
+            );
             linear(&normed, &layer.gate_up, t, &mut gate_up);
             activation::silu_mul(&gate_up, cfg.intermediate_size, &mut act);
             linear(&act, &layer.down, t, &mut proj);
@@ -222,11 +265,24 @@ impl Model {
         let mut last = Vec::with_capacity(rows * h);
         for &r in &logit_rows {
             let res = &residual[r * h..(r + 1) * h];
-            last.extend(res.iter().zip(&proj[r * h..(r + 1) * h]).map(|(a, b)| a + b));
+            last.extend(
+                res.iter()
+                    .zip(&proj[r * h..(r + 1) * h])
+                    .map(|(a, b)| a + b),
+            );
         }
         let mut last_normed = vec![0f32; rows * h];
-        norm::rms_norm(&last, &self.weights.final_norm, cfg.rms_norm_eps, &mut last_normed);
-        let head = self.weights.lm_head.as_deref().unwrap_or(&self.weights.embed);
+        norm::rms_norm(
+            &last,
+            &self.weights.final_norm,
+            cfg.rms_norm_eps,
+            &mut last_normed,
+        );
+        let head = self
+            .weights
+            .lm_head
+            .as_deref()
+            .unwrap_or(&self.weights.embed);
         let mut logits = vec![0f32; rows * cfg.vocab_size];
         matmul::linear(&last_normed, head, None, rows, h, &mut logits);
         Ok(ForwardOutput {
@@ -239,5 +295,12 @@ impl Model {
 
 fn linear(x: &[f32], layer: &Linear, rows: usize, out: &mut [f32]) {
     debug_assert_eq!(out.len(), rows * layer.out_features());
-    matmul::linear(x, &layer.weight, layer.bias.as_deref(), rows, layer.in_features, out);
+    matmul::linear(
+        x,
+        &layer.weight,
+        layer.bias.as_deref(),
+        rows,
+        layer.in_features,
+        out,
+    );
 }

@@ -31,8 +31,8 @@ pub(crate) fn inv_freq(config: &ModelConfig) -> Vec<f32> {
                     } else if wavelen > low_freq_wavelen {
                         f / factor
                     } else {
-                        let smooth =
-                            (old_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        let smooth = (old_len / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
                         (1.0 - smooth) * f / factor + smooth * f
                     }
                 })

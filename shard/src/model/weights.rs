@@ -70,12 +70,20 @@ impl Loader<'_> {
     }
 
     /// Several projections of the same input stacked into one; biases stacked when any has one.
-    fn fused(&self, prefix: &str, parts: &[(&str, usize)], in_features: usize) -> Result<Linear, EngineError> {
+    fn fused(
+        &self,
+        prefix: &str,
+        parts: &[(&str, usize)],
+        in_features: usize,
+    ) -> Result<Linear, EngineError> {
         let mut weight = Vec::new();
         let mut biases = Vec::new();
         for (name, out) in parts {
             weight.extend(self.tensor(&format!("{prefix}.{name}.weight"), &[*out, in_features])?);
-            biases.push((self.optional(&format!("{prefix}.{name}.bias"), &[*out])?, *out));
+            biases.push((
+                self.optional(&format!("{prefix}.{name}.bias"), &[*out])?,
+                *out,
+            ));
         }
         let bias = biases.iter().any(|(b, _)| b.is_some()).then(|| {
             biases
@@ -111,13 +119,21 @@ impl ModelWeights {
                     h,
                 )?,
                 o: l.fused(&format!("{p}.self_attn"), &[("o_proj", h)], q_out)?,
-                post_attention_norm: l.tensor(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                post_attention_norm: l
+                    .tensor(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 gate_up: l.fused(
                     &format!("{p}.mlp"),
-                    &[("gate_proj", config.intermediate_size), ("up_proj", config.intermediate_size)],
+                    &[
+                        ("gate_proj", config.intermediate_size),
+                        ("up_proj", config.intermediate_size),
+                    ],
                     h,
                 )?,
-                down: l.fused(&format!("{p}.mlp"), &[("down_proj", h)], config.intermediate_size)?,
+                down: l.fused(
+                    &format!("{p}.mlp"),
+                    &[("down_proj", h)],
+                    config.intermediate_size,
+                )?,
             });
         }
         let vocab = config.vocab_size;

@@ -9,7 +9,10 @@ use tessera_shard::sampling::{Sampler, SamplingParams};
 use tessera_shard::{KvCache, LogitsWanted, Model, SequenceChunk};
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 #[derive(Deserialize)]
@@ -66,7 +69,13 @@ struct Seq {
 /// Greedy-decodes `steps` tokens for every prompt with prefill split into chunks of at most
 /// `chunk` tokens, blocks allocated as sequences grow (deliberately interleaved between
 /// sequences so that block tables are not contiguous).
-pub fn run(model: &Model, prompts: &[Vec<u32>], steps: usize, chunk: usize, schedule: Schedule) -> Vec<Outcome> {
+pub fn run(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    chunk: usize,
+    schedule: Schedule,
+) -> Vec<Outcome> {
     let block_size = 4;
     let mut cache: KvCache = model.new_cache(1024, block_size);
     let mut next_block = 1u32; // block 0 stays unused, like the router's null block
@@ -79,7 +88,10 @@ pub fn run(model: &Model, prompts: &[Vec<u32>], steps: usize, chunk: usize, sche
             computed: 0,
             blocks: Vec::new(),
             sampler: Sampler::new(SamplingParams::default(), p),
-            outcome: Outcome { prompt_logits: Vec::new(), tokens: Vec::new() },
+            outcome: Outcome {
+                prompt_logits: Vec::new(),
+                tokens: Vec::new(),
+            },
             start_step: match schedule {
                 Schedule::Staggered => i,
                 _ => 0,
@@ -91,7 +103,9 @@ pub fn run(model: &Model, prompts: &[Vec<u32>], steps: usize, chunk: usize, sche
     loop {
         let active: Vec<usize> = match schedule {
             Schedule::OneAtATime => seqs.iter().position(|s| !done(s)).into_iter().collect(),
-            _ => (0..seqs.len()).filter(|&i| !done(&seqs[i]) && seqs[i].start_step <= step).collect(),
+            _ => (0..seqs.len())
+                .filter(|&i| !done(&seqs[i]) && seqs[i].start_step <= step)
+                .collect(),
         };
         if active.is_empty() {
             if seqs.iter().all(done) {
@@ -123,7 +137,11 @@ pub fn run(model: &Model, prompts: &[Vec<u32>], steps: usize, chunk: usize, sche
                     tokens: &s.tokens[start..start + len],
                     start_position: start,
                     block_table: &s.blocks,
-                    logits: if start + len >= s.prompt_len { LogitsWanted::Last } else { LogitsWanted::None },
+                    logits: if start + len >= s.prompt_len {
+                        LogitsWanted::Last
+                    } else {
+                        LogitsWanted::None
+                    },
                 }
             })
             .collect();
@@ -147,5 +165,8 @@ pub fn run(model: &Model, prompts: &[Vec<u32>], steps: usize, chunk: usize, sche
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
