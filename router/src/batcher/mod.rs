@@ -145,6 +145,7 @@ impl Batcher {
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Entry>) {
+        self.report_gauges();
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
                 match rx.recv().await {
@@ -167,6 +168,8 @@ impl Batcher {
         gauge!(names::BATCH_CURRENT_SIZE).set(self.running.len() as f64);
         gauge!(names::KV_BLOCKS_FREE).set(self.blocks.free_blocks() as f64);
         let used = self.blocks.total() - self.blocks.free_blocks();
+        gauge!("tessera_kv_blocks_used").set(used as f64);
+        gauge!("tessera_kv_blocks_total").set(self.blocks.total() as f64);
         gauge!(names::BATCH_CURRENT_MAX_TOKENS).set((used * self.blocks.block_size()) as f64);
     }
 
