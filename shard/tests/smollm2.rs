@@ -1,0 +1,108 @@
+//! The engine reproduces transformers' greedy tokens on the real SmolLM2-135M-Instruct Q4_1 GGUF.
+//!
+//! The GGUF is not committed (`scripts/fetch_smollm2.sh` puts it in
+//! `${TESSERA_CACHE:-~/.cache/tessera}`): without it the test prints why and passes, unless
+//! `TESSERA_REQUIRE_SMOLLM2=1` asks for it to fail instead.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{Schedule, repo_root, run};
+use serde::Deserialize;
+use tessera_formats::ModelFiles;
+use tessera_shard::Model;
+
+const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Deserialize)]
+struct Golden {
+    prompts: Vec<Prompt>,
+    chat: Chat,
+}
+
+#[derive(Deserialize)]
+struct Prompt {
+    text: String,
+    prompt_ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct Chat {
+    prompt_ids: Vec<u32>,
+    /// Up to and including the first EOS.
+    greedy_ids: Vec<u32>,
+    greedy_text: String,
+}
+
+/// The GGUF's path, or `None` (after saying why) when the test should be skipped.
+fn gguf_path() -> Option<PathBuf> {
+    let dir = std::env::var_os("TESSERA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera")));
+    let path = dir.map(|d| d.join(GGUF));
+    match path {
+        Some(p) if p.is_file() => Some(p),
+        other => {
+            let required = std::env::var("TESSERA_REQUIRE_SMOLLM2").is_ok_and(|v| v == "1");
+            let msg = format!(
+                "{GGUF} not found (looked at {other:?}); fetch it with scripts/fetch_smollm2.sh"
+            );
+            assert!(!required, "TESSERA_REQUIRE_SMOLLM2=1: {msg}");
+            eprintln!("skipping the SmolLM2 test: {msg}");
+            None
+        }
+    }
+}
+
+#[test]
+fn greedy_tokens_match_transformers() {
+    let Some(path) = gguf_path() else { return };
+    let files = ModelFiles::open(&path).unwrap();
+    let model = Model::load(&files).unwrap();
+    let golden: Golden = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
+    )
+    .unwrap();
+
+    // Every prompt and the chat prompt in one batched run (the driver ignores EOS).
+    let mut prompts: Vec<Vec<u32>> = golden
+        .prompts
+        .iter()
+        .map(|p| p.prompt_ids.clone())
+        .collect();
+    prompts.push(golden.chat.prompt_ids.clone());
+    let steps = golden
+        .prompts
+        .iter()
+        .map(|p| p.greedy_ids.len())
+        .chain([golden.chat.greedy_ids.len()])
+        .max()
+        .unwrap();
+    let outcomes = run(&model, &prompts, steps, 64, Schedule::Together);
+
+    for (p, o) in golden.prompts.iter().zip(&outcomes) {
+        assert_eq!(
+            &o.tokens[..p.greedy_ids.len()],
+            &p.greedy_ids[..],
+            "{:?}: greedy tokens differ from transformers'",
+            p.text
+        );
+    }
+
+    let chat = &outcomes[golden.prompts.len()];
+    let n = golden.chat.greedy_ids.len();
+    assert_eq!(
+        &chat.tokens[..n],
+        &golden.chat.greedy_ids[..],
+        "chat: greedy tokens differ from transformers'"
+    );
+    let text = files
+        .tokenizer()
+        .unwrap()
+        .decode(&chat.tokens[..n], true)
+        .unwrap();
+    assert_eq!(text, golden.chat.greedy_text);
+    assert!(text.contains("Paris"), "chat answer {text:?} lacks Paris");
+}
