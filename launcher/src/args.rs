@@ -57,7 +57,7 @@ pub(crate) struct Args {
     pub(crate) master_port: u16,
 
     /// Data type of weights and activations. When omitted, the shard picks its default
-    /// (bfloat16 on CPU).
+    /// (float32 on CPU today).
     #[arg(long, env = "DTYPE", value_enum)]
     pub(crate) dtype: Option<Dtype>,
 
