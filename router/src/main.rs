@@ -53,7 +53,8 @@ struct Args {
     /// Longest prompt + generation (default: min(context, 4096)).
     #[arg(long)]
     max_total_tokens: Option<usize>,
-    /// Prompt tokens prefilled in one step (default: max(max_input_tokens, 4096)).
+    /// Tokens computed in one step, prompt chunks and decodes together (default:
+    /// max_input_tokens clamped to 512..=4096); longer prompts are prefilled in chunks.
     #[arg(long)]
     max_batch_prefill_tokens: Option<usize>,
     /// Tokens the running batch may hold (default: what the KV cache holds).
@@ -129,13 +130,12 @@ fn limits(args: &Args, context: usize) -> anyhow::Result<Limits> {
             "--max-total-tokens ({max_total_tokens}) exceeds the model's context of {context} tokens"
         );
     }
+    // Long prompts are chunked, so the step budget may be smaller than the longest prompt.
     let max_batch_prefill_tokens = args
         .max_batch_prefill_tokens
-        .unwrap_or(max_input_tokens.max(4096));
-    if max_batch_prefill_tokens < max_input_tokens {
-        bail!(
-            "--max-batch-prefill-tokens ({max_batch_prefill_tokens}) must be at least --max-input-tokens ({max_input_tokens})"
-        );
+        .unwrap_or(max_input_tokens.clamp(512, 4096));
+    if max_batch_prefill_tokens == 0 {
+        bail!("--max-batch-prefill-tokens must be at least 1");
     }
     Ok(Limits {
         max_input_tokens,
@@ -210,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
         limits: SchedulerLimits {
             max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
             max_batch_size,
+            prefix_caching: args.prefix_caching,
         },
         queue_capacity: args.max_concurrent_requests,
     });

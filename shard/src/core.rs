@@ -58,7 +58,11 @@ struct Sequence {
     computed: usize,
     blocks: Vec<u32>,
     sampler: Sampler,
-    prefill_logprobs: bool,
+    /// Prompt logprobs gathered so far, while the client wants them and the prompt is not
+    /// fully computed.
+    prefill: Option<Vec<(u32, f32)>>,
+    /// Tokens of `tokens` that belong to the prompt (prompt logprobs stop there).
+    prompt_len: usize,
 }
 
 /// The model, its cache, and every live sequence.
@@ -110,12 +114,13 @@ impl Engine {
         new: Vec<NewSequence>,
         cached: Option<u64>,
         block_updates: Vec<(u64, Vec<u32>)>,
+        chunk_limits: Vec<(u64, usize)>,
     ) -> Result<(Vec<StepOutput>, Vec<u64>, StepTimings), EngineError> {
         let mut ids = match cached {
             Some(c) => self.take_batch(c)?,
             None => Vec::new(),
         };
-        let mut limits = HashMap::new();
+        let mut limits: HashMap<u64, usize> = chunk_limits.into_iter().collect();
         let result = self.admit(new, &mut ids, &mut limits).and_then(|()| {
             self.apply_block_updates(block_updates)?;
             self.step(&ids, &limits)
@@ -128,6 +133,7 @@ impl Engine {
         &mut self,
         batch_ids: &[u64],
         block_updates: Vec<(u64, Vec<u32>)>,
+        chunk_limits: Vec<(u64, usize)>,
     ) -> Result<(Vec<StepOutput>, Vec<u64>, StepTimings), EngineError> {
         let Some(&first) = batch_ids.first() else {
             return Err(EngineError::InvalidBatch(
@@ -140,7 +146,7 @@ impl Engine {
         }
         let result = self
             .apply_block_updates(block_updates)
-            .and_then(|()| self.step(&ids, &HashMap::new()));
+            .and_then(|()| self.step(&ids, &chunk_limits.into_iter().collect()));
         self.finish_call(first, ids, result)
     }
 
@@ -245,6 +251,12 @@ impl Engine {
             if let Some(chunk) = seq.chunk_len {
                 limits.insert(seq.id, chunk.max(1));
             }
+            if seq.prefill_logprobs && seq.cache_len > 0 {
+                return Err(EngineError::InvalidBatch(format!(
+                    "request {}: prompt logprobs need the whole prompt computed (cache_len must be 0)",
+                    seq.id
+                )));
+            }
             ids.push(seq.id);
             self.sequences.insert(
                 seq.id,
@@ -253,7 +265,8 @@ impl Engine {
                     computed: seq.cache_len,
                     blocks: seq.blocks,
                     sampler,
-                    prefill_logprobs: seq.prefill_logprobs,
+                    prefill: seq.prefill_logprobs.then(Vec::new),
+                    prompt_len,
                 },
             );
         }
@@ -313,7 +326,9 @@ impl Engine {
                 .ok_or_else(|| EngineError::InvalidBatch(format!("request {id} is not cached")))?;
             let pending = seq.tokens.len() - seq.computed;
             let len = limits.get(id).map_or(pending, |&l| l.min(pending));
-            plan.push((*id, seq.computed, len));
+            if len > 0 {
+                plan.push((*id, seq.computed, len));
+            }
         }
         let chunks: Vec<SequenceChunk<'_>> = plan
             .iter()
@@ -324,7 +339,7 @@ impl Engine {
                     tokens: &seq.tokens[start..start + len],
                     start_position: start,
                     block_table: &seq.blocks,
-                    logits: match (completes, seq.prefill_logprobs && start == 0) {
+                    logits: match (completes, seq.prefill.is_some()) {
                         (_, true) => LogitsWanted::All,
                         (true, false) => LogitsWanted::Last,
                         (false, false) => LogitsWanted::None,
@@ -346,15 +361,23 @@ impl Engine {
                 prefill: None,
                 tokens: Vec::new(),
             };
-            if wanted[ci] == LogitsWanted::All {
-                // Logprob of token i is read from the logits at position i - 1.
-                let mut prefill = vec![(seq.tokens[0], f32::NAN)];
-                for i in 1..len {
-                    let t = seq.tokens[i];
-                    prefill.push((t, seq.sampler.report(out.row(ci, i - 1), t).logprob));
+            if wanted[ci] == LogitsWanted::All
+                && let Some(prefill) = seq.prefill.as_mut()
+            {
+                // The logprob of the token at position p is read from the logits at p - 1.
+                if start == 0 {
+                    prefill.push((seq.tokens[0], f32::NAN));
                 }
-                output.prefill = Some(prefill);
-                seq.prefill_logprobs = false;
+                for i in 0..len {
+                    let p = start + i + 1;
+                    if p < seq.prompt_len {
+                        let t = seq.tokens[p];
+                        prefill.push((t, seq.sampler.report(out.row(ci, i), t).logprob));
+                    }
+                }
+                if seq.computed >= seq.prompt_len {
+                    output.prefill = seq.prefill.take();
+                }
             }
             if seq.computed == seq.tokens.len()
                 && let Some(logits) = out.last(ci)

@@ -130,6 +130,12 @@ fn updates(u: Vec<pb::BlockUpdate>) -> Vec<(u64, Vec<u32>)> {
     u.into_iter().map(|u| (u.request_id, u.blocks)).collect()
 }
 
+fn limits(l: Vec<pb::ChunkLimit>) -> Vec<(u64, usize)> {
+    l.into_iter()
+        .map(|l| (l.request_id, l.max_tokens as usize))
+        .collect()
+}
+
 type StepResult = (Vec<StepOutput>, Vec<u64>, StepTimings);
 
 fn cached(batch_id: u64, ids: Vec<u64>) -> Option<pb::CachedBatch> {
@@ -252,8 +258,9 @@ impl TextGenerationService for ShardService {
         let new: Vec<NewSequence> = batch.requests.into_iter().map(sequence).collect();
         let cached_id = r.cached_batch.map(|c| c.id);
         let block_updates = updates(r.block_updates);
+        let chunk_limits = limits(r.chunk_limits);
         let (outputs, ids, t): StepResult = self
-            .with_engine(move |e| e.prefill(batch_id, new, cached_id, block_updates))
+            .with_engine(move |e| e.prefill(batch_id, new, cached_id, block_updates, chunk_limits))
             .await?;
         Ok(Response::new(pb::PrefillResponse {
             generations: outputs.into_iter().map(generation).collect(),
@@ -270,8 +277,9 @@ impl TextGenerationService for ShardService {
         let batch_ids: Vec<u64> = r.batches.iter().map(|b| b.id).collect();
         let first = batch_ids.first().copied().unwrap_or_default();
         let block_updates = updates(r.block_updates);
+        let chunk_limits = limits(r.chunk_limits);
         let (outputs, ids, t): StepResult = self
-            .with_engine(move |e| e.decode(&batch_ids, block_updates))
+            .with_engine(move |e| e.decode(&batch_ids, block_updates, chunk_limits))
             .await?;
         Ok(Response::new(pb::DecodeResponse {
             generations: outputs.into_iter().map(generation).collect(),

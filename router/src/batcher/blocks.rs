@@ -1,22 +1,64 @@
-//! The KV block pool of the shards, owned by the router. Block 0 is never handed out: the
-//! shards' health check writes into it.
+//! The KV block pool of the shards, owned by the router: reference-counted blocks, and a
+//! prefix cache of full blocks identified by a hash chained over their tokens.
+//!
+//! A block is in one of three states: in use (`ref_count > 0`), cached (`ref_count == 0`,
+//! holds the K/V of a known token prefix, evictable), or empty. Allocation takes empty
+//! blocks first and evicts cached ones least-recently-released first, so shared prefixes
+//! survive as long as the pool allows. Block 0 is never handed out: the shards' health check
+//! writes into it.
 
-/// Free-list allocator over blocks `1..num_blocks`.
-#[derive(Debug)]
-pub(crate) struct BlockAllocator {
-    free: Vec<u32>,
-    total: usize,
-    block_size: usize,
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// Identity of a full block: the hash of its parent block's key and its own tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct BlockHash(u64);
+
+impl BlockHash {
+    /// Chains `tokens` (one full block) onto `parent` (`None` for the first block).
+    pub(crate) fn chain(parent: Option<BlockHash>, tokens: &[u32]) -> Self {
+        let mut h = DefaultHasher::new();
+        parent.map(|p| p.0).hash(&mut h);
+        tokens.hash(&mut h);
+        Self(h.finish())
+    }
 }
 
-impl BlockAllocator {
+#[derive(Debug, Clone)]
+struct CachedKey {
+    hash: BlockHash,
+    parent: Option<BlockHash>,
+    tokens: Vec<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct BlockPool {
+    block_size: usize,
+    ref_count: Vec<u32>,
+    /// Key of each block that holds a cached prefix.
+    key: Vec<Option<CachedKey>>,
+    by_hash: HashMap<BlockHash, u32>,
+    /// Blocks holding nothing worth keeping.
+    empty: Vec<u32>,
+    /// Cached blocks nobody uses, by release time (oldest first).
+    evictable: BTreeMap<u64, u32>,
+    /// Release time of each evictable block (to find it in `evictable`).
+    released_at: Vec<u64>,
+    clock: u64,
+}
+
+impl BlockPool {
     pub(crate) fn new(num_blocks: usize, block_size: usize) -> Self {
-        // Reversed so that low block ids are handed out first.
-        let free = (1..num_blocks as u32).rev().collect();
         Self {
-            free,
-            total: num_blocks.saturating_sub(1),
             block_size,
+            ref_count: vec![0; num_blocks],
+            key: vec![None; num_blocks],
+            by_hash: HashMap::new(),
+            // Reversed so that low block ids are handed out first.
+            empty: (1..num_blocks as u32).rev().collect(),
+            evictable: BTreeMap::new(),
+            released_at: vec![0; num_blocks],
+            clock: 0,
         }
     }
 
@@ -26,11 +68,17 @@ impl BlockAllocator {
 
     /// Blocks that can be handed out (block 0 excluded).
     pub(crate) fn total(&self) -> usize {
-        self.total
+        self.ref_count.len().saturating_sub(1)
     }
 
-    pub(crate) fn free_blocks(&self) -> usize {
-        self.free.len()
+    /// Blocks that an allocation can take now (empty or evictable).
+    pub(crate) fn available(&self) -> usize {
+        self.empty.len() + self.evictable.len()
+    }
+
+    /// Blocks referenced by at least one sequence.
+    pub(crate) fn in_use(&self) -> usize {
+        self.total() - self.available()
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -38,22 +86,106 @@ impl BlockAllocator {
         tokens.div_ceil(self.block_size)
     }
 
-    /// `n` blocks, or `None` (and nothing taken) when fewer are free.
-    pub(crate) fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
-        if n > self.free.len() {
-            return None;
-        }
-        Some(
-            self.free
-                .split_off(self.free.len() - n)
-                .into_iter()
-                .rev()
-                .collect(),
-        )
+    /// One block with a reference count of 1, or `None` when the pool is exhausted.
+    pub(crate) fn allocate(&mut self) -> Option<u32> {
+        let block = match self.empty.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.evictable.pop_first()?;
+                if let Some(key) = self.key[b as usize].take() {
+                    self.by_hash.remove(&key.hash);
+                }
+                b
+            }
+        };
+        self.ref_count[block as usize] = 1;
+        Some(block)
     }
 
-    pub(crate) fn free(&mut self, blocks: Vec<u32>) {
-        self.free.extend(blocks.into_iter().rev());
+    /// Drops one reference; a block nobody uses becomes evictable (if cached) or empty.
+    pub(crate) fn release(&mut self, block: u32) {
+        let b = block as usize;
+        debug_assert!(self.ref_count[b] > 0, "block {block} released twice");
+        self.ref_count[b] = self.ref_count[b].saturating_sub(1);
+        if self.ref_count[b] == 0 {
+            if self.key[b].is_some() {
+                self.clock += 1;
+                self.released_at[b] = self.clock;
+                self.evictable.insert(self.clock, block);
+            } else {
+                self.empty.push(block);
+            }
+        }
+    }
+
+    /// Full blocks at the start of `tokens` whose K/V are cached, each with a new reference;
+    /// at most `max_blocks` of them.
+    pub(crate) fn lookup(&mut self, tokens: &[u32], max_blocks: usize) -> Vec<u32> {
+        let mut found = Vec::new();
+        let mut parent = None;
+        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
+            let hash = BlockHash::chain(parent, chunk);
+            let Some(&block) = self.by_hash.get(&hash) else {
+                break;
+            };
+            let same = self.key[block as usize]
+                .as_ref()
+                .is_some_and(|k| k.parent == parent && k.tokens == chunk);
+            if !same {
+                break;
+            }
+            self.take_ref(block);
+            found.push(block);
+            parent = Some(hash);
+        }
+        found
+    }
+
+    fn take_ref(&mut self, block: u32) {
+        let b = block as usize;
+        if self.ref_count[b] == 0 {
+            self.evictable.remove(&self.released_at[b]);
+        }
+        self.ref_count[b] += 1;
+    }
+
+    /// Records that `block` (in use) holds the full block `tokens` following `parent`.
+    /// Returns the block's hash, for chaining the next one. If another block already holds
+    /// the same prefix, this one stays unregistered.
+    pub(crate) fn register(
+        &mut self,
+        block: u32,
+        parent: Option<BlockHash>,
+        tokens: &[u32],
+    ) -> BlockHash {
+        let hash = BlockHash::chain(parent, tokens);
+        let b = block as usize;
+        if self.key[b].is_none() && !self.by_hash.contains_key(&hash) {
+            self.by_hash.insert(hash, block);
+            self.key[b] = Some(CachedKey {
+                hash,
+                parent,
+                tokens: tokens.to_vec(),
+            });
+        }
+        hash
+    }
+
+    /// Forgets every cached prefix (the shards lost their K/V).
+    pub(crate) fn clear_cache(&mut self) {
+        self.by_hash.clear();
+        for (_, b) in std::mem::take(&mut self.evictable) {
+            self.empty.push(b);
+        }
+        for k in &mut self.key {
+            *k = None;
+        }
+    }
+
+    /// Reference count of a block (tests).
+    #[cfg(test)]
+    pub(crate) fn ref_count(&self, block: u32) -> u32 {
+        self.ref_count[block as usize]
     }
 }
 
@@ -63,20 +195,55 @@ mod tests {
 
     #[test]
     fn never_hands_out_block_zero_and_conserves_blocks() {
-        let mut a = BlockAllocator::new(5, 16);
-        assert_eq!(a.total(), 4);
-        let x = a.allocate(3).unwrap();
-        assert_eq!(x, vec![1, 2, 3]);
-        assert!(a.allocate(2).is_none());
-        assert_eq!(a.free_blocks(), 1);
-        let y = a.allocate(1).unwrap();
-        assert_eq!(y, vec![4]);
-        a.free(x);
-        a.free(y);
-        assert_eq!(a.free_blocks(), 4);
-        let mut all = a.allocate(4).unwrap();
-        all.sort();
-        assert_eq!(all, vec![1, 2, 3, 4]);
-        assert_eq!(a.blocks_for(33), 3);
+        let mut p = BlockPool::new(5, 4);
+        assert_eq!(p.total(), 4);
+        let got: Vec<u32> = (0..4).map(|_| p.allocate().unwrap()).collect();
+        assert_eq!(got, vec![1, 2, 3, 4]);
+        assert!(p.allocate().is_none());
+        for b in got {
+            p.release(b);
+        }
+        assert_eq!(p.available(), 4);
+        assert_eq!(p.in_use(), 0);
+    }
+
+    #[test]
+    fn cached_prefix_is_found_and_evicted_lru() {
+        let mut p = BlockPool::new(4, 2);
+        let tokens = [1, 2, 3, 4, 5];
+        let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
+        let h = p.register(a, None, &tokens[0..2]);
+        p.register(b, Some(h), &tokens[2..4]);
+        p.release(a);
+        p.release(b);
+        assert_eq!(p.available(), 3);
+        // Found again, with references.
+        assert_eq!(p.lookup(&tokens, 10), vec![a, b]);
+        assert_eq!(p.ref_count(a), 1);
+        assert_eq!(p.lookup(&tokens, 1), vec![a]);
+        assert_eq!(p.ref_count(a), 2);
+        // A different first block shares nothing.
+        assert!(p.lookup(&[9, 9, 3, 4], 10).is_empty());
+        p.release(a);
+        p.release(a);
+        p.release(b);
+        // Empty blocks go first, then the least recently released cached block (a).
+        let c = p.allocate().unwrap();
+        assert!(c != a && c != b);
+        assert_eq!(p.allocate(), Some(a));
+        assert!(p.lookup(&tokens, 10).is_empty(), "a's prefix was evicted");
+        assert_eq!(p.allocate(), Some(b));
+        assert_eq!(p.allocate(), None);
+    }
+
+    #[test]
+    fn duplicate_prefix_stays_unregistered() {
+        let mut p = BlockPool::new(4, 2);
+        let (a, b) = (p.allocate().unwrap(), p.allocate().unwrap());
+        p.register(a, None, &[1, 2]);
+        p.register(b, None, &[1, 2]);
+        p.release(b);
+        assert_eq!(p.available(), 2, "b was never cached, so it is empty again");
+        assert_eq!(p.lookup(&[1, 2, 3], 5), vec![a]);
     }
 }

@@ -8,9 +8,11 @@
 
 mod blocks;
 mod scheduler;
+#[cfg(test)]
+mod scheduler_sim;
 mod stream;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,12 +23,11 @@ use tessera_proto::v1 as pb;
 use tokio::sync::mpsc;
 
 use crate::client::{ClientError, ShardedClient};
-use crate::infer::{Entry, InferError, InferStreamResponse};
+use crate::infer::{Entry, InferError, ValidParameters};
 use crate::metrics::names;
 use crate::server::HealthCheck;
-use blocks::BlockAllocator;
 pub use scheduler::SchedulerLimits;
-use scheduler::{Admissible, admit};
+use scheduler::{NewWork, Scheduler, StepPlan};
 use stream::{OutputStream, SampledToken, SpecialTokens};
 
 /// Everything the batcher needs to run.
@@ -95,33 +96,23 @@ impl Health {
     }
 }
 
-struct Waiting(Entry);
-
-impl Admissible for Waiting {
-    fn prompt_tokens(&self) -> usize {
-        self.0.request.input_ids.len()
-    }
-    fn max_tokens(&self) -> usize {
-        self.0.request.input_ids.len() + self.0.request.stopping.max_new_tokens as usize
-    }
-}
-
-struct Running {
+/// A request between admission and its last event.
+struct Live {
     entry: Entry,
-    blocks: Vec<u32>,
     output: OutputStream,
+    /// Whether the request still wants prompt logprobs (only on its first prefill).
+    wants_prefill_logprobs: bool,
 }
 
 struct Batcher {
     client: ShardedClient,
     tokenizer: Arc<ModelTokenizer>,
     special: Arc<SpecialTokens>,
-    blocks: BlockAllocator,
-    limits: SchedulerLimits,
-    waiting: VecDeque<Waiting>,
-    running: HashMap<u64, Running>,
-    /// The shards' cached batch holding every running request.
+    scheduler: Scheduler,
+    live: HashMap<u64, Live>,
+    /// The shards' cached batch and the requests it holds.
     batch_id: Option<u64>,
+    shard_ids: Vec<u64>,
     next_request_id: u64,
     next_batch_id: u64,
     health: Arc<Health>,
@@ -133,11 +124,10 @@ impl Batcher {
             client: config.client,
             special: Arc::new(SpecialTokens::of(&config.tokenizer)),
             tokenizer: config.tokenizer,
-            blocks: BlockAllocator::new(config.num_blocks, config.block_size),
-            limits: config.limits,
-            waiting: VecDeque::new(),
-            running: HashMap::new(),
+            scheduler: Scheduler::new(config.limits, config.num_blocks, config.block_size),
+            live: HashMap::new(),
             batch_id: None,
+            shard_ids: Vec::new(),
             next_request_id: 0,
             next_batch_id: 0,
             health,
@@ -147,114 +137,126 @@ impl Batcher {
     async fn run(mut self, mut rx: mpsc::Receiver<Entry>) {
         self.report_gauges();
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.live.is_empty() {
                 match rx.recv().await {
-                    Some(entry) => self.waiting.push_back(Waiting(entry)),
+                    Some(entry) => self.enqueue(entry),
                     None => return,
                 }
             }
             while let Ok(entry) = rx.try_recv() {
-                self.waiting.push_back(Waiting(entry));
+                self.enqueue(entry);
             }
-            self.waiting.retain(|w| !w.0.response_tx.is_closed());
-            self.drop_cancelled().await;
+            self.drop_cancelled();
             self.step().await;
             self.report_gauges();
         }
     }
 
-    fn report_gauges(&self) {
-        gauge!(names::QUEUE_SIZE).set(self.waiting.len() as f64);
-        gauge!(names::BATCH_CURRENT_SIZE).set(self.running.len() as f64);
-        gauge!(names::KV_BLOCKS_FREE).set(self.blocks.free_blocks() as f64);
-        let used = self.blocks.total() - self.blocks.free_blocks();
-        gauge!("tessera_kv_blocks_used").set(used as f64);
-        gauge!("tessera_kv_blocks_total").set(self.blocks.total() as f64);
-        gauge!(names::BATCH_CURRENT_MAX_TOKENS).set((used * self.blocks.block_size()) as f64);
+    fn enqueue(&mut self, entry: Entry) {
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        let wants_prefill_logprobs = entry.request.decoder_input_details;
+        self.scheduler
+            .add(id, entry.request.input_ids.clone(), !wants_prefill_logprobs);
+        let output = OutputStream::new(
+            &entry.request,
+            self.tokenizer.clone(),
+            self.special.clone(),
+            entry.queued,
+        );
+        self.live.insert(
+            id,
+            Live {
+                entry,
+                output,
+                wants_prefill_logprobs,
+            },
+        );
     }
 
-    /// Requests whose client went away leave the batch before the next step.
-    async fn drop_cancelled(&mut self) {
+    fn report_gauges(&self) {
+        let pool = self.scheduler.pool();
+        gauge!(names::QUEUE_SIZE).set(self.scheduler.num_waiting() as f64);
+        gauge!(names::BATCH_CURRENT_SIZE).set(self.scheduler.num_running() as f64);
+        gauge!(names::KV_BLOCKS_FREE).set(pool.available() as f64);
+        gauge!("tessera_kv_blocks_used").set(pool.in_use() as f64);
+        gauge!("tessera_kv_blocks_total").set(pool.total() as f64);
+        gauge!(names::BATCH_CURRENT_MAX_TOKENS).set((pool.in_use() * pool.block_size()) as f64);
+    }
+
+    /// Requests whose client went away leave before the next step.
+    fn drop_cancelled(&mut self) {
         let gone: Vec<u64> = self
-            .running
+            .live
             .iter()
-            .filter(|(_, r)| r.entry.response_tx.is_closed())
+            .filter(|(_, l)| l.entry.response_tx.is_closed())
             .map(|(&id, _)| id)
             .collect();
-        if gone.is_empty() {
-            return;
-        }
-        for id in &gone {
-            if let Some(r) = self.running.remove(id) {
-                self.blocks.free(r.blocks);
-            }
+        for id in gone {
+            self.finish(id);
             counter!(names::REQUEST_FAILURE, "err" => "cancelled").increment(1);
         }
-        self.sync_batch().await;
     }
 
-    /// Tells the shards which requests are still running.
-    async fn sync_batch(&mut self) {
-        let Some(batch_id) = self.batch_id else {
-            return;
-        };
-        let result = if self.running.is_empty() {
-            self.batch_id = None;
-            self.client.clear_cache(Some(batch_id)).await
-        } else {
-            self.client
-                .filter_batch(batch_id, self.running.keys().copied().collect())
-                .await
-        };
-        if let Err(e) = result {
-            self.fail_all(e);
+    fn finish(&mut self, id: u64) {
+        self.live.remove(&id);
+        self.scheduler.remove(id);
+    }
+
+    /// Makes the shards' cached batch hold exactly the requests the scheduler has there.
+    async fn sync_batch(&mut self) -> Result<(), ClientError> {
+        let wanted = self.scheduler.on_shard();
+        if wanted == self.shard_ids {
+            return Ok(());
         }
+        let Some(batch_id) = self.batch_id else {
+            self.shard_ids = wanted;
+            return Ok(());
+        };
+        if wanted.is_empty() {
+            self.batch_id = None;
+            self.shard_ids.clear();
+            return self.client.clear_cache(Some(batch_id)).await;
+        }
+        self.client.filter_batch(batch_id, wanted.clone()).await?;
+        self.shard_ids = wanted;
+        Ok(())
     }
 
     async fn step(&mut self) {
-        let admitted = admit(
-            &mut self.waiting,
-            self.running.len(),
-            self.limits,
-            &mut self.blocks,
-        );
-        let method = if admitted.is_empty() {
+        let plan = self.scheduler.schedule();
+        if !plan.preempted.is_empty() {
+            counter!("tessera_preemptions_total").increment(plan.preempted.len() as u64);
+        }
+        counter!("tessera_prefix_cache_queried_tokens_total")
+            .increment(plan.prefix_queried_tokens as u64);
+        counter!(names::PREFIX_CACHE_HIT_TOKENS).increment(plan.prefix_hit_tokens as u64);
+        if let Err(e) = self.sync_batch().await {
+            self.fail_all(e).await;
+            return;
+        }
+        if plan.is_empty() {
+            if self.scheduler.num_running() == 0 {
+                // Nothing runs and the oldest request still does not fit: it never will.
+                self.fail_waiting_head();
+            }
+            return;
+        }
+        histogram!("tessera_batch_prefill_tokens").record(plan.prefill_tokens as f64);
+        histogram!("tessera_batch_decode_tokens").record(plan.decode_tokens as f64);
+        let method = if plan.new.is_empty() {
             "decode"
         } else {
             "prefill"
         };
         let started = Instant::now();
-        let result = if admitted.is_empty() {
-            let Some(batch_id) = self.batch_id else {
-                if let Some(w) = self.waiting.pop_front() {
-                    // Nothing runs and the oldest request still does not fit: it never will.
-                    let _ = w.0.response_tx.send(Err(InferError::GenerationError(
-                        "the request needs more KV cache than the server has".into(),
-                    )));
-                }
-                return;
-            };
-            self.client
-                .decode(pb::DecodeRequest {
-                    batches: vec![pb::CachedBatch {
-                        id: batch_id,
-                        request_ids: self.running.keys().copied().collect(),
-                    }],
-                    block_updates: Vec::new(),
-                })
-                .await
-                .map(|r| (r.generations, r.timings))
-        } else {
-            let request = self.prefill_request(admitted);
-            self.client
-                .prefill(request)
-                .await
-                .map(|r| (r.generations, r.timings))
-        };
+        let result = self.execute(&plan).await;
         counter!(names::BATCH_INFERENCE_COUNT, "method" => method).increment(1);
         match result {
             Ok((generations, timings)) => {
                 self.health.record(true);
+                self.scheduler.complete(&plan);
+                self.shard_ids = self.scheduler.on_shard();
                 histogram!(names::BATCH_INFERENCE_DURATION, "method" => method)
                     .record(started.elapsed().as_secs_f64());
                 if let Some(t) = timings {
@@ -263,104 +265,155 @@ impl Batcher {
                     histogram!(names::BATCH_DECODE_DURATION, "method" => method)
                         .record(Duration::from_nanos(t.decode_ns).as_secs_f64());
                 }
-                let finished = self.deliver(generations);
-                if finished {
-                    self.sync_batch().await;
-                }
+                self.deliver(generations);
             }
             Err(e) => {
                 counter!(names::BATCH_INFERENCE_FAILURE, "method" => method).increment(1);
                 self.health.record(false);
-                self.fail_all(e);
-                // The shards dropped the batch's state with the failed call.
-                let _ = self.client.clear_cache(None).await;
+                self.fail_all(e).await;
             }
         }
     }
 
-    /// Moves admitted entries into the running set and builds the prefill call.
-    fn prefill_request(&mut self, admitted: Vec<(Waiting, Vec<u32>)>) -> pb::PrefillRequest {
-        let batch_id = self.next_batch_id;
-        self.next_batch_id += 1;
-        let mut requests = Vec::with_capacity(admitted.len());
-        for (Waiting(entry), blocks) in admitted {
-            let id = self.next_request_id;
-            self.next_request_id += 1;
-            let r = &entry.request;
-            let p = &r.parameters;
-            requests.push(pb::Request {
-                id,
-                input_ids: r.input_ids.clone(),
-                parameters: Some(pb::NextTokenChooserParameters {
-                    temperature: p.temperature,
-                    top_k: p.top_k,
-                    top_p: p.top_p,
-                    typical_p: p.typical_p,
-                    min_p: p.min_p,
-                    repetition_penalty: p.repetition_penalty,
-                    frequency_penalty: p.frequency_penalty,
-                    presence_penalty: p.presence_penalty,
-                    logit_bias: p
-                        .logit_bias
-                        .iter()
-                        .map(|&(token_id, bias)| pb::LogitBias { token_id, bias })
-                        .collect(),
-                    seed: p.seed.unwrap_or(0),
-                }),
-                top_n_tokens: p.top_n_tokens,
-                prefill_logprobs: r.decoder_input_details,
-                blocks: blocks.clone(),
-                cache_len: 0,
-                chunk_len: 0,
-                generated_len: 0,
-            });
-            histogram!(names::REQUEST_QUEUE_DURATION).record(entry.queued.elapsed().as_secs_f64());
-            let output = OutputStream::new(
-                r,
-                self.tokenizer.clone(),
-                self.special.clone(),
-                entry.queued,
-            );
-            self.running.insert(
-                id,
-                Running {
-                    entry,
-                    blocks,
-                    output,
-                },
-            );
-        }
-        let cached_batch = self.batch_id.map(|id| pb::CachedBatch {
-            id,
-            request_ids: Vec::new(),
-        });
-        self.batch_id = Some(batch_id);
-        pb::PrefillRequest {
-            batch: Some(pb::Batch {
-                id: batch_id,
-                requests,
-            }),
-            cached_batch,
-            block_updates: Vec::new(),
+    fn fail_waiting_head(&mut self) {
+        let head = self
+            .live
+            .keys()
+            .copied()
+            .filter(|&id| self.scheduler.is_waiting(id))
+            .min();
+        if let Some(id) = head {
+            if let Some(l) = self.live.get(&id) {
+                let _ = l.entry.response_tx.send(Err(InferError::GenerationError(
+                    "the request needs more KV cache than the server has".into(),
+                )));
+            }
+            self.finish(id);
         }
     }
 
-    /// Sends each generation to its client. Returns whether any request left the batch.
-    fn deliver(&mut self, generations: Vec<pb::Generation>) -> bool {
-        let mut finished = false;
+    async fn execute(
+        &mut self,
+        plan: &StepPlan,
+    ) -> Result<(Vec<pb::Generation>, Option<pb::Timings>), ClientError> {
+        let chunk_limits: Vec<pb::ChunkLimit> = plan
+            .cached
+            .iter()
+            .map(|&(request_id, n)| pb::ChunkLimit {
+                request_id,
+                max_tokens: n as u32,
+            })
+            .collect();
+        let block_updates: Vec<pb::BlockUpdate> = plan
+            .block_updates
+            .iter()
+            .map(|(request_id, blocks)| pb::BlockUpdate {
+                request_id: *request_id,
+                blocks: blocks.clone(),
+            })
+            .collect();
+        if plan.new.is_empty() {
+            let Some(id) = self.batch_id else {
+                return Err(ClientError::Shard("no cached batch to decode".into()));
+            };
+            let r = self
+                .client
+                .decode(pb::DecodeRequest {
+                    batches: vec![pb::CachedBatch {
+                        id,
+                        request_ids: self.shard_ids.clone(),
+                    }],
+                    block_updates,
+                    chunk_limits,
+                })
+                .await?;
+            return Ok((r.generations, r.timings));
+        }
+        let batch_id = self.next_batch_id;
+        self.next_batch_id += 1;
+        let requests = plan.new.iter().map(|w| self.request(w)).collect();
+        let cached_batch = self
+            .batch_id
+            .filter(|_| !self.shard_ids.is_empty())
+            .map(|id| pb::CachedBatch {
+                id,
+                request_ids: self.shard_ids.clone(),
+            });
+        for w in &plan.new {
+            if let Some(l) = self.live.get_mut(&w.id) {
+                if l.output.first_prefill() {
+                    histogram!(names::REQUEST_QUEUE_DURATION)
+                        .record(l.entry.queued.elapsed().as_secs_f64());
+                }
+                l.wants_prefill_logprobs = false;
+            }
+        }
+        let r = self
+            .client
+            .prefill(pb::PrefillRequest {
+                batch: Some(pb::Batch {
+                    id: batch_id,
+                    requests,
+                }),
+                cached_batch,
+                block_updates,
+                chunk_limits,
+            })
+            .await?;
+        self.batch_id = Some(batch_id);
+        Ok((r.generations, r.timings))
+    }
+
+    fn request(&self, w: &NewWork) -> pb::Request {
+        let live = self.live.get(&w.id);
+        let default = ValidParameters::default();
+        let p = live.map_or(&default, |l| &l.entry.request.parameters);
+        pb::Request {
+            id: w.id,
+            input_ids: w.input_ids.clone(),
+            parameters: Some(pb::NextTokenChooserParameters {
+                temperature: p.temperature,
+                top_k: p.top_k,
+                top_p: p.top_p,
+                typical_p: p.typical_p,
+                min_p: p.min_p,
+                repetition_penalty: p.repetition_penalty,
+                frequency_penalty: p.frequency_penalty,
+                presence_penalty: p.presence_penalty,
+                logit_bias: p
+                    .logit_bias
+                    .iter()
+                    .map(|&(token_id, bias)| pb::LogitBias { token_id, bias })
+                    .collect(),
+                seed: p.seed.unwrap_or(0),
+            }),
+            top_n_tokens: p.top_n_tokens,
+            prefill_logprobs: live.is_some_and(|l| l.wants_prefill_logprobs),
+            blocks: w.blocks.clone(),
+            cache_len: w.cache_len as u32,
+            chunk_len: w.chunk_len as u32,
+            generated_len: w.generated_len as u32,
+        }
+    }
+
+    /// Sends each generation to its client; finished requests leave.
+    fn deliver(&mut self, generations: Vec<pb::Generation>) {
         for g in generations {
-            let Some(running) = self.running.get_mut(&g.request_id) else {
+            let id = g.request_id;
+            let Some(live) = self.live.get_mut(&id) else {
                 continue;
             };
             let mut done = false;
             if let Some(prefill) = &g.prefill_tokens {
-                let event = running
-                    .output
-                    .prefill_event(&prefill.ids, &prefill.logprobs);
-                done |= running.entry.response_tx.send(Ok(event)).is_err();
+                let event = live.output.prefill_event(&prefill.ids, &prefill.logprobs);
+                done |= live.entry.response_tx.send(Ok(event)).is_err();
             }
             let tokens = g.tokens.unwrap_or_default();
-            for (i, (&id, &logprob)) in tokens.ids.iter().zip(&tokens.logprobs).enumerate() {
+            for (i, (&token, &logprob)) in tokens.ids.iter().zip(&tokens.logprobs).enumerate() {
+                if done {
+                    break;
+                }
+                self.scheduler.append(id, token);
                 let top = g
                     .top_tokens
                     .get(i)
@@ -372,44 +425,45 @@ impl Batcher {
                             .collect()
                     })
                     .unwrap_or_default();
-                match running.output.push(SampledToken { id, logprob, top }) {
+                match live.output.push(SampledToken {
+                    id: token,
+                    logprob,
+                    top,
+                }) {
                     Ok((event, end)) => {
-                        if let InferStreamResponse::End { generated_text, .. } = &event {
+                        if let crate::infer::InferStreamResponse::End { generated_text, .. } =
+                            &event
+                        {
                             histogram!(names::REQUEST_GENERATED_TOKENS)
                                 .record(generated_text.generated_tokens as f64);
                         }
-                        done |= running.entry.response_tx.send(Ok(event)).is_err() || end;
+                        done |= live.entry.response_tx.send(Ok(event)).is_err() || end;
                     }
                     Err(e) => {
-                        let _ = running.entry.response_tx.send(Err(e));
+                        let _ = live.entry.response_tx.send(Err(e));
                         done = true;
                     }
                 }
-                if done {
-                    break;
-                }
             }
             if done {
-                if let Some(r) = self.running.remove(&g.request_id) {
-                    self.blocks.free(r.blocks);
-                }
-                finished = true;
+                self.finish(id);
             }
         }
-        finished
     }
 
-    /// A shard call failed: every running request gets the error and leaves.
-    fn fail_all(&mut self, error: ClientError) {
-        tracing::error!(%error, "shard call failed; failing the running batch");
-        for (_, r) in self.running.drain() {
-            let _ = r
+    /// A shard call failed: every request gets the error, and the shards' state is dropped.
+    async fn fail_all(&mut self, error: ClientError) {
+        tracing::error!(%error, "shard call failed; failing every request");
+        for (_, l) in self.live.drain() {
+            let _ = l
                 .entry
                 .response_tx
                 .send(Err(InferError::ShardFailure(error.to_string())));
-            self.blocks.free(r.blocks);
             counter!(names::REQUEST_FAILURE, "err" => "shard_failure").increment(1);
         }
+        self.scheduler.reset();
         self.batch_id = None;
+        self.shard_ids.clear();
+        let _ = self.client.clear_cache(None).await;
     }
 }

@@ -1,113 +1,402 @@
-//! Admission: which waiting requests join the running batch at the next step. Pure logic,
-//! no I/O.
+//! The scheduler: a pure step function over the waiting and running requests and the KV
+//! block pool (vLLM V1's model, no I/O).
+//!
+//! There are no prefill and decode phases. Each step has a token budget
+//! (`max_batch_prefill_tokens`); every running request wants its pending tokens computed
+//! (one after a sampled token, or the rest of its prompt), and waiting requests join while
+//! the budget, the batch size and the pool allow:
+//!
+//! 1. running requests, oldest first, take what they need from the budget (decodes first in
+//!    practice, since they need one token each and were admitted earlier); a long prompt
+//!    takes what is left, so it is spread over several steps (chunked prefill);
+//! 2. a running request that needs a block when none is free preempts the newest running
+//!    request: its blocks are released (its tokens kept) and it goes back to the front of
+//!    the queue, to be recomputed later, usually from its own cached blocks;
+//! 3. waiting requests join first come, first served: their prompt's cached full blocks are
+//!    reused (prefix caching) and only the rest is prefilled.
+//!
+//! Blocks are given to a request as it grows; full blocks are registered in the prefix
+//! cache once their K/V are computed.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
-use super::blocks::BlockAllocator;
+use super::blocks::{BlockHash, BlockPool};
 
 /// Limits of one step.
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerLimits {
-    /// Most prompt tokens prefilled in one step.
+    /// Tokens computed per step (prompt chunks plus one per decoding request).
     pub max_batch_prefill_tokens: usize,
-    /// Most requests in the running batch.
+    /// Most requests running at once.
     pub max_batch_size: usize,
+    /// Reuse cached blocks of shared prompt prefixes.
+    pub prefix_caching: bool,
 }
 
-/// What admission needs to know about a waiting request.
-pub(crate) trait Admissible {
-    /// Prompt tokens to prefill.
-    fn prompt_tokens(&self) -> usize;
-    /// Tokens the request may hold at most (prompt + max_new_tokens).
-    fn max_tokens(&self) -> usize;
+#[derive(Debug)]
+struct Sequence {
+    /// Prompt followed by the generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Tokens whose K/V are in the shards' cache.
+    computed: usize,
+    blocks: Vec<u32>,
+    /// Whether the shards hold this request's state.
+    on_shard: bool,
+    /// Blocks the shards know of.
+    blocks_sent: usize,
+    /// May reuse cached prefixes (not when prompt logprobs are wanted).
+    lookup_prefix: bool,
+    /// Full blocks registered in the prefix cache, and the hash of the last one.
+    registered: usize,
+    last_hash: Option<BlockHash>,
 }
 
-/// Takes requests from the front of `waiting`, first come first served, while the step's
-/// prefill budget, the batch size and the free blocks allow; returns each with its blocks.
-/// Blocks for the whole request (prompt + max_new_tokens) are reserved up front, so a
-/// running request never runs out of KV memory.
-pub(crate) fn admit<T: Admissible>(
-    waiting: &mut VecDeque<T>,
-    running: usize,
+/// A request the shards have not seen (new, or resumed after preemption).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NewWork {
+    pub(crate) id: u64,
+    pub(crate) input_ids: Vec<u32>,
+    pub(crate) blocks: Vec<u32>,
+    pub(crate) cache_len: usize,
+    pub(crate) chunk_len: usize,
+    pub(crate) generated_len: usize,
+}
+
+/// What to run in one step.
+#[derive(Debug, Default)]
+pub(crate) struct StepPlan {
+    pub(crate) new: Vec<NewWork>,
+    /// Every request already on the shards, with the tokens to compute (0: skip).
+    pub(crate) cached: Vec<(u64, usize)>,
+    pub(crate) block_updates: Vec<(u64, Vec<u32>)>,
+    /// Requests the shards hold but that were preempted: filter them out first.
+    pub(crate) preempted: Vec<u64>,
+    pub(crate) prefill_tokens: usize,
+    pub(crate) decode_tokens: usize,
+    pub(crate) prefix_hit_tokens: usize,
+    pub(crate) prefix_queried_tokens: usize,
+}
+
+impl StepPlan {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.new.is_empty() && self.cached.iter().all(|&(_, n)| n == 0)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Scheduler {
     limits: SchedulerLimits,
-    blocks: &mut BlockAllocator,
-) -> Vec<(T, Vec<u32>)> {
-    let mut admitted = Vec::new();
-    let mut prefill_tokens = 0;
-    while let Some(next) = waiting.front() {
-        if running + admitted.len() >= limits.max_batch_size {
-            break;
-        }
-        let prompt = next.prompt_tokens();
-        // The first request of a step may exceed the budget alone; validation keeps it sane.
-        if !admitted.is_empty() && prefill_tokens + prompt > limits.max_batch_prefill_tokens {
-            break;
-        }
-        let Some(allocation) = blocks.allocate(blocks.blocks_for(next.max_tokens())) else {
-            break;
-        };
-        prefill_tokens += prompt;
-        if let Some(entry) = waiting.pop_front() {
-            admitted.push((entry, allocation));
-        }
-    }
-    admitted
+    pool: BlockPool,
+    seqs: HashMap<u64, Sequence>,
+    waiting: VecDeque<u64>,
+    /// Oldest first.
+    running: Vec<u64>,
+    preemptions: u64,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct Req(usize, usize);
-    impl Admissible for Req {
-        fn prompt_tokens(&self) -> usize {
-            self.0
-        }
-        fn max_tokens(&self) -> usize {
-            self.1
+impl Scheduler {
+    pub(crate) fn new(limits: SchedulerLimits, num_blocks: usize, block_size: usize) -> Self {
+        Self {
+            limits,
+            pool: BlockPool::new(num_blocks, block_size),
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            preemptions: 0,
         }
     }
 
-    fn limits(prefill: usize, size: usize) -> SchedulerLimits {
-        SchedulerLimits {
-            max_batch_prefill_tokens: prefill,
-            max_batch_size: size,
-        }
+    pub(crate) fn pool(&self) -> &BlockPool {
+        &self.pool
     }
 
-    #[test]
-    fn fcfs_within_prefill_budget() {
-        let mut blocks = BlockAllocator::new(100, 4);
-        let mut waiting: VecDeque<Req> = [Req(10, 20), Req(10, 20), Req(30, 40), Req(1, 2)].into();
-        let a = admit(&mut waiting, 0, limits(25, 8), &mut blocks);
-        assert_eq!(a.len(), 2);
-        assert_eq!(a[0].1.len(), 5);
-        // The third does not fit the budget, and the fourth may not overtake it.
-        assert_eq!(waiting.len(), 2);
+    pub(crate) fn num_waiting(&self) -> usize {
+        self.waiting.len()
     }
 
-    #[test]
-    fn batch_size_and_blocks_bound_admission() {
-        let mut blocks = BlockAllocator::new(11, 4);
-        let mut waiting: VecDeque<Req> = (0..5).map(|_| Req(4, 16)).collect();
-        let a = admit(&mut waiting, 1, limits(1000, 3), &mut blocks);
-        assert_eq!(a.len(), 2);
-        let b = admit(&mut waiting, 0, limits(1000, 8), &mut blocks);
-        assert_eq!(b.len(), 0, "only 2 blocks are free, a request needs 4");
-        for (_, blk) in a {
-            blocks.free(blk);
-        }
-        assert_eq!(
-            admit(&mut waiting, 0, limits(1000, 8), &mut blocks).len(),
-            2
+    pub(crate) fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Total preemptions so far.
+    #[cfg(test)]
+    pub(crate) fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// Queues a request.
+    pub(crate) fn add(&mut self, id: u64, prompt: Vec<u32>, lookup_prefix: bool) {
+        self.seqs.insert(
+            id,
+            Sequence {
+                prompt_len: prompt.len(),
+                tokens: prompt,
+                computed: 0,
+                blocks: Vec::new(),
+                on_shard: false,
+                blocks_sent: 0,
+                lookup_prefix: lookup_prefix && self.limits.prefix_caching,
+                registered: 0,
+                last_hash: None,
+            },
         );
+        self.waiting.push_back(id);
     }
 
-    #[test]
-    fn an_oversized_first_request_still_runs() {
-        let mut blocks = BlockAllocator::new(100, 4);
-        let mut waiting: VecDeque<Req> = [Req(50, 60), Req(1, 2)].into();
-        let a = admit(&mut waiting, 0, limits(10, 8), &mut blocks);
-        assert_eq!(a.len(), 1);
+    /// Removes a request (finished or cancelled), releasing its blocks. Returns whether the
+    /// shards held it.
+    pub(crate) fn remove(&mut self, id: u64) -> bool {
+        let Some(seq) = self.seqs.remove(&id) else {
+            return false;
+        };
+        for b in seq.blocks {
+            self.pool.release(b);
+        }
+        self.running.retain(|&r| r != id);
+        self.waiting.retain(|&w| w != id);
+        seq.on_shard
+    }
+
+    /// Requests the shards hold, oldest first.
+    pub(crate) fn on_shard(&self) -> Vec<u64> {
+        self.running
+            .iter()
+            .copied()
+            .filter(|id| self.seqs[id].on_shard)
+            .collect()
+    }
+
+    /// Whether the request is waiting (not running).
+    pub(crate) fn is_waiting(&self, id: u64) -> bool {
+        self.waiting.contains(&id)
+    }
+
+    /// The shards lost their state (a failed call): every request is forgotten by the
+    /// caller, and the prefix cache is emptied.
+    pub(crate) fn reset(&mut self) -> Vec<u64> {
+        let ids: Vec<u64> = self.seqs.keys().copied().collect();
+        for id in &ids {
+            self.remove(*id);
+        }
+        self.pool.clear_cache();
+        ids
+    }
+
+    /// Plans the next step.
+    pub(crate) fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.limits.max_batch_prefill_tokens.max(1);
+        let mut scheduled: Vec<(u64, usize)> = Vec::new();
+        let preemptions_before = self.preemptions;
+
+        let mut i = 0;
+        while i < self.running.len() {
+            let id = self.running[i];
+            let seq = &self.seqs[&id];
+            let n = (seq.tokens.len() - seq.computed).min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            let target = seq.computed + n;
+            if !self.grow(id, target, &mut plan) {
+                // `id` preempted itself: it was the newest, the loop is over.
+                break;
+            }
+            scheduled.push((id, n));
+            budget -= n;
+            i += 1;
+        }
+
+        // Nothing new joins in a step that had to preempt: memory is short.
+        let preempted_any = self.preemptions != preemptions_before;
+        while !preempted_any && budget > 0 && self.running.len() < self.limits.max_batch_size {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let Some(n) = self.admit(id, budget, &mut plan) else {
+                break;
+            };
+            self.waiting.pop_front();
+            self.running.push(id);
+            scheduled.push((id, n));
+            budget -= n;
+        }
+
+        let scheduled: HashMap<u64, usize> = scheduled.into_iter().collect();
+        for &id in &self.running {
+            let seq = &self.seqs[&id];
+            let n = scheduled.get(&id).copied().unwrap_or(0);
+            if n > 0 {
+                if seq.tokens.len() - seq.computed == 1 && seq.computed >= seq.prompt_len {
+                    plan.decode_tokens += 1;
+                } else {
+                    plan.prefill_tokens += n;
+                }
+            }
+            if seq.on_shard {
+                plan.cached.push((id, n));
+                if seq.blocks.len() != seq.blocks_sent {
+                    plan.block_updates.push((id, seq.blocks.clone()));
+                }
+            } else if n > 0 {
+                plan.new.push(NewWork {
+                    id,
+                    input_ids: seq.tokens.clone(),
+                    blocks: seq.blocks.clone(),
+                    cache_len: seq.computed,
+                    chunk_len: n,
+                    generated_len: seq.tokens.len() - seq.prompt_len,
+                });
+            }
+        }
+        plan
+    }
+
+    /// Gives `id` blocks up to `target` tokens, preempting the newest running requests when
+    /// the pool is short. Returns false when `id` itself had to be preempted.
+    fn grow(&mut self, id: u64, target: usize, plan: &mut StepPlan) -> bool {
+        let needed = self.pool.blocks_for(target);
+        while self.seqs[&id].blocks.len() < needed {
+            match self.pool.allocate() {
+                Some(b) => {
+                    if let Some(seq) = self.seqs.get_mut(&id) {
+                        seq.blocks.push(b);
+                    }
+                }
+                None => {
+                    let Some(&victim) = self.running.last() else {
+                        return false;
+                    };
+                    self.preempt(victim, plan);
+                    if victim == id {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn preempt(&mut self, id: u64, plan: &mut StepPlan) {
+        self.running.retain(|&r| r != id);
+        self.waiting.push_front(id);
+        self.preemptions += 1;
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            for b in seq.blocks.drain(..) {
+                self.pool.release(b);
+            }
+            if seq.on_shard {
+                plan.preempted.push(id);
+            }
+            seq.on_shard = false;
+            seq.computed = 0;
+            seq.blocks_sent = 0;
+            seq.registered = 0;
+            seq.last_hash = None;
+        }
+    }
+
+    /// Takes a waiting request in if its first chunk fits; returns the chunk length.
+    fn admit(&mut self, id: u64, budget: usize, plan: &mut StepPlan) -> Option<usize> {
+        let bs = self.pool.block_size();
+        let seq = self.seqs.get_mut(&id)?;
+        let hits = if seq.lookup_prefix {
+            // The last token is always computed, so that the request gets logits.
+            let max_blocks = (seq.tokens.len() - 1) / bs;
+            plan.prefix_queried_tokens += seq.tokens.len();
+            self.pool.lookup(&seq.tokens, max_blocks)
+        } else {
+            Vec::new()
+        };
+        let mut parent = None;
+        for chunk in seq.tokens.chunks_exact(bs).take(hits.len()) {
+            parent = Some(BlockHash::chain(parent, chunk));
+        }
+        seq.computed = hits.len() * bs;
+        seq.registered = hits.len();
+        seq.last_hash = parent;
+        seq.blocks = hits;
+        let n = (seq.tokens.len() - seq.computed).min(budget);
+        let needed = self.pool.blocks_for(seq.computed + n);
+        while seq.blocks.len() < needed {
+            match self.pool.allocate() {
+                Some(b) => seq.blocks.push(b),
+                None => {
+                    for b in seq.blocks.drain(..) {
+                        self.pool.release(b);
+                    }
+                    seq.computed = 0;
+                    seq.registered = 0;
+                    seq.last_hash = None;
+                    return None;
+                }
+            }
+        }
+        plan.prefix_hit_tokens += seq.computed;
+        Some(n)
+    }
+
+    /// Records that the plan ran: computed tokens advance, the shards hold the requests,
+    /// and newly full blocks enter the prefix cache.
+    pub(crate) fn complete(&mut self, plan: &StepPlan) {
+        let done = plan
+            .new
+            .iter()
+            .map(|w| (w.id, w.chunk_len))
+            .chain(plan.cached.iter().copied());
+        let bs = self.pool.block_size();
+        for (id, n) in done {
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                continue;
+            };
+            seq.computed += n;
+            seq.on_shard = true;
+            seq.blocks_sent = seq.blocks.len();
+            if self.limits.prefix_caching {
+                let full = seq.computed / bs;
+                while seq.registered < full {
+                    let r = seq.registered;
+                    let block = seq.blocks[r];
+                    let tokens = &seq.tokens[r * bs..(r + 1) * bs];
+                    seq.last_hash = Some(self.pool.register(block, seq.last_hash, tokens));
+                    seq.registered += 1;
+                }
+            }
+        }
+    }
+
+    /// Appends a token the shards sampled for `id`.
+    pub(crate) fn append(&mut self, id: u64, token: u32) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.tokens.push(token);
+        }
+    }
+
+    /// Checks the pool's bookkeeping against the requests (tests).
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        let mut refs: HashMap<u32, u32> = HashMap::new();
+        for seq in self.seqs.values() {
+            let mut seen = std::collections::HashSet::new();
+            for &b in &seq.blocks {
+                assert!(b != 0, "block 0 handed out");
+                assert!(seen.insert(b), "block {b} twice in one request");
+                *refs.entry(b).or_default() += 1;
+            }
+            assert!(seq.blocks.len() * self.pool.block_size() >= seq.computed);
+        }
+        for (&b, &n) in &refs {
+            assert_eq!(self.pool.ref_count(b), n, "block {b}: ref count vs owners");
+        }
+        assert_eq!(self.pool.in_use(), refs.len(), "blocks in use vs owned");
+        for id in &self.waiting {
+            assert!(
+                self.seqs[id].blocks.is_empty(),
+                "waiting request {id} holds blocks"
+            );
+        }
+        assert!(self.running.len() <= self.limits.max_batch_size);
     }
 }

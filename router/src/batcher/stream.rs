@@ -59,7 +59,7 @@ pub(crate) struct OutputStream {
     ignore_eos: bool,
     seed: Option<u64>,
     queued: Instant,
-    pub(crate) start: Instant,
+    start: Option<Instant>,
 }
 
 impl OutputStream {
@@ -84,8 +84,15 @@ impl OutputStream {
             ignore_eos: request.stopping.ignore_eos,
             seed: request.parameters.seed,
             queued,
-            start: Instant::now(),
+            start: None,
         }
+    }
+
+    /// Marks the start of the request's first prefill; true the first time only.
+    pub(crate) fn first_prefill(&mut self) -> bool {
+        let first = self.start.is_none();
+        self.start.get_or_insert_with(Instant::now);
+        first
     }
 
     fn token_text(&self, id: u32) -> String {
@@ -183,7 +190,7 @@ impl OutputStream {
                         seed: self.seed,
                     },
                     queued: self.queued,
-                    start: self.start,
+                    start: self.start.unwrap_or(self.queued),
                 },
                 true,
             ),
