@@ -53,8 +53,8 @@ pub use crate::validation::{
 /// Wire types of the native (TGI-compatible) API.
 pub mod native_api {
     pub use crate::native::{
-        Details, GenerateParameters, GenerateRequest, GenerateResponse, Info, SimpleToken,
-        StreamDetails, StreamResponse,
+        CompatGenerateRequest, Details, GenerateParameters, GenerateRequest, GenerateResponse,
+        Info, SimpleToken, StreamDetails, StreamResponse,
     };
 }
 

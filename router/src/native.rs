@@ -13,7 +13,9 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, NativeJson};
-use crate::infer::{FinishReason, InferResponse, InferStreamResponse, PrefillToken, Token};
+use crate::infer::{
+    FinishReason, InferError, InferResponse, InferStreamResponse, PrefillToken, Token,
+};
 use crate::server::AppState;
 use crate::sse::{json_event, sse};
 use crate::validation::{GenerateInput, Prompt, RequestParameters, ValidationError};
@@ -195,6 +197,43 @@ fn timing_headers(out: &InferResponse, prompt_tokens: usize, received: Instant) 
     h.insert("x-inference-time", ms(inference));
     h.insert("x-time-per-token", ms(inference / tokens));
     h
+}
+
+/// The body of TGI's `POST /`: a generate request and whether to stream it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompatGenerateRequest {
+    /// The prompt.
+    pub inputs: String,
+    /// Generation parameters.
+    #[serde(default)]
+    pub parameters: GenerateParameters,
+    /// Stream server-sent events instead of one JSON answer.
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// `POST /`, as TGI (and its `text-generation` client) use it: `/generate_stream` when
+/// `stream` is true, otherwise `/generate` with the answer wrapped in a one-element list.
+pub(crate) async fn compat_generate(
+    State(state): State<AppState>,
+    NativeJson(req): NativeJson<CompatGenerateRequest>,
+) -> Result<Response, ApiError> {
+    let inner = GenerateRequest {
+        inputs: req.inputs,
+        parameters: req.parameters,
+    };
+    if req.stream {
+        return generate_stream(State(state), NativeJson(inner)).await;
+    }
+    let response = generate(State(state), NativeJson(inner)).await?;
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .map_err(|e| ApiError::from(InferError::GenerationError(e.to_string())))?;
+    let mut list = b"[".to_vec();
+    list.extend_from_slice(&bytes);
+    list.push(b']');
+    Ok(Response::from_parts(parts, axum::body::Body::from(list)))
 }
 
 /// `POST /generate`.

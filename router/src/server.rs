@@ -201,6 +201,7 @@ impl AppStateBuilder {
 /// The router with every route; separate from [`serve`] so tests can call it directly.
 pub fn app(state: AppState) -> Router {
     let native_protected = Router::new()
+        .route("/", post(native::compat_generate))
         .route("/generate", post(native::generate))
         .route("/generate_stream", post(native::generate_stream))
         .route("/tokenize", post(native::tokenize))
