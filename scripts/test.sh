@@ -10,4 +10,6 @@ export TESSERA_REQUIRE_SMOLLM2=1
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The end-to-end tests start the real binaries, which `cargo test` alone does not build.
+cargo build --workspace --bins --locked
 cargo test --workspace --locked

@@ -149,6 +149,10 @@ pub struct Token {
     pub logprob: f32,
     /// Whether it is a special token.
     pub special: bool,
+    /// The token's own text, decoded alone (what logprobs report; `text` is the part of the
+    /// output it completes, which differs for characters split across tokens).
+    #[serde(skip)]
+    pub piece: String,
 }
 
 /// A prompt token with its logprob.
@@ -309,16 +313,20 @@ impl Infer {
             request,
             response_tx,
             queued: Instant::now(),
-            span: tracing::Span::current(),
+            span: crate::telemetry::infer_span(input_length, max_new_tokens),
         };
-        self.queue.send(entry).await.map_err(|_| {
-            m::record_failure(InferError::Unavailable.error_type());
-            InferError::Unavailable
-        })?;
+        let queued = entry.queued;
+        // Refused here, the request is counted by the HTTP layer (`metrics::track_requests`).
+        self.queue
+            .send(entry)
+            .await
+            .map_err(|_| InferError::Unavailable)?;
         m::record_request(input_length, max_new_tokens);
         Ok(InferStream {
             rx: response_rx,
             done: false,
+            queued,
+            last_token: None,
         })
     }
 
@@ -375,6 +383,10 @@ pub(crate) async fn collect(mut stream: InferStream) -> Result<InferResponse, In
 pub struct InferStream {
     rx: mpsc::UnboundedReceiver<Result<InferStreamResponse, InferError>>,
     done: bool,
+    /// When the request was queued (time to first token).
+    queued: Instant,
+    /// When the last token arrived (inter-token latency).
+    last_token: Option<Instant>,
 }
 
 impl Stream for InferStream {
@@ -389,6 +401,11 @@ impl Stream for InferStream {
             Poll::Ready(None) => Err(InferError::IncompleteGeneration),
             Poll::Ready(Some(item)) => item,
         };
+        if let Ok(InferStreamResponse::Intermediate { .. } | InferStreamResponse::End { .. }) =
+            &item
+        {
+            self.last_token = Some(m::record_token(self.queued, self.last_token));
+        }
         match &item {
             Ok(InferStreamResponse::End {
                 generated_text,
@@ -440,6 +457,7 @@ mod tests {
             text: text.into(),
             logprob: -0.5,
             special: false,
+            piece: text.into(),
         }
     }
 

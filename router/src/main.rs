@@ -11,6 +11,7 @@ use tessera_formats::ModelFiles;
 use tessera_proto::v1 as pb;
 use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::ShardedClient;
+use tessera_router::telemetry::TelemetryConfig;
 use tessera_router::{AppState, Infer, ModelInfo, ValidationConfig, install_recorder, serve};
 
 /// The router of a Tessera server.
@@ -83,17 +84,6 @@ struct Args {
     otlp_service_name: String,
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 /// The shards' sockets exist before the router starts, but a shard may still be binding.
 async fn connect(path: &str) -> anyhow::Result<ShardedClient> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -147,7 +137,11 @@ fn limits(args: &Args, context: usize) -> anyhow::Result<Limits> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_logging(args.json_output);
+    let _telemetry = tessera_router::telemetry::init(&TelemetryConfig {
+        json: args.json_output,
+        otlp_endpoint: args.otlp_endpoint.clone(),
+        service_name: args.otlp_service_name.clone(),
+    })?;
     let api_key = std::env::var("TESSERA_API_KEY")
         .ok()
         .filter(|k| !k.is_empty());
@@ -211,6 +205,7 @@ async fn main() -> anyhow::Result<()> {
             max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
             max_batch_size,
             prefix_caching: args.prefix_caching,
+            speculate: info.speculate as usize,
         },
         queue_capacity: args.max_concurrent_requests,
     });

@@ -18,6 +18,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tessera_formats::ChatMessage;
 use tokio::sync::OwnedSemaphorePermit;
+use tracing::Instrument;
 
 use crate::error::{ApiError, OpenAiError, OpenAiJson};
 use crate::infer::{
@@ -262,15 +263,15 @@ pub struct ChatLogprobs {
 
 fn chat_logprob(token: &Token, top: &[Token]) -> ChatLogprob {
     ChatLogprob {
-        token: token.text.clone(),
+        token: token.piece.clone(),
         logprob: token.logprob,
-        bytes: token.text.as_bytes().to_vec(),
+        bytes: token.piece.as_bytes().to_vec(),
         top_logprobs: top
             .iter()
             .map(|t| TopLogprob {
-                token: t.text.clone(),
+                token: t.piece.clone(),
                 logprob: t.logprob,
-                bytes: t.text.as_bytes().to_vec(),
+                bytes: t.piece.as_bytes().to_vec(),
             })
             .collect(),
     }
@@ -604,7 +605,11 @@ pub(crate) async fn chat_completions(
         parameters,
         truncate: None,
     };
-    let valid = state.validation().validate(input).await?;
+    let valid = state
+        .validation()
+        .validate(input)
+        .instrument(tracing::info_span!("validation"))
+        .await?;
     crate::metrics::record_validation(received);
     let prompt_tokens = valid.input_ids.len() as u32;
     let requests = samples(valid, n, req.sampling.seed);
@@ -781,7 +786,11 @@ async fn plan_completions(
             parameters: parameters.clone(),
             truncate: None,
         };
-        let valid = state.validation().validate(input).await?;
+        let valid = state
+            .validation()
+            .validate(input)
+            .instrument(tracing::info_span!("validation"))
+            .await?;
         plan.prompt_tokens += valid.input_ids.len() as u32;
         plan.prompts.push(if echo {
             valid.inputs.clone()

@@ -120,6 +120,7 @@ fn token(id: u32, text: &str) -> Token {
         text: text.into(),
         logprob: -0.25,
         special: false,
+        piece: text.into(),
     }
 }
 

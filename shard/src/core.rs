@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crate::model::{LogitsWanted, Model, SequenceChunk};
 use crate::sampling::{SampledToken, Sampler, SamplingParams};
+use crate::speculative::{SpeculationConfig, Speculator, propose_ngram, verify};
 use crate::{EngineError, KvCache};
 
 /// A request as the router sends it with a prefill.
@@ -37,8 +38,11 @@ pub struct StepOutput {
     pub request_id: u64,
     /// `(token, logprob)` of every prompt token (the first one's logprob is NaN).
     pub prefill: Option<Vec<(u32, f32)>>,
-    /// The new tokens (empty while a chunked prefill is unfinished).
+    /// The new tokens (empty while a chunked prefill is unfinished; with speculation, the
+    /// accepted proposals followed by the model's own token).
     pub tokens: Vec<SampledToken>,
+    /// Proposals the speculator made for this step.
+    pub proposed: usize,
 }
 
 /// Time spent in one call.
@@ -71,6 +75,7 @@ pub struct Engine {
     cache: KvCache,
     sequences: HashMap<u64, Sequence>,
     batches: HashMap<u64, Vec<u64>>,
+    speculation: Option<SpeculationConfig>,
 }
 
 impl Engine {
@@ -82,7 +87,19 @@ impl Engine {
             cache,
             sequences: HashMap::new(),
             batches: HashMap::new(),
+            speculation: None,
         }
+    }
+
+    /// Turns speculative decoding on for every decoding sequence.
+    pub fn with_speculation(mut self, config: SpeculationConfig) -> Self {
+        self.speculation = (config.depth > 0).then_some(config);
+        self
+    }
+
+    /// Tokens proposed per step (0 without speculation).
+    pub fn speculation_depth(&self) -> usize {
+        self.speculation.map_or(0, |s| s.depth)
     }
 
     /// The model.
@@ -311,14 +328,17 @@ impl Engine {
         Ok(())
     }
 
-    /// One forward pass over the pending tokens of `ids`, then sampling.
+    /// One forward pass over the pending tokens of `ids`, then sampling. Decoding sequences
+    /// also carry the speculator's proposals, verified against the same pass's logits.
     fn step(
         &mut self,
         ids: &[u64],
         limits: &HashMap<u64, usize>,
     ) -> Result<(Vec<StepOutput>, StepTimings), EngineError> {
         let start = Instant::now();
-        let mut plan = Vec::with_capacity(ids.len());
+        let bs = self.cache.block_size();
+        // (id, first position, input tokens, how many of them are proposals)
+        let mut plan: Vec<(u64, usize, Vec<u32>, usize)> = Vec::with_capacity(ids.len());
         for id in ids {
             let seq = self
                 .sequences
@@ -326,20 +346,35 @@ impl Engine {
                 .ok_or_else(|| EngineError::InvalidBatch(format!("request {id} is not cached")))?;
             let pending = seq.tokens.len() - seq.computed;
             let len = limits.get(id).map_or(pending, |&l| l.min(pending));
-            if len > 0 {
-                plan.push((*id, seq.computed, len));
+            if len == 0 {
+                continue;
             }
+            let mut input = seq.tokens[seq.computed..seq.computed + len].to_vec();
+            let mut proposed = 0;
+            if let Some(spec) = self.speculation
+                && pending == 1
+                && seq.computed >= seq.prompt_len
+            {
+                // Proposals only where the router gave blocks for them.
+                let room = (seq.blocks.len() * bs).saturating_sub(seq.tokens.len());
+                let proposals = match spec.speculator {
+                    Speculator::Ngram => propose_ngram(&seq.tokens, spec.depth.min(room)),
+                };
+                proposed = proposals.len();
+                input.extend(proposals);
+            }
+            plan.push((*id, seq.computed, input, proposed));
         }
         let chunks: Vec<SequenceChunk<'_>> = plan
             .iter()
-            .map(|&(id, start, len)| {
-                let seq = &self.sequences[&id];
-                let completes = start + len == seq.tokens.len();
+            .map(|(id, start, input, proposed)| {
+                let seq = &self.sequences[id];
+                let completes = start + input.len() - proposed == seq.tokens.len();
                 SequenceChunk {
-                    tokens: &seq.tokens[start..start + len],
-                    start_position: start,
+                    tokens: input,
+                    start_position: *start,
                     block_table: &seq.blocks,
-                    logits: match (completes, seq.prefill.is_some()) {
+                    logits: match (completes, seq.prefill.is_some() || *proposed > 0) {
                         (_, true) => LogitsWanted::All,
                         (true, false) => LogitsWanted::Last,
                         (false, false) => LogitsWanted::None,
@@ -351,15 +386,17 @@ impl Engine {
         let wanted: Vec<LogitsWanted> = chunks.iter().map(|c| c.logits).collect();
         let forward_done = Instant::now();
         let mut outputs = Vec::with_capacity(plan.len());
-        for (ci, &(id, start, len)) in plan.iter().enumerate() {
+        for (ci, (id, start, input, proposed)) in plan.into_iter().enumerate() {
             let Some(seq) = self.sequences.get_mut(&id) else {
                 continue;
             };
+            let len = input.len() - proposed;
             seq.computed = start + len;
             let mut output = StepOutput {
                 request_id: id,
                 prefill: None,
                 tokens: Vec::new(),
+                proposed,
             };
             if wanted[ci] == LogitsWanted::All
                 && let Some(prefill) = seq.prefill.as_mut()
@@ -379,7 +416,14 @@ impl Engine {
                     output.prefill = seq.prefill.take();
                 }
             }
-            if seq.computed == seq.tokens.len()
+            if proposed > 0 {
+                let rows: Vec<&[f32]> = (0..=proposed).map(|i| out.row(ci, i)).collect();
+                let verdict = verify(&mut seq.sampler, &rows, &input[1..]);
+                // K/V of accepted proposals are valid; those after them are overwritten later.
+                seq.computed += verdict.accepted;
+                seq.tokens.extend(verdict.tokens.iter().map(|t| t.id));
+                output.tokens = verdict.tokens;
+            } else if seq.computed == seq.tokens.len()
                 && let Some(logits) = out.last(ci)
             {
                 let token = seq.sampler.sample(logits);

@@ -18,6 +18,8 @@ mod kv_cache;
 mod model;
 pub mod sampling;
 pub mod service;
+pub mod speculative;
+pub mod telemetry;
 
 pub use core::{Engine, NewSequence, StepOutput, StepTimings};
 pub use error::EngineError;

@@ -7,6 +7,8 @@ use clap::Parser;
 use tessera_formats::ModelFiles;
 use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
 use tessera_shard::service::{ShardInfo, ShardService};
+use tessera_shard::speculative::{SpeculationConfig, Speculator};
+use tessera_shard::telemetry::{self, TelemetryConfig};
 use tessera_shard::{Engine, Model};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -45,15 +47,24 @@ struct Args {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// Tokens proposed per speculative step.
+    /// Tokens proposed per speculative step (0: no speculation).
     #[arg(long, default_value_t = 0)]
     speculate: u32,
+    /// How tokens are proposed: `ngram` (prompt lookup).
+    #[arg(long, default_value = "ngram")]
+    speculator: String,
+    /// A draft model sharing the tokenizer (for `--speculator draft`).
+    #[arg(long)]
+    draft_model_id: Option<PathBuf>,
     /// Log as JSON lines.
     #[arg(long)]
     json_output: bool,
-    /// OpenTelemetry collector endpoint.
-    #[arg(long)]
+    /// OpenTelemetry collector endpoint (OTLP over gRPC), e.g. `http://otel-collector:4317`.
+    #[arg(long, env = "OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+    /// Service name of this shard's spans.
+    #[arg(long, default_value = "tessera-shard")]
+    otlp_service_name: String,
 }
 
 /// Parses a byte count such as `1073741824`, `512M` or `2G`.
@@ -84,33 +95,31 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok((n * mult as f64) as u64)
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_logging(args.json_output);
+    let _telemetry = telemetry::init(&TelemetryConfig {
+        json: args.json_output,
+        otlp_endpoint: args.otlp_endpoint.clone(),
+        service_name: args.otlp_service_name.clone(),
+        rank: args.rank,
+    })?;
     if args.world_size != 1 {
         bail!(
             "--world-size {}: tensor parallelism across shards is not available yet; use one shard",
             args.world_size
         );
     }
-    if args.speculate != 0 {
+    let speculator = match Speculator::from_name(&args.speculator) {
+        Some(s) => s,
+        None if args.speculator == "draft" => bail!(
+            "--speculator draft: draft-model speculation is not available yet; use --speculator ngram"
+        ),
+        None => bail!("--speculator {:?}: unknown; use ngram", args.speculator),
+    };
+    if args.draft_model_id.is_some() {
         bail!(
-            "--speculate {}: speculative decoding is not available yet",
-            args.speculate
+            "--draft-model-id: draft-model speculation is not available yet; use --speculator ngram"
         );
     }
     if args.dtype != "float32" {
@@ -127,7 +136,10 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(model = %args.model_id.display(), config = ?files.config, "loading weights");
     let model = Model::load(&files)?;
     // A minimal cache until Warmup sizes it from the memory budget.
-    let engine = Engine::new(model, 2, args.block_size);
+    let engine = Engine::new(model, 2, args.block_size).with_speculation(SpeculationConfig {
+        depth: args.speculate as usize,
+        speculator,
+    });
     let info = ShardInfo {
         dtype: args.dtype.clone(),
         rank: args.rank,
@@ -155,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("shutting down");
     };
     tonic::transport::Server::builder()
+        .trace_fn(telemetry::grpc_span)
         .add_service(
             TextGenerationServiceServer::new(service)
                 .max_decoding_message_size(256 << 20)

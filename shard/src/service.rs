@@ -115,6 +115,7 @@ fn generation(o: StepOutput) -> pb::Generation {
         prefill_tokens: o.prefill.map(tokens),
         tokens: Some(tokens(o.tokens.iter().map(|t| (t.id, t.logprob)))),
         top_tokens,
+        proposed: o.proposed as u32,
     }
 }
 
@@ -158,7 +159,7 @@ impl TextGenerationService for ShardService {
             device_type: "cpu".into(),
             block_size: engine.block_size() as u32,
             window_size: c.sliding_window.map(|w| w as u32),
-            speculate: 0,
+            speculate: engine.speculation_depth() as u32,
             supports_chunking: true,
             vocab_size: c.vocab_size as u32,
             max_position_embeddings: c.max_position_embeddings as u32,

@@ -21,6 +21,7 @@ use metrics::{counter, gauge, histogram};
 use tessera_formats::ModelTokenizer;
 use tessera_proto::v1 as pb;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::client::{ClientError, ShardedClient};
 use crate::infer::{Entry, InferError, ValidParameters};
@@ -176,12 +177,10 @@ impl Batcher {
 
     fn report_gauges(&self) {
         let pool = self.scheduler.pool();
-        gauge!(names::QUEUE_SIZE).set(self.scheduler.num_waiting() as f64);
-        gauge!(names::BATCH_CURRENT_SIZE).set(self.scheduler.num_running() as f64);
-        gauge!(names::KV_BLOCKS_FREE).set(pool.available() as f64);
-        gauge!("tessera_kv_blocks_used").set(pool.in_use() as f64);
-        gauge!("tessera_kv_blocks_total").set(pool.total() as f64);
-        gauge!(names::BATCH_CURRENT_MAX_TOKENS).set((pool.in_use() * pool.block_size()) as f64);
+        gauge!(names::QUEUE_REQUESTS).set(self.scheduler.num_waiting() as f64);
+        gauge!(names::RUNNING_REQUESTS).set(self.scheduler.num_running() as f64);
+        crate::metrics::record_kv_blocks(pool.available(), pool.in_use(), pool.total());
+        gauge!(names::BATCH_KV_TOKENS).set((pool.in_use() * pool.block_size()) as f64);
     }
 
     /// Requests whose client went away leave before the next step.
@@ -194,7 +193,7 @@ impl Batcher {
             .collect();
         for id in gone {
             self.finish(id);
-            counter!(names::REQUEST_FAILURE, "err" => "cancelled").increment(1);
+            crate::metrics::record_failure("cancelled");
         }
     }
 
@@ -226,11 +225,9 @@ impl Batcher {
     async fn step(&mut self) {
         let plan = self.scheduler.schedule();
         if !plan.preempted.is_empty() {
-            counter!("tessera_preemptions_total").increment(plan.preempted.len() as u64);
+            counter!(names::PREEMPTIONS).increment(plan.preempted.len() as u64);
         }
-        counter!("tessera_prefix_cache_queried_tokens_total")
-            .increment(plan.prefix_queried_tokens as u64);
-        counter!(names::PREFIX_CACHE_HIT_TOKENS).increment(plan.prefix_hit_tokens as u64);
+        crate::metrics::record_prefix_cache(plan.prefix_queried_tokens, plan.prefix_hit_tokens);
         if let Err(e) = self.sync_batch().await {
             self.fail_all(e).await;
             return;
@@ -242,16 +239,26 @@ impl Batcher {
             }
             return;
         }
-        histogram!("tessera_batch_prefill_tokens").record(plan.prefill_tokens as f64);
-        histogram!("tessera_batch_decode_tokens").record(plan.decode_tokens as f64);
+        crate::metrics::record_step(
+            plan.new.len() + plan.cached.iter().filter(|c| c.1 > 0).count(),
+            plan.prefill_tokens,
+            plan.decode_tokens,
+        );
         let method = if plan.new.is_empty() {
             "decode"
         } else {
             "prefill"
         };
         let started = Instant::now();
-        let result = self.execute(&plan).await;
-        counter!(names::BATCH_INFERENCE_COUNT, "method" => method).increment(1);
+        let span = crate::telemetry::step_span(
+            method,
+            (plan.new.iter().map(|w| w.id))
+                .chain(plan.cached.iter().filter(|c| c.1 > 0).map(|c| c.0))
+                .filter_map(|id| self.live.get(&id))
+                .map(|l| &l.entry.span),
+        );
+        let result = self.execute(&plan).instrument(span).await;
+        counter!(names::BATCH_INFERENCE, "method" => method).increment(1);
         match result {
             Ok((generations, timings)) => {
                 self.health.record(true);
@@ -262,7 +269,7 @@ impl Batcher {
                 if let Some(t) = timings {
                     histogram!(names::BATCH_FORWARD_DURATION, "method" => method)
                         .record(Duration::from_nanos(t.forward_ns).as_secs_f64());
-                    histogram!(names::BATCH_DECODE_DURATION, "method" => method)
+                    histogram!(names::BATCH_SAMPLING_DURATION, "method" => method)
                         .record(Duration::from_nanos(t.decode_ns).as_secs_f64());
                 }
                 self.deliver(generations);
@@ -342,8 +349,7 @@ impl Batcher {
         for w in &plan.new {
             if let Some(l) = self.live.get_mut(&w.id) {
                 if l.output.first_prefill() {
-                    histogram!(names::REQUEST_QUEUE_DURATION)
-                        .record(l.entry.queued.elapsed().as_secs_f64());
+                    crate::metrics::record_dequeued(&l.entry);
                 }
                 l.wants_prefill_logprobs = false;
             }
@@ -409,6 +415,11 @@ impl Batcher {
                 done |= live.entry.response_tx.send(Ok(event)).is_err();
             }
             let tokens = g.tokens.unwrap_or_default();
+            if g.proposed > 0 {
+                counter!("tessera_speculative_proposed_tokens_total").increment(g.proposed as u64);
+                let accepted = tokens.ids.len().saturating_sub(1) as u64;
+                counter!("tessera_speculative_accepted_tokens_total").increment(accepted);
+            }
             for (i, (&token, &logprob)) in tokens.ids.iter().zip(&tokens.logprobs).enumerate() {
                 if done {
                     break;
@@ -431,13 +442,11 @@ impl Batcher {
                     top,
                 }) {
                     Ok((event, end)) => {
-                        if let crate::infer::InferStreamResponse::End { generated_text, .. } =
-                            &event
-                        {
-                            histogram!(names::REQUEST_GENERATED_TOKENS)
-                                .record(generated_text.generated_tokens as f64);
+                        if live.entry.response_tx.send(Ok(event)).is_err() {
+                            counter!(names::REQUEST_FAILURE, "err" => "cancelled").increment(1);
+                            done = true;
                         }
-                        done |= live.entry.response_tx.send(Ok(event)).is_err() || end;
+                        done |= end;
                     }
                     Err(e) => {
                         let _ = live.entry.response_tx.send(Err(e));
@@ -455,11 +464,14 @@ impl Batcher {
     async fn fail_all(&mut self, error: ClientError) {
         tracing::error!(%error, "shard call failed; failing every request");
         for (_, l) in self.live.drain() {
-            let _ = l
+            let sent = l
                 .entry
                 .response_tx
                 .send(Err(InferError::ShardFailure(error.to_string())));
-            counter!(names::REQUEST_FAILURE, "err" => "shard_failure").increment(1);
+            if sent.is_err() {
+                // Otherwise the request's stream counts the failure.
+                crate::metrics::record_failure("cancelled");
+            }
         }
         self.scheduler.reset();
         self.batch_id = None;

@@ -31,6 +31,13 @@ pub struct SchedulerLimits {
     pub max_batch_size: usize,
     /// Reuse cached blocks of shared prompt prefixes.
     pub prefix_caching: bool,
+    /// Tokens the shards may propose per decoding request (speculative decoding); blocks for
+    /// them are given when free, never by preempting.
+    pub speculate: usize,
+}
+
+fn seq_is_decoding(seq: &Sequence) -> bool {
+    seq.computed >= seq.prompt_len && seq.tokens.len() - seq.computed == 1
 }
 
 #[derive(Debug)]
@@ -204,6 +211,9 @@ impl Scheduler {
                 // `id` preempted itself: it was the newest, the loop is over.
                 break;
             }
+            if self.limits.speculate > 0 && n == 1 && seq_is_decoding(&self.seqs[&id]) {
+                self.grow_if_free(id, target + self.limits.speculate);
+            }
             scheduled.push((id, n));
             budget -= n;
             i += 1;
@@ -229,7 +239,7 @@ impl Scheduler {
             let seq = &self.seqs[&id];
             let n = scheduled.get(&id).copied().unwrap_or(0);
             if n > 0 {
-                if seq.tokens.len() - seq.computed == 1 && seq.computed >= seq.prompt_len {
+                if seq_is_decoding(seq) {
                     plan.decode_tokens += 1;
                 } else {
                     plan.prefill_tokens += n;
@@ -277,6 +287,20 @@ impl Scheduler {
             }
         }
         true
+    }
+
+    /// Gives `id` blocks up to `target` tokens as long as the pool has free ones.
+    fn grow_if_free(&mut self, id: u64, target: usize) {
+        let needed = self.pool.blocks_for(target);
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        while seq.blocks.len() < needed {
+            match self.pool.allocate() {
+                Some(b) => seq.blocks.push(b),
+                None => break,
+            }
+        }
     }
 
     fn preempt(&mut self, id: u64, plan: &mut StepPlan) {
@@ -367,10 +391,13 @@ impl Scheduler {
         }
     }
 
-    /// Appends a token the shards sampled for `id`.
+    /// Appends a token the shards sampled for `id`. Every token before the newest one has
+    /// its K/V computed (with speculation, the accepted proposals were computed in the pass
+    /// that verified them).
     pub(crate) fn append(&mut self, id: u64, token: u32) {
         if let Some(seq) = self.seqs.get_mut(&id) {
             seq.tokens.push(token);
+            seq.computed = seq.computed.max(seq.tokens.len() - 1);
         }
     }
 

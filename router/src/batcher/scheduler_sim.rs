@@ -113,6 +113,7 @@ fn simulate(seed: u64, prefix_caching: bool) -> (u64, usize) {
         max_batch_prefill_tokens: 16,
         max_batch_size: 8,
         prefix_caching,
+        speculate: 0,
     };
     let mut sched = Scheduler::new(limits, num_blocks, bs);
     let mut exec = Executor::default();

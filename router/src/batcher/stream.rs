@@ -161,15 +161,20 @@ impl OutputStream {
         let top_tokens = token
             .top
             .iter()
-            .map(|&(id, logprob)| Token {
-                id,
-                text: self.token_text(id),
-                logprob,
-                special: self.is_special(id),
+            .map(|&(id, logprob)| {
+                let text = self.token_text(id);
+                Token {
+                    id,
+                    piece: text.clone(),
+                    text,
+                    logprob,
+                    special: self.is_special(id),
+                }
             })
             .collect();
         let token = Token {
             id: token.id,
+            piece: self.token_text(token.id),
             text: emitted,
             logprob: token.logprob,
             special: self.is_special(token.id),
