@@ -64,7 +64,7 @@ macro_rules! broadcast {
     ($self:ident, $method:ident, $request:expr) => {{
         let calls = $self.clients.iter().map(|c| {
             let mut c = c.clone();
-            let request = $request.clone();
+            let request = crate::telemetry::grpc_request($request.clone());
             async move { c.$method(request).await.map(|r| r.into_inner()) }
         });
         let mut answers = try_join_all(calls).await?;

@@ -32,6 +32,7 @@ mod openai;
 mod server;
 mod sse;
 mod stop;
+pub mod telemetry;
 mod validation;
 
 pub use crate::detokenizer::{DecodeError, IncrementalDecoder};

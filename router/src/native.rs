@@ -11,6 +11,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 
 use crate::error::{ApiError, NativeJson};
 use crate::infer::{
@@ -243,7 +244,11 @@ pub(crate) async fn generate(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let (input, details, full_text) = req.into_input()?;
-    let valid = state.validation().validate(input).await?;
+    let valid = state
+        .validation()
+        .validate(input)
+        .instrument(tracing::info_span!("validation"))
+        .await?;
     crate::metrics::record_validation(received);
     let prompt_tokens = valid.input_ids.len();
     let prefix = if full_text {
@@ -280,7 +285,11 @@ pub(crate) async fn generate_stream(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let (input, _details, full_text) = req.into_input()?;
-    let valid = state.validation().validate(input).await?;
+    let valid = state
+        .validation()
+        .validate(input)
+        .instrument(tracing::info_span!("validation"))
+        .await?;
     crate::metrics::record_validation(received);
     let input_length = valid.input_ids.len() as u32;
     let prefix = if full_text {

@@ -223,8 +223,12 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::Extension(PayloadLimit(limit)))
+        .layer(middleware::from_fn(crate::metrics::track_requests))
         .layer(middleware::from_fn(log_errors))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http()
+                .make_span_with(crate::telemetry::http_span),
+        )
         .with_state(state)
 }
 

@@ -1,14 +1,19 @@
 //! Dense products in the PyTorch `Linear` layout: `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias)`.
+//!
+//! [`linear`] splits the weight rows into chunks on rayon's pool and hands each chunk to the
+//! dispatched level's tiled kernel (see [`super::dispatch`]); this file also holds the portable
+//! level, the reference the SIMD levels are tested against.
+#![allow(unsafe_code)]
 
 use rayon::prelude::*;
 
-const LANES: usize = 16;
-/// Rows of `x` that share one pass over a weight row.
-const X_TILE: usize = 4;
-/// Weight rows handed to one rayon task.
-const W_CHUNK: usize = 16;
+use super::dispatch::{Kernels, Level, kernels};
 
-/// Dot product with a fixed reduction order: `LANES` partial sums, then a fixed tree.
+/// Lane accumulators of every level's dot product.
+pub const LANES: usize = 16;
+
+/// Dot product with the fixed reduction order of the portable level: `LANES` partial sums,
+/// then a fixed tree.
 #[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
@@ -41,6 +46,8 @@ fn reduce(mut acc: [f32; LANES]) -> f32 {
 }
 
 /// `X_TILE` dot products against one weight row, each with exactly [`dot`]'s reduction order.
+const X_TILE: usize = 4;
+
 #[inline(always)]
 fn dot_tile(xs: [&[f32]; X_TILE], w: &[f32]) -> [f32; X_TILE] {
     let k = w.len();
@@ -67,10 +74,105 @@ fn dot_tile(xs: [&[f32]; X_TILE], w: &[f32]) -> [f32; X_TILE] {
     out
 }
 
-/// `out[m, n] = x[m, k] · w[n, k]ᵀ + bias[n]`, parallel over weight rows.
+/// The portable level's [`super::dispatch::GemmFn`].
 ///
-/// Each output element is [`dot`] of its two rows (plus the bias), whatever `m` is.
+/// # Safety
+/// As [`super::dispatch::GemmFn`].
+unsafe fn gemm_portable(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
+    let (m, n) = (x.len() / k, w.len() / k);
+    let row = |i: usize| &x[i * k..(i + 1) * k];
+    let mut i = 0;
+    while i + X_TILE <= m {
+        let xs: [&[f32]; X_TILE] = std::array::from_fn(|t| row(i + t));
+        for j in 0..n {
+            let d = dot_tile(xs, &w[j * k..(j + 1) * k]);
+            for (t, v) in d.into_iter().enumerate() {
+                // SAFETY: (i + t, j) is inside m × n; the caller vouches for those elements.
+                unsafe { *out.add((i + t) * ldo + j) = v };
+            }
+        }
+        i += X_TILE;
+    }
+    for i in i..m {
+        for j in 0..n {
+            let d = dot(row(i), &w[j * k..(j + 1) * k]);
+            // SAFETY: (i, j) is inside m × n; the caller vouches for those elements.
+            unsafe { *out.add(i * ldo + j) = d };
+        }
+    }
+}
+
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    dot(a, b)
+}
+
+fn axpy_portable(a: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// The portable level's table.
+pub(crate) static PORTABLE: Kernels = Kernels {
+    level: Level::Portable,
+    gemm: gemm_portable,
+    dot: dot_portable,
+    axpy: axpy_portable,
+    attend: attend_portable,
+};
+
+fn attend_portable(
+    hq: &super::attention::HeadQuery<'_>,
+    cache_k: &[f32],
+    cache_v: &[f32],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    super::attention::attend_head(hq, cache_k, cache_v, scores, out, dot, axpy_portable)
+}
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: tasks only write disjoint elements through it (see `linear_with`), and the buffer
+// outlives the parallel loop that uses it.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The pointer (a method, so that closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Weight rows per rayon task: a few tasks per thread, whole kernel tiles, at least 32 rows
+/// and at most 256 (a 256 × 576 f32 chunk is 576 KiB, within L2 while x streams past it).
+fn rows_per_task(n: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    (n.div_ceil(threads * 4)).clamp(32, 256).next_multiple_of(8)
+}
+
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ + bias[n]`, parallel over weight rows, with the
+/// dispatched kernels.
+///
+/// Each output element is the level's dot of its two rows (plus the bias), whatever `m` is.
 pub fn linear(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize, out: &mut [f32]) {
+    linear_with(kernels(), x, w, bias, m, k, out)
+}
+
+/// [`linear`] with an explicit level's kernels.
+pub fn linear_with(
+    kernels: &Kernels,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    out: &mut [f32],
+) {
+    assert!(k > 0, "k must be positive");
     assert_eq!(x.len(), m * k, "x must be m×k");
     assert_eq!(w.len() % k, 0, "w must be n×k");
     let n = w.len() / k;
@@ -81,49 +183,45 @@ pub fn linear(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize, ou
     if m == 0 || n == 0 {
         return;
     }
-    // Results are produced transposed per chunk ([rows of w] × m) and scattered afterwards,
-    // so that tasks own disjoint memory.
-    let chunks: Vec<(usize, Vec<f32>)> = w
-        .par_chunks(W_CHUNK * k)
-        .enumerate()
-        .map(|(ci, wchunk)| {
-            let rows = wchunk.len() / k;
-            let mut local = vec![0f32; rows * m];
-            let mut i = 0;
-            while i + X_TILE <= m {
-                let xs: [&[f32]; X_TILE] =
-                    std::array::from_fn(|t| &x[(i + t) * k..(i + t + 1) * k]);
-                for r in 0..rows {
-                    let d = dot_tile(xs, &wchunk[r * k..(r + 1) * k]);
-                    local[r * m + i..r * m + i + X_TILE].copy_from_slice(&d);
+    let gemm = kernels.gemm;
+    let chunk = rows_per_task(n);
+    let ptr = SharedOut(out.as_mut_ptr());
+    w.par_chunks(chunk * k).enumerate().for_each(|(ci, wc)| {
+        let j0 = ci * chunk;
+        let rows = wc.len() / k;
+        // SAFETY: this task writes out[i * n + j] for i < m and j in j0..j0 + rows only: inside
+        // `out` (m × n) and disjoint from every other task's columns. `out` is borrowed mutably
+        // for the whole loop, so nothing else reads or writes it meanwhile.
+        unsafe {
+            let base = ptr.get().add(j0);
+            gemm(x, wc, k, base, n);
+            if let Some(b) = bias {
+                for i in 0..m {
+                    for (r, bv) in b[j0..j0 + rows].iter().enumerate() {
+                        *base.add(i * n + r) += bv;
+                    }
                 }
-                i += X_TILE;
-            }
-            for ii in i..m {
-                let xr = &x[ii * k..(ii + 1) * k];
-                for r in 0..rows {
-                    local[r * m + ii] = dot(xr, &wchunk[r * k..(r + 1) * k]);
-                }
-            }
-            (ci * W_CHUNK, local)
-        })
-        .collect();
-    for (row0, local) in chunks {
-        let rows = local.len() / m;
-        for r in 0..rows {
-            let j = row0 + r;
-            let b = bias.map_or(0.0, |b| b[j]);
-            for i in 0..m {
-                out[i * n + j] = local[r * m + i] + b;
             }
         }
-    }
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// Per-level tolerance against the f64 product, relative to `sqrt(k)` (inputs in ±1).
+    fn tolerance(level: Level) -> f32 {
+        match level {
+            Level::Portable => 2e-6,
+            Level::Avx2 | Level::Avx512 => 2e-6,
+        }
+    }
+
+    fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+    }
 
     fn naive(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize) -> Vec<f32> {
         let n = w.len() / k;
@@ -140,41 +238,113 @@ mod tests {
         out
     }
 
+    fn levels() -> Vec<&'static Kernels> {
+        Level::available()
+            .into_iter()
+            .map(|l| Kernels::for_level(l).unwrap())
+            .collect()
+    }
+
+    const SHAPES: [(usize, usize, usize); 12] = [
+        (1, 1, 1),
+        (1, 17, 3),
+        (3, 33, 19),
+        (5, 64, 40),
+        (9, 100, 33),
+        (4, 16, 16),
+        (1, 15, 9),
+        (2, 31, 7),
+        (6, 7, 5),
+        (13, 129, 70),
+        (8, 576, 67),
+        (1, 1000, 300),
+    ];
+
     #[test]
-    fn matches_naive_on_odd_shapes() {
+    fn every_level_matches_naive_and_portable_on_odd_shapes() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        for &(m, k, n) in &[
-            (1, 1, 1),
-            (1, 17, 3),
-            (3, 33, 19),
-            (5, 64, 40),
-            (9, 100, 33),
-            (4, 16, 16),
-        ] {
-            let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let b: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let mut out = vec![0f32; m * n];
-            linear(&x, &w, Some(&b), m, k, &mut out);
+        for (m, k, n) in SHAPES {
+            let x = random(&mut rng, m * k);
+            let w = random(&mut rng, n * k);
+            let b = random(&mut rng, n);
             let want = naive(&x, &w, Some(&b), m, k);
-            for (a, e) in out.iter().zip(&want) {
-                assert!((a - e).abs() < 1e-4, "{m}x{k}x{n}: {a} vs {e}");
+            let mut reference = vec![0f32; m * n];
+            linear_with(&PORTABLE, &x, &w, Some(&b), m, k, &mut reference);
+            for kern in levels() {
+                let mut out = vec![f32::NAN; m * n];
+                linear_with(kern, &x, &w, Some(&b), m, k, &mut out);
+                let tol = tolerance(kern.level) * (k as f32).sqrt() * 4.0;
+                for ((a, e), r) in out.iter().zip(&want).zip(&reference) {
+                    assert!((a - e).abs() <= tol, "{kern:?} {m}x{k}x{n}: {a} vs {e}");
+                    assert!(
+                        (a - r).abs() <= tol,
+                        "{kern:?} {m}x{k}x{n}: {a} vs portable {r}"
+                    );
+                }
             }
         }
     }
 
     #[test]
-    fn rows_do_not_depend_on_batch() {
+    fn every_level_gives_rows_that_do_not_depend_on_batch() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
-        let (m, k, n) = (7, 70, 23);
-        let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let mut all = vec![0f32; m * n];
-        linear(&x, &w, None, m, k, &mut all);
-        for i in 0..m {
-            let mut one = vec![0f32; n];
-            linear(&x[i * k..(i + 1) * k], &w, None, 1, k, &mut one);
-            assert_eq!(&all[i * n..(i + 1) * n], &one[..], "row {i}");
+        for (m, k, n) in [(7, 70, 23), (9, 576, 45), (5, 17, 300)] {
+            let x = random(&mut rng, m * k);
+            let w = random(&mut rng, n * k);
+            for kern in levels() {
+                let mut all = vec![0f32; m * n];
+                linear_with(kern, &x, &w, None, m, k, &mut all);
+                // Every prefix of the batch, and every row alone.
+                for rows in 1..m {
+                    let mut part = vec![0f32; rows * n];
+                    linear_with(kern, &x[..rows * k], &w, None, rows, k, &mut part);
+                    assert_eq!(&all[..rows * n], &part[..], "{kern:?} first {rows} rows");
+                }
+                for i in 0..m {
+                    let mut one = vec![0f32; n];
+                    linear_with(kern, &x[i * k..(i + 1) * k], &w, None, 1, k, &mut one);
+                    assert_eq!(&all[i * n..(i + 1) * n], &one[..], "{kern:?} row {i}");
+                    // The single-pair dot is the same computation.
+                    for j in [0, n / 2, n - 1] {
+                        let d = kern.dot(&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
+                        assert_eq!(d, one[j], "{kern:?} dot ({i}, {j})");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_level_dot_and_axpy_match_portable() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        for len in [0, 1, 5, 8, 9, 15, 16, 17, 31, 33, 64, 100, 577] {
+            let a = random(&mut rng, len);
+            let b = random(&mut rng, len);
+            let y0 = random(&mut rng, len);
+            let s = rng.random_range(-2.0..2.0);
+            let want_dot = dot(&a, &b);
+            let mut want_y = y0.clone();
+            PORTABLE.axpy(s, &a, &mut want_y);
+            for kern in levels() {
+                let d = kern.dot(&a, &b);
+                let tol = 1e-6 * (len as f32 + 1.0);
+                assert!(
+                    (d - want_dot).abs() <= tol,
+                    "{kern:?} dot len {len}: {d} vs {want_dot}"
+                );
+                let mut y = y0.clone();
+                kern.axpy(s, &a, &mut y);
+                for (u, v) in y.iter().zip(&want_y) {
+                    assert!((u - v).abs() <= 1e-6, "{kern:?} axpy len {len}: {u} vs {v}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dispatched_level_is_the_best_available() {
+        if std::env::var_os("TESSERA_CPU_KERNELS").is_none() {
+            assert_eq!(Some(&kernels().level), Level::available().last());
         }
     }
 }

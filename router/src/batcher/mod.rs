@@ -416,9 +416,8 @@ impl Batcher {
             }
             let tokens = g.tokens.unwrap_or_default();
             if g.proposed > 0 {
-                counter!("tessera_speculative_proposed_tokens_total").increment(g.proposed as u64);
-                let accepted = tokens.ids.len().saturating_sub(1) as u64;
-                counter!("tessera_speculative_accepted_tokens_total").increment(accepted);
+                let accepted = tokens.ids.len().saturating_sub(1);
+                crate::metrics::record_speculation(g.proposed as usize, accepted);
             }
             for (i, (&token, &logprob)) in tokens.ids.iter().zip(&tokens.logprobs).enumerate() {
                 if done {

@@ -1,0 +1,242 @@
+//! AVX2 + FMA kernels: the 16 lanes of the common dot-product order live in two `ymm`
+//! accumulators per output (lanes 0–7 and 8–15).
+//!
+//! The public face is [`KERNELS`]; it is only handed out by `Kernels::for_level` after `avx2`
+//! and `fma` were detected, which is what makes the safe wrappers below sound.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use crate::cpu::attention::{HeadQuery, attend_head};
+use crate::cpu::dispatch::{Kernels, Level};
+
+/// Rows of `x` per register tile (16 `ymm` registers: `2 × MR × NR` accumulators).
+const MR: usize = 2;
+/// Rows of `w` per register tile.
+const NR: usize = 3;
+/// Rows of `w` per tile when `x` has a single row (decode).
+const NR_GEMV: usize = 4;
+
+pub(crate) static KERNELS: Kernels = Kernels {
+    level: Level::Avx2,
+    gemm,
+    dot,
+    axpy,
+    attend,
+};
+
+/// A mask selecting lanes `0..n` (`n` clamped to 0..=8) for `maskload`/`maskstore`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn mask(n: usize) -> __m256i {
+    let n = n.min(8) as i32;
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+/// The fixed tree: `l + 8`, `l + 4`, `l + 2`, `l + 1`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hsum(lo: __m256, hi: __m256) -> f32 {
+    let s8 = _mm256_add_ps(lo, hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+    _mm_cvtss_f32(s1)
+}
+
+/// `R × C` dot products: rows `x[t * k..]` against rows `w[r * k..]`, results at
+/// `out[t * ldo + r]`.
+///
+/// # Safety
+/// `x` holds `R` rows and `w` holds `C` rows of `k` values; `out` is writable at those places.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn tile<const R: usize, const C: usize>(
+    x: *const f32,
+    w: *const f32,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let z = _mm256_setzero_ps();
+    let mut lo = [[z; C]; R];
+    let mut hi = [[z; C]; R];
+    let full = k - k % 16;
+    let mut c = 0;
+    // SAFETY (whole body): loads read `c..c + 16 <= full` (or the masked tail below `k`) of a
+    // row the caller guarantees; stores go to places the caller guarantees.
+    unsafe {
+        while c < full {
+            let mut wl = [z; C];
+            let mut wh = [z; C];
+            for r in 0..C {
+                wl[r] = _mm256_loadu_ps(w.add(r * k + c));
+                wh[r] = _mm256_loadu_ps(w.add(r * k + c + 8));
+            }
+            for t in 0..R {
+                let xl = _mm256_loadu_ps(x.add(t * k + c));
+                let xh = _mm256_loadu_ps(x.add(t * k + c + 8));
+                for r in 0..C {
+                    lo[t][r] = _mm256_fmadd_ps(xl, wl[r], lo[t][r]);
+                    hi[t][r] = _mm256_fmadd_ps(xh, wh[r], hi[t][r]);
+                }
+            }
+            c += 16;
+        }
+        if c < k {
+            let rem = k - c;
+            let (ml, mh) = (mask(rem), mask(rem.saturating_sub(8)));
+            let mut wl = [z; C];
+            let mut wh = [z; C];
+            for r in 0..C {
+                wl[r] = _mm256_maskload_ps(w.add(r * k + c), ml);
+                wh[r] = _mm256_maskload_ps(w.add(r * k + c + 8), mh);
+            }
+            for t in 0..R {
+                let xl = _mm256_maskload_ps(x.add(t * k + c), ml);
+                let xh = _mm256_maskload_ps(x.add(t * k + c + 8), mh);
+                for r in 0..C {
+                    lo[t][r] = _mm256_fmadd_ps(xl, wl[r], lo[t][r]);
+                    hi[t][r] = _mm256_fmadd_ps(xh, wh[r], hi[t][r]);
+                }
+            }
+        }
+        for t in 0..R {
+            for r in 0..C {
+                *out.add(t * ldo + r) = hsum(lo[t][r], hi[t][r]);
+            }
+        }
+    }
+}
+
+/// `R` rows of `x` against all `n` rows of `w`, `C` at a time, then one at a time.
+///
+/// # Safety
+/// As [`tile`], for `R` rows of `x` and `n` rows of `w`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn row_panel<const R: usize, const C: usize>(
+    x: *const f32,
+    w: *const f32,
+    n: usize,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut j = 0;
+    // SAFETY: tiles stay within rows 0..n of w and columns 0..n of out.
+    unsafe {
+        while j + C <= n {
+            tile::<R, C>(x, w.add(j * k), k, out.add(j), ldo);
+            j += C;
+        }
+        while j < n {
+            tile::<R, 1>(x, w.add(j * k), k, out.add(j), ldo);
+            j += 1;
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemm_avx2(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
+    let (m, n) = (x.len() / k, w.len() / k);
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    // SAFETY: panels cover rows 0..m of x and 0..n of w, which the slices hold; `out` places
+    // are the caller's guarantee.
+    unsafe {
+        if m == 1 {
+            row_panel::<1, NR_GEMV>(xp, wp, n, k, out, ldo);
+            return;
+        }
+        let mut i = 0;
+        while i + MR <= m {
+            row_panel::<MR, NR>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo);
+            i += MR;
+        }
+        if i < m {
+            row_panel::<1, NR_GEMV>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo);
+        }
+    }
+}
+
+/// # Safety
+/// As `GemmFn`.
+unsafe fn gemm(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
+    // SAFETY: KERNELS is only handed out when avx2 and fma are detected; the rest is the
+    // caller's.
+    unsafe { gemm_avx2(x, w, k, out, ldo) }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let mut out = 0f32;
+    // SAFETY: avx2 and fma were detected (see KERNELS); both rows hold a.len() values and
+    // `out` is a local.
+    unsafe { tile::<1, 1>(a.as_ptr(), b.as_ptr(), a.len(), &mut out, 1) };
+    out
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn axpy_avx2(a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let av = _mm256_set1_ps(a);
+    let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    let mut i = 0;
+    // SAFETY: indices stay below n, within both slices (the tail is masked).
+    unsafe {
+        while i + 8 <= n {
+            let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)));
+            _mm256_storeu_ps(yp.add(i), r);
+            i += 8;
+        }
+        if i < n {
+            let m = mask(n - i);
+            let r = _mm256_fmadd_ps(
+                av,
+                _mm256_maskload_ps(xp.add(i), m),
+                _mm256_maskload_ps(yp.add(i), m),
+            );
+            _mm256_maskstore_ps(yp.add(i), m, r);
+        }
+    }
+}
+
+fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    // SAFETY: avx2 and fma were detected (see KERNELS).
+    unsafe { axpy_avx2(a, x, y) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn attend_avx2(
+    hq: &HeadQuery<'_>,
+    cache_k: &[f32],
+    cache_v: &[f32],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let dot = |a: &[f32], b: &[f32]| {
+        assert_eq!(a.len(), b.len());
+        let mut d = 0f32;
+        // SAFETY: this function only runs where the level's features were detected (see
+        // KERNELS); both rows hold a.len() values and `d` is a local.
+        unsafe { tile::<1, 1>(a.as_ptr(), b.as_ptr(), a.len(), &mut d, 1) };
+        d
+    };
+    attend_head(hq, cache_k, cache_v, scores, out, dot, |a, x, y| {
+        axpy_avx2(a, x, y)
+    });
+}
+
+fn attend(
+    hq: &HeadQuery<'_>,
+    cache_k: &[f32],
+    cache_v: &[f32],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    // SAFETY: the level's features were detected (see KERNELS).
+    unsafe { attend_avx2(hq, cache_k, cache_v, scores, out) }
+}

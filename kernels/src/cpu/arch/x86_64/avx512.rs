@@ -1,0 +1,231 @@
+//! AVX-512 F kernels: one 16-lane `zmm` accumulator per output, as the portable level's lanes.
+//!
+//! The public face is [`KERNELS`]; it is only handed out by `Kernels::for_level` after
+//! `avx512f` was detected, which is what makes the safe wrappers below sound.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use crate::cpu::attention::{HeadQuery, attend_head};
+use crate::cpu::dispatch::{Kernels, Level};
+
+/// Rows of `x` per register tile.
+const MR: usize = 4;
+/// Rows of `w` per register tile (`MR × NR` accumulators).
+const NR: usize = 4;
+/// Rows of `w` per tile when `x` has a single row (decode): more loads in flight.
+const NR_GEMV: usize = 8;
+
+pub(crate) static KERNELS: Kernels = Kernels {
+    level: Level::Avx512,
+    gemm,
+    dot,
+    axpy,
+    attend,
+};
+
+/// Lanes `0..n` of a 16-lane mask.
+#[inline]
+fn tail_mask(n: usize) -> __mmask16 {
+    debug_assert!(n < 16);
+    ((1u32 << n) - 1) as __mmask16
+}
+
+/// The fixed tree: `l + 8`, `l + 4`, `l + 2`, `l + 1`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn hsum(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let s8 = _mm256_add_ps(lo, hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+    _mm_cvtss_f32(s1)
+}
+
+/// `R × C` dot products: rows `x[t * k..]` against rows `w[r * k..]`, results at
+/// `out[t * ldo + r]`.
+///
+/// # Safety
+/// `x` holds `R` rows and `w` holds `C` rows of `k` values; `out` is writable at those places.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn tile<const R: usize, const C: usize>(
+    x: *const f32,
+    w: *const f32,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let full = k - k % 16;
+    let mut c = 0;
+    // SAFETY (whole body): every load reads `c..c + 16 <= full` (or the masked tail below
+    // `k`) of a row the caller guarantees; every store goes to a place the caller guarantees.
+    unsafe {
+        while c < full {
+            let mut wv = [_mm512_setzero_ps(); C];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(w.add(r * k + c));
+            }
+            for (t, row) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(x.add(t * k + c));
+                for (a, wr) in row.iter_mut().zip(&wv) {
+                    *a = _mm512_fmadd_ps(xv, *wr, *a);
+                }
+            }
+            c += 16;
+        }
+        if c < k {
+            let mask = tail_mask(k - c);
+            let mut wv = [_mm512_setzero_ps(); C];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_maskz_loadu_ps(mask, w.add(r * k + c));
+            }
+            for (t, row) in acc.iter_mut().enumerate() {
+                let xv = _mm512_maskz_loadu_ps(mask, x.add(t * k + c));
+                for (a, wr) in row.iter_mut().zip(&wv) {
+                    *a = _mm512_fmadd_ps(xv, *wr, *a);
+                }
+            }
+        }
+        for (t, row) in acc.iter().enumerate() {
+            for (r, a) in row.iter().enumerate() {
+                *out.add(t * ldo + r) = hsum(*a);
+            }
+        }
+    }
+}
+
+/// `R` rows of `x` against all `n` rows of `w`, `C` at a time, then one at a time.
+///
+/// # Safety
+/// As [`tile`], for `R` rows of `x` and `n` rows of `w`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn row_panel<const R: usize, const C: usize>(
+    x: *const f32,
+    w: *const f32,
+    n: usize,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut j = 0;
+    // SAFETY: tiles stay within rows 0..n of w and columns 0..n of out.
+    unsafe {
+        while j + C <= n {
+            tile::<R, C>(x, w.add(j * k), k, out.add(j), ldo);
+            j += C;
+        }
+        while j < n {
+            tile::<R, 1>(x, w.add(j * k), k, out.add(j), ldo);
+            j += 1;
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn gemm_avx512(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
+    let (m, n) = (x.len() / k, w.len() / k);
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    // SAFETY: panels cover rows 0..m of x and 0..n of w, which the slices hold; `out` places
+    // are the caller's guarantee.
+    unsafe {
+        if m == 1 {
+            row_panel::<1, NR_GEMV>(xp, wp, n, k, out, ldo);
+            return;
+        }
+        let mut i = 0;
+        while i + MR <= m {
+            row_panel::<MR, NR>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo);
+            i += MR;
+        }
+        match m - i {
+            3 => row_panel::<3, NR>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo),
+            2 => row_panel::<2, NR>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo),
+            1 => row_panel::<1, NR_GEMV>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo),
+            _ => {}
+        }
+    }
+}
+
+/// # Safety
+/// As `GemmFn`.
+unsafe fn gemm(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
+    // SAFETY: KERNELS is only handed out when avx512f is detected; the rest is the caller's.
+    unsafe { gemm_avx512(x, w, k, out, ldo) }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let mut out = 0f32;
+    // SAFETY: avx512f was detected (see KERNELS); both rows hold a.len() values and `out` is a
+    // local.
+    unsafe { tile::<1, 1>(a.as_ptr(), b.as_ptr(), a.len(), &mut out, 1) };
+    out
+}
+
+#[target_feature(enable = "avx512f")]
+fn axpy_avx512(a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let av = _mm512_set1_ps(a);
+    let full = n - n % 16;
+    let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    // SAFETY: indices stay below n, within both slices (the tail is masked).
+    unsafe {
+        let mut i = 0;
+        while i < full {
+            let r = _mm512_fmadd_ps(av, _mm512_loadu_ps(xp.add(i)), _mm512_loadu_ps(yp.add(i)));
+            _mm512_storeu_ps(yp.add(i), r);
+            i += 16;
+        }
+        if i < n {
+            let mask = tail_mask(n - i);
+            let r = _mm512_fmadd_ps(
+                av,
+                _mm512_maskz_loadu_ps(mask, xp.add(i)),
+                _mm512_maskz_loadu_ps(mask, yp.add(i)),
+            );
+            _mm512_mask_storeu_ps(yp.add(i), mask, r);
+        }
+    }
+}
+
+fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    // SAFETY: avx512f was detected (see KERNELS).
+    unsafe { axpy_avx512(a, x, y) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn attend_avx512(
+    hq: &HeadQuery<'_>,
+    cache_k: &[f32],
+    cache_v: &[f32],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let dot = |a: &[f32], b: &[f32]| {
+        assert_eq!(a.len(), b.len());
+        let mut d = 0f32;
+        // SAFETY: this function only runs where the level's features were detected (see
+        // KERNELS); both rows hold a.len() values and `d` is a local.
+        unsafe { tile::<1, 1>(a.as_ptr(), b.as_ptr(), a.len(), &mut d, 1) };
+        d
+    };
+    attend_head(hq, cache_k, cache_v, scores, out, dot, |a, x, y| {
+        axpy_avx512(a, x, y)
+    });
+}
+
+fn attend(
+    hq: &HeadQuery<'_>,
+    cache_k: &[f32],
+    cache_v: &[f32],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    // SAFETY: the level's features were detected (see KERNELS).
+    unsafe { attend_avx512(hq, cache_k, cache_v, scores, out) }
+}

@@ -1,0 +1,4 @@
+//! x86-64 levels: AVX-512 F and AVX2 + FMA.
+
+pub(crate) mod avx2;
+pub(crate) mod avx512;

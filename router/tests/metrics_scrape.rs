@@ -1,0 +1,319 @@
+//! `/metrics` after real traffic: the router (HTTP server, batcher, sharded client) in this
+//! process against an in-process shard serving the tiny Llama fixture. Checks that the
+//! metric table of `deploy/README.md` is exactly what the server exports, and that each
+//! metric moved as its row says.
+
+mod metrics_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use metrics_support::{Scrape, documented, exported, fixture, start_shard};
+use serde_json::{Value, json};
+use tessera_formats::ModelFiles;
+use tessera_proto::v1 as pb;
+use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
+use tessera_router::client::ShardedClient;
+use tessera_router::{AppState, Infer, ValidationConfig, app, install_recorder};
+
+const MAX_NEW: u32 = 6;
+const STREAM_NEW: u32 = 5;
+const COMPLETION_NEW: u32 = 4;
+/// Long enough for two full KV blocks of 16 tokens, so a repeat hits the prefix cache.
+const LONG_PROMPT: &str = "The quick brown fox jumps over the lazy dog while the cat \
+    watches from the warm windowsill and the birds sing in the tall green trees outside";
+
+struct Server {
+    base: String,
+    http: reqwest::Client,
+}
+
+async fn start(dir: &std::path::Path) -> Server {
+    let socket = start_shard(&dir.join("shard"), None).await;
+    let client = ShardedClient::connect(&socket).await.expect("connect");
+    let warmup = client
+        .warmup(pb::WarmupRequest {
+            max_input_tokens: 200,
+            max_batch_prefill_tokens: 256,
+            max_total_tokens: 256,
+            max_batch_size: 8,
+        })
+        .await
+        .expect("warmup");
+    let prometheus = install_recorder().expect("recorder");
+    let tokenizer = Arc::new(
+        ModelFiles::open(&fixture())
+            .and_then(|f| f.tokenizer())
+            .expect("tokenizer"),
+    );
+    let limits = SchedulerLimits {
+        max_batch_prefill_tokens: 256,
+        max_batch_size: 8,
+        prefix_caching: true,
+        speculate: 0,
+    };
+    let (queue, health) = batcher::spawn(BatcherConfig {
+        client,
+        tokenizer: tokenizer.clone(),
+        num_blocks: warmup.num_blocks as usize,
+        block_size: warmup.block_size as usize,
+        limits,
+        queue_capacity: 16,
+    });
+    let state = AppState::builder(Infer::new(queue, 8), tokenizer, "tiny")
+        .validation(ValidationConfig {
+            max_input_tokens: 200,
+            max_total_tokens: 256,
+            ..Default::default()
+        })
+        .health_check(health)
+        .prometheus(prometheus)
+        .build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app(state)).await });
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    Server { base, http }
+}
+
+impl Server {
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("post");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Generated tokens of a `/generate` with `details`.
+    async fn generate(&self) -> u64 {
+        let body = json!({"inputs": LONG_PROMPT, "parameters": {
+            "max_new_tokens": MAX_NEW, "details": true, "ignore_eos": true}});
+        let (status, v) = self.post("/generate", body).await;
+        assert_eq!(status, 200, "{v}");
+        v["details"]["generated_tokens"].as_u64().expect("details")
+    }
+
+    /// Token events of a `/generate_stream`.
+    async fn stream(&self) -> u64 {
+        let body = json!({"inputs": "Once upon a time", "parameters": {
+            "max_new_tokens": STREAM_NEW, "ignore_eos": true}});
+        let text = self
+            .http
+            .post(format!("{}/generate_stream", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("stream")
+            .text()
+            .await
+            .expect("stream body");
+        text.lines()
+            .filter(|l| l.starts_with("data:") && l.contains("\"token\""))
+            .count() as u64
+    }
+
+    /// Completion tokens of a `/v1/completions` with `n = 2`.
+    async fn completions(&self) -> u64 {
+        let body =
+            json!({"model": "tiny", "prompt": "Hello there", "max_tokens": COMPLETION_NEW, "n": 2});
+        let (status, v) = self.post("/v1/completions", body).await;
+        assert_eq!(status, 200, "{v}");
+        v["usage"]["completion_tokens"].as_u64().expect("usage")
+    }
+
+    async fn scrape(&self) -> Scrape {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics body");
+        Scrape::parse(&text)
+    }
+}
+
+#[test]
+fn documented_table_is_what_the_router_exports() {
+    let mut docs = documented();
+    let mut ours = exported();
+    docs.sort_by(|a, b| a.name.cmp(&b.name));
+    ours.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(
+        docs, ours,
+        "deploy/README.md metric table vs metrics::names::ALL"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_with_traffic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = start(dir.path()).await;
+
+    // Before any traffic every documented metric is already exported, at zero.
+    let idle = s.scrape().await;
+    for d in documented() {
+        let series = if d.kind == "histogram" {
+            format!("{}_count", d.name)
+        } else {
+            d.name.clone()
+        };
+        let present = idle.has(&series) || (d.name == "tessera_request_failure_total");
+        assert!(present, "{series} is not exported before traffic");
+    }
+
+    // Traffic: one long prompt alone (fills the prefix cache), then two repeats, two
+    // streams, an OpenAI request with n = 2 and an invalid request, concurrently.
+    let mut generated = s.generate().await;
+    let invalid = async {
+        let body = json!({"inputs": "hi", "parameters": {"max_new_tokens": 100_000}});
+        let (status, v) = s.post("/generate", body).await;
+        assert_eq!(status, 422, "{v}");
+    };
+    let (repeats, streams, completions, ()) = tokio::join!(
+        join_all([s.generate(), s.generate()]),
+        join_all([s.stream(), s.stream()]),
+        s.completions(),
+        invalid,
+    );
+    generated += repeats.iter().sum::<u64>() + streams.iter().sum::<u64>() + completions;
+    assert_eq!(streams, [u64::from(STREAM_NEW); 2], "stream token events");
+    let sequences = 3.0 + 2.0 + 2.0;
+    let generated = generated as f64;
+
+    // The batcher updates its gauges right after the step that finished the last request.
+    let mut m = s.scrape().await;
+    for _ in 0..50 {
+        if m.sum("tessera_running_requests", &[]) == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        m = s.scrape().await;
+    }
+
+    // Every documented metric is exported with its documented type.
+    for d in documented() {
+        assert_eq!(
+            m.types.get(&d.name).map(String::as_str),
+            Some(d.kind.as_str()),
+            "# TYPE of {}",
+            d.name
+        );
+    }
+
+    // Requests.
+    assert_eq!(m.sum("tessera_requests_total", &[]), sequences + 1.0);
+    assert_eq!(m.sum("tessera_request_success_total", &[]), sequences);
+    assert_eq!(m.sum("tessera_request_failure_total", &[]), 1.0);
+    assert_eq!(
+        m.sum("tessera_request_failure_total", &[("err", "validation")]),
+        1.0
+    );
+    for h in [
+        "tessera_time_to_first_token_seconds",
+        "tessera_request_duration_seconds",
+        "tessera_request_queue_duration_seconds",
+        "tessera_request_inference_duration_seconds",
+        "tessera_request_time_per_output_token_seconds",
+        "tessera_request_input_tokens",
+        "tessera_request_max_new_tokens",
+        "tessera_request_generated_tokens",
+    ] {
+        assert_eq!(m.sum(&format!("{h}_count"), &[]), sequences, "{h}_count");
+    }
+    assert_eq!(
+        m.sum("tessera_inter_token_latency_seconds_count", &[]),
+        generated - sequences,
+        "one inter-token latency per token after the first"
+    );
+    assert_eq!(
+        m.sum("tessera_request_generated_tokens_sum", &[]),
+        generated
+    );
+    assert_eq!(
+        m.sum("tessera_request_max_new_tokens_sum", &[]),
+        f64::from(3 * MAX_NEW + 2 * STREAM_NEW + 2 * COMPLETION_NEW)
+    );
+    assert!(m.sum("tessera_request_validation_duration_seconds_count", &[]) >= 5.0);
+    let ttft = m.sum("tessera_time_to_first_token_seconds_sum", &[]);
+    let e2e = m.sum("tessera_request_duration_seconds_sum", &[]);
+    assert!(
+        ttft > 0.0 && ttft <= e2e,
+        "TTFT {ttft} within end to end {e2e}"
+    );
+
+    // Batches.
+    let mut steps = 0.0;
+    for method in ["prefill", "decode"] {
+        let l = [("method", method)];
+        let n = m.sum("tessera_batch_inference_total", &l);
+        assert!(n >= 1.0, "{method} steps");
+        steps += n;
+        for h in [
+            "tessera_batch_inference_duration_seconds_count",
+            "tessera_batch_forward_duration_seconds_count",
+            "tessera_batch_sampling_duration_seconds_count",
+        ] {
+            assert_eq!(m.sum(h, &l), n, "{h} of {method} steps");
+        }
+        assert_eq!(m.sum("tessera_batch_inference_failure_total", &l), 0.0);
+    }
+    assert_eq!(m.sum("tessera_batch_size_requests_count", &[]), steps);
+    assert!(
+        m.sum("tessera_batch_size_requests_sum", &[]) >= generated,
+        "every generated token needs its request in a step"
+    );
+    assert_eq!(
+        m.sum("tessera_batch_decode_tokens_sum", &[]),
+        generated - sequences,
+        "one decode token per token after the first"
+    );
+    let input = m.sum("tessera_request_input_tokens_sum", &[]);
+    let hits = m.sum("tessera_prefix_cache_hit_tokens_total", &[]);
+    assert_eq!(
+        m.sum("tessera_batch_prefill_tokens_sum", &[]) + hits,
+        input,
+        "prompt tokens are computed or served from the prefix cache"
+    );
+
+    // Prefix cache: the repeats of the long prompt hit.
+    let queried = m.sum("tessera_prefix_cache_queried_tokens_total", &[]);
+    assert!(hits >= 16.0, "prefix-cache hit tokens {hits}");
+    assert!(queried >= input - hits, "queried {queried}");
+    let ratio = m.sum("tessera_prefix_cache_hit_ratio", &[]);
+    assert!((ratio - hits / queried).abs() < 1e-9, "hit ratio {ratio}");
+
+    // Gauges back at rest.
+    assert_eq!(m.sum("tessera_queue_requests", &[]), 0.0);
+    assert_eq!(m.sum("tessera_running_requests", &[]), 0.0);
+    assert_eq!(m.sum("tessera_batch_kv_tokens", &[]), 0.0);
+    assert_eq!(m.sum("tessera_kv_blocks_used", &[]), 0.0);
+    assert_eq!(m.sum("tessera_kv_cache_usage_ratio", &[]), 0.0);
+    let capacity = m.sum("tessera_kv_blocks_capacity", &[]);
+    assert!(capacity > 0.0);
+    assert_eq!(m.sum("tessera_kv_blocks_free", &[]), capacity);
+
+    // Nothing was preempted and nothing speculated.
+    for z in [
+        "tessera_preemptions_total",
+        "tessera_speculative_proposed_tokens_total",
+        "tessera_speculative_accepted_tokens_total",
+        "tessera_speculative_acceptance_ratio",
+    ] {
+        assert_eq!(m.sum(z, &[]), 0.0, "{z}");
+    }
+}
