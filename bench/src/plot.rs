@@ -23,6 +23,8 @@ struct Series {
     color: &'static str,
     points: Vec<(f64, f64)>,
     markers: bool,
+    /// Text next to each marker (sweep levels).
+    point_labels: Vec<String>,
 }
 
 /// Tick values covering `[lo, hi]` at a 1-2-5 step.
@@ -46,12 +48,10 @@ fn ticks(lo: f64, hi: f64) -> Vec<f64> {
 
 fn fmt_tick(v: f64) -> String {
     if v.abs() >= 100.0 || v == v.trunc() {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.3}")
+        return format!("{v:.0}");
     }
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 fn escape(s: &str) -> String {
@@ -167,7 +167,7 @@ fn panel(
             s.color
         );
         if s.markers {
-            for &(x, y) in &s.points {
+            for (j, &(x, y)) in s.points.iter().enumerate() {
                 let _ = writeln!(
                     out,
                     r#"<circle cx="{:.2}" cy="{:.2}" r="3" fill="{}"/>"#,
@@ -175,9 +175,19 @@ fn panel(
                     sy(y),
                     s.color
                 );
+                if let Some(label) = s.point_labels.get(j) {
+                    let _ = writeln!(
+                        out,
+                        r#"<text x="{:.2}" y="{:.2}" font-size="10" fill="{}">{}</text>"#,
+                        sx(x) + 5.0,
+                        sy(y) - 5.0,
+                        s.color,
+                        escape(label)
+                    );
+                }
             }
         }
-        if series.len() > 1 || !s.name.is_empty() {
+        if !s.name.is_empty() {
             let ly = py + 12.0 + 13.0 * i as f64;
             let _ = writeln!(
                 out,
@@ -273,6 +283,7 @@ pub fn render_svg(report: &BenchReport) -> String {
                 color: color(i),
                 points: cdf(&metric_samples(run, metric)),
                 markers: false,
+                point_labels: Vec::new(),
             })
             .collect();
         let (col, row) = ((k % 3) as f64, (k / 3) as f64);
@@ -301,17 +312,17 @@ pub fn render_svg(report: &BenchReport) -> String {
         .into_iter()
         .enumerate()
         {
-            let points: Vec<(f64, f64)> = report
+            let (points, point_labels): (Vec<(f64, f64)>, Vec<String>) = report
                 .runs
                 .iter()
-                .filter_map(|r| Some((r.metrics.output_throughput, pick(r)?)))
-                .collect();
-            let labels: Vec<String> = report.runs.iter().map(|r| r.label.clone()).collect();
+                .filter_map(|r| Some(((r.metrics.output_throughput, pick(r)?), r.label.clone())))
+                .unzip();
             let series = [Series {
-                name: labels.join(", "),
+                name: String::new(),
                 color: color(k),
                 points,
                 markers: true,
+                point_labels,
             }];
             panel(
                 &mut out,
@@ -329,6 +340,7 @@ pub fn render_svg(report: &BenchReport) -> String {
             color: color(0),
             points: throughput_over_time(run),
             markers: true,
+            point_labels: Vec::new(),
         }];
         panel(
             &mut out,

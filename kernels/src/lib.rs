@@ -3,4 +3,6 @@
 #![deny(missing_docs)]
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod quant;

@@ -146,10 +146,9 @@ async fn router_and_shard_spans_share_the_callers_trace() {
     let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Ok(r) = http.get(format!("{base}/health")).send().await {
-            if r.status().is_success() {
-                break;
-            }
+        let health = http.get(format!("{base}/health")).send().await;
+        if health.is_ok_and(|r| r.status().is_success()) {
+            break;
         }
         if let Ok(Some(status)) = router.try_wait() {
             panic!("tessera-router exited early: {status}");

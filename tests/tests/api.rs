@@ -288,12 +288,12 @@ async fn metrics(s: &Server) {
     assert!(header(&r, "content-type").starts_with("text/plain"));
     let text = r.text().await.expect("text");
     for series in [
-        "tessera_request_count",
-        "tessera_request_success",
+        "tessera_requests_total",
+        "tessera_request_success_total",
         "tessera_kv_blocks_used",
-        "tessera_kv_blocks_total",
-        "tessera_queue_size",
-        "tessera_batch_current_size",
+        "tessera_kv_blocks_capacity",
+        "tessera_queue_requests",
+        "tessera_running_requests",
     ] {
         assert!(
             tessera_e2e::metric_value(&text, series).is_some(),
@@ -301,11 +301,11 @@ async fn metrics(s: &Server) {
         );
     }
     assert!(text.contains("# TYPE tessera_kv_blocks_used gauge"));
-    assert!(tessera_e2e::metric_value(&text, "tessera_kv_blocks_total").unwrap() > 0.0);
-    assert!(tessera_e2e::metric_value(&text, "tessera_request_success").unwrap() >= 1.0);
+    assert!(tessera_e2e::metric_value(&text, "tessera_kv_blocks_capacity").unwrap() > 0.0);
+    assert!(tessera_e2e::metric_value(&text, "tessera_request_success_total").unwrap() >= 1.0);
     assert!(
         text.lines()
-            .any(|l| l.starts_with("tessera_request_duration")),
+            .any(|l| l.starts_with("tessera_request_duration_seconds")),
         "request duration histogram"
     );
 }

@@ -14,8 +14,8 @@ use tessera_e2e::{Paused, Server, client, within};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const CANCELLED: &str = "tessera_request_failure{err=\"cancelled\"}";
-const DECODE_STEPS: &str = "tessera_batch_inference_count{method=\"decode\"}";
+const CANCELLED: &str = "tessera_request_failure_total{err=\"cancelled\"}";
+const DECODE_STEPS: &str = "tessera_batch_inference_total{method=\"decode\"}";
 const LONG: u32 = 250;
 
 /// Counters read before the client goes away.
@@ -28,7 +28,7 @@ struct Before {
 async fn before(s: &Server) -> Before {
     Before {
         cancelled: s.metric(CANCELLED).await,
-        success: s.metric("tessera_request_success").await,
+        success: s.metric("tessera_request_success_total").await,
         decode_steps: s.metric(DECODE_STEPS).await,
     }
 }
@@ -43,12 +43,12 @@ async fn assert_cancelled(s: &Server, before: Before) {
         ok,
         "tessera_kv_blocks_used is still {used} 5 s after the client went away"
     );
-    let success = s.metric("tessera_request_success").await;
+    let success = s.metric("tessera_request_success_total").await;
     let steps = s.metric(DECODE_STEPS).await - before.decode_steps;
     eprintln!("{steps} decode steps after the client went away");
     assert!(
         success == before.success && steps <= 10.0,
-        "the request was not cancelled: tessera_request_success {} -> {success}, {steps} \
+        "the request was not cancelled: tessera_request_success_total {} -> {success}, {steps} \
          decode steps after the client went away (max_new_tokens {LONG})",
         before.success
     );
@@ -143,9 +143,9 @@ async fn aborted_generate_cancels() {
         let err = aborted.expect_err("the request cannot finish while the shard is paused");
         assert!(err.is_timeout(), "client-side abort: {err}");
         let (queued, ok) = s
-            .wait_metric("tessera_request_count", Duration::from_secs(2), |v| v >= 1.0)
+            .wait_metric("tessera_requests_total", Duration::from_secs(2), |v| v >= 1.0)
             .await;
-        assert!(ok, "the request reached the batcher (tessera_request_count {queued})");
+        assert!(ok, "the request reached the batcher (tessera_requests_total {queued})");
         tokio::time::sleep(Duration::from_millis(300)).await;
         paused.resume();
         assert_cancelled(&s, before).await;

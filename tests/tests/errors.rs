@@ -368,9 +368,16 @@ async fn undisturbed(s: &Server) {
         .await;
     assert!(v["generated_text"].is_string());
     assert_eq!(s.metric("tessera_kv_blocks_used").await, 0.0);
+    // Requests refused before queueing count as requests and as failures.
+    let text = s.metrics_text().await;
+    let failures: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("tessera_request_failure_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
     assert_eq!(
-        s.metric("tessera_request_count").await,
-        s.metric("tessera_request_success").await
+        s.metric("tessera_requests_total").await,
+        s.metric("tessera_request_success_total").await + failures
     );
 }
 

@@ -121,11 +121,11 @@ async fn shard_killed_mid_request() {
                 tokio::spawn(async move { read_json(r.await.expect("POST /generate")).await })
             };
             let (n, ok) = s
-                .wait_metric("tessera_request_count", Duration::from_secs(5), |v| {
+                .wait_metric("tessera_requests_total", Duration::from_secs(5), |v| {
                     v >= 2.0
                 })
                 .await;
-            assert!(ok, "both requests queued (tessera_request_count {n})");
+            assert!(ok, "both requests queued (tessera_requests_total {n})");
             let killed = Instant::now();
             signal(shard, Signal::SIGKILL);
             drop(paused);
