@@ -13,3 +13,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests start the real binaries, which `cargo test` alone does not build.
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
+
+# The GPU path: builds with cudarc (no CUDA needed) and compiles every kernel to PTX for
+# sm_80 and sm_90 through NVRTC from PyPI; the GPU kernel tests skip without a GPU.
+cargo clippy -p tessera-kernels --features cuda --all-targets --locked -- -D warnings
+cargo test -p tessera-kernels --features cuda --locked
