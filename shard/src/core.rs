@@ -67,7 +67,19 @@ struct Sequence {
     prefill: Option<Vec<(u32, f32)>>,
     /// Tokens of `tokens` that belong to the prompt (prompt logprobs stop there).
     prompt_len: usize,
+    /// Tokens whose K/V are in the draft model's cache (draft speculation).
+    draft_computed: usize,
 }
+
+/// A draft model for speculation, with its own cache over the same block ids.
+struct Draft {
+    model: Model,
+    cache: KvCache,
+}
+
+/// What the draft proposed for one sequence: the tokens and the distributions they were
+/// drawn from (`None` when greedy).
+type DraftProposal = (Vec<u32>, Option<Vec<Vec<f32>>>);
 
 /// The model, its cache, and every live sequence.
 pub struct Engine {
@@ -76,6 +88,7 @@ pub struct Engine {
     sequences: HashMap<u64, Sequence>,
     batches: HashMap<u64, Vec<u64>>,
     speculation: Option<SpeculationConfig>,
+    draft: Option<Draft>,
 }
 
 impl Engine {
@@ -88,7 +101,26 @@ impl Engine {
             sequences: HashMap::new(),
             batches: HashMap::new(),
             speculation: None,
+            draft: None,
         }
+    }
+
+    /// Uses `draft` to propose tokens (`Speculator::Draft`). It must share the tokenizer:
+    /// a different vocabulary is refused.
+    pub fn with_draft(mut self, draft: Model) -> Result<Self, EngineError> {
+        let (ours, theirs) = (self.model.config().vocab_size, draft.config().vocab_size);
+        if ours != theirs {
+            return Err(EngineError::InvalidBatch(format!(
+                "the draft model has a vocabulary of {theirs} tokens, the model {ours}: a draft \
+                 must share the model's tokenizer"
+            )));
+        }
+        let cache = draft.new_cache(self.num_blocks(), self.block_size());
+        self.draft = Some(Draft {
+            model: draft,
+            cache,
+        });
+        Ok(self)
     }
 
     /// Turns speculative decoding on for every decoding sequence.
@@ -173,6 +205,18 @@ impl Engine {
         // Free the old pages before allocating the new ones.
         self.cache = self.model.new_cache(0, self.block_size());
         self.cache = self.model.new_cache(num_blocks, self.block_size());
+        let bs = self.block_size();
+        if let Some(d) = self.draft.as_mut() {
+            d.cache = d.model.new_cache(0, bs);
+            d.cache = d.model.new_cache(num_blocks, bs);
+        }
+    }
+
+    /// Bytes one KV block takes, for the model and its draft together.
+    pub fn block_bytes(&self) -> usize {
+        let bs = self.block_size();
+        let one = |m: &Model| KvCache::block_bytes(m.config().num_layers, m.kv_layout(bs));
+        one(&self.model) + self.draft.as_ref().map_or(0, |d| one(&d.model))
     }
 
     /// Keeps only `keep` in the batch and frees every other sequence of it.
@@ -284,6 +328,7 @@ impl Engine {
                     sampler,
                     prefill: seq.prefill_logprobs.then(Vec::new),
                     prompt_len,
+                    draft_computed: 0,
                 },
             );
         }
@@ -328,6 +373,89 @@ impl Engine {
         Ok(())
     }
 
+    /// Runs the draft model ahead of every decoding sequence: first it catches up on the
+    /// tokens it has not seen, then it proposes one token per pass, up to the depth the
+    /// sequence's blocks leave room for.
+    fn propose_with_draft(
+        &mut self,
+        ids: &[u64],
+        limits: &HashMap<u64, usize>,
+    ) -> Result<HashMap<u64, DraftProposal>, EngineError> {
+        let mut proposals: HashMap<u64, DraftProposal> = HashMap::new();
+        let (Some(spec), Some(draft)) = (self.speculation, self.draft.as_mut()) else {
+            return Ok(proposals);
+        };
+        if spec.speculator != Speculator::Draft {
+            return Ok(proposals);
+        }
+        let bs = self.cache.block_size();
+        // (id, depth) of the sequences that decode this step.
+        let eligible: Vec<(u64, usize)> = ids
+            .iter()
+            .filter(|id| limits.get(id).is_none_or(|&l| l > 0))
+            .filter_map(|id| {
+                let seq = self.sequences.get(id)?;
+                let decoding =
+                    seq.tokens.len() - seq.computed == 1 && seq.computed >= seq.prompt_len;
+                let room = (seq.blocks.len() * bs).saturating_sub(seq.tokens.len());
+                let depth = spec.depth.min(room);
+                (decoding && depth > 0).then_some((*id, depth))
+            })
+            .collect();
+        let rounds = eligible.iter().map(|&(_, d)| d).max().unwrap_or(0);
+        for round in 0..rounds {
+            let active: Vec<(u64, usize)> = eligible
+                .iter()
+                .copied()
+                .filter(|&(_, d)| d > round)
+                .collect();
+            let inputs: Vec<(u64, usize, Vec<u32>)> = active
+                .iter()
+                .map(|&(id, _)| {
+                    let seq = &self.sequences[&id];
+                    let len = seq.tokens.len();
+                    match proposals.get(&id).and_then(|(p, _)| p.last()) {
+                        None => (
+                            id,
+                            seq.draft_computed,
+                            seq.tokens[seq.draft_computed..].to_vec(),
+                        ),
+                        Some(&last) => (id, len + round - 1, vec![last]),
+                    }
+                })
+                .collect();
+            let chunks: Vec<SequenceChunk<'_>> = inputs
+                .iter()
+                .map(|(id, start, tokens)| SequenceChunk {
+                    tokens,
+                    start_position: *start,
+                    block_table: &self.sequences[id].blocks,
+                    logits: LogitsWanted::Last,
+                })
+                .collect();
+            let out = draft.model.forward(&chunks, &mut draft.cache)?;
+            for (ci, (id, _, _)) in inputs.iter().enumerate() {
+                let Some(seq) = self.sequences.get_mut(id) else {
+                    continue;
+                };
+                if round == 0 {
+                    seq.draft_computed = seq.tokens.len();
+                }
+                let Some(row) = out.last(ci) else { continue };
+                let entry = proposals.entry(*id).or_insert_with(|| (Vec::new(), None));
+                if seq.sampler.is_greedy() {
+                    entry.0.push(seq.sampler.choose(row));
+                } else {
+                    let q = seq.sampler.processed_probs(row);
+                    let d = seq.sampler.draw_weighted(&q).unwrap_or(0);
+                    entry.0.push(d);
+                    entry.1.get_or_insert_with(Vec::new).push(q);
+                }
+            }
+        }
+        Ok(proposals)
+    }
+
     /// One forward pass over the pending tokens of `ids`, then sampling. Decoding sequences
     /// also carry the speculator's proposals, verified against the same pass's logits.
     fn step(
@@ -337,6 +465,7 @@ impl Engine {
     ) -> Result<(Vec<StepOutput>, StepTimings), EngineError> {
         let start = Instant::now();
         let bs = self.cache.block_size();
+        let mut drafted = self.propose_with_draft(ids, limits)?;
         // (id, first position, input tokens, how many of them are proposals)
         let mut plan: Vec<(u64, usize, Vec<u32>, usize)> = Vec::with_capacity(ids.len());
         for id in ids {
@@ -359,6 +488,9 @@ impl Engine {
                 let room = (seq.blocks.len() * bs).saturating_sub(seq.tokens.len());
                 let proposals = match spec.speculator {
                     Speculator::Ngram => propose_ngram(&seq.tokens, spec.depth.min(room)),
+                    Speculator::Draft => {
+                        drafted.get(id).map(|(p, _)| p.clone()).unwrap_or_default()
+                    }
                 };
                 proposed = proposals.len();
                 input.extend(proposals);
@@ -418,7 +550,13 @@ impl Engine {
             }
             if proposed > 0 {
                 let rows: Vec<&[f32]> = (0..=proposed).map(|i| out.row(ci, i)).collect();
-                let verdict = verify(&mut seq.sampler, &rows, &input[1..]);
+                let draft_probs = drafted.remove(&id).and_then(|(_, q)| q);
+                let verdict = verify(&mut seq.sampler, &rows, &input[1..], draft_probs.as_deref());
+                // The draft's K/V are valid up to the accepted proposals it wrote.
+                let depth = input.len() - 1;
+                seq.draft_computed = seq
+                    .draft_computed
+                    .min(start + 1 + verdict.accepted.min(depth - 1));
                 // K/V of accepted proposals are valid; those after them are overwritten later.
                 seq.computed += verdict.accepted;
                 seq.tokens.extend(verdict.tokens.iter().map(|t| t.id));

@@ -12,6 +12,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod comm;
 mod core;
 mod error;
 mod kv_cache;

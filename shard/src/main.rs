@@ -110,17 +110,14 @@ async fn main() -> anyhow::Result<()> {
             args.world_size
         );
     }
-    let speculator = match Speculator::from_name(&args.speculator) {
-        Some(s) => s,
-        None if args.speculator == "draft" => bail!(
-            "--speculator draft: draft-model speculation is not available yet; use --speculator ngram"
-        ),
-        None => bail!("--speculator {:?}: unknown; use ngram", args.speculator),
-    };
-    if args.draft_model_id.is_some() {
-        bail!(
-            "--draft-model-id: draft-model speculation is not available yet; use --speculator ngram"
-        );
+    let speculator = Speculator::from_name(&args.speculator).with_context(|| {
+        format!(
+            "--speculator {:?}: unknown; use ngram or draft",
+            args.speculator
+        )
+    })?;
+    if speculator == Speculator::Draft && args.speculate > 0 && args.draft_model_id.is_none() {
+        bail!("--speculator draft needs --draft-model-id (a model sharing this model's tokenizer)");
     }
     if args.dtype != "float32" {
         bail!(
@@ -136,10 +133,15 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(model = %args.model_id.display(), config = ?files.config, "loading weights");
     let model = Model::load(&files)?;
     // A minimal cache until Warmup sizes it from the memory budget.
-    let engine = Engine::new(model, 2, args.block_size).with_speculation(SpeculationConfig {
+    let mut engine = Engine::new(model, 2, args.block_size).with_speculation(SpeculationConfig {
         depth: args.speculate as usize,
         speculator,
     });
+    if let (Speculator::Draft, Some(path)) = (speculator, &args.draft_model_id) {
+        let draft = ModelFiles::open(path)?;
+        tracing::info!(draft = %path.display(), "loading the draft model");
+        engine = engine.with_draft(Model::load(&draft)?)?;
+    }
     let info = ShardInfo {
         dtype: args.dtype.clone(),
         rank: args.rank,

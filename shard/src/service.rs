@@ -222,8 +222,7 @@ impl TextGenerationService for ShardService {
         let (num_blocks, block_size) = self
             .with_engine(move |engine| {
                 let bs = engine.block_size();
-                let layout = engine.model().kv_layout(bs);
-                let per_block = crate::KvCache::block_bytes(engine.model().config().num_layers, layout) as u64;
+                let per_block = engine.block_bytes() as u64;
                 let num_blocks = (budget / per_block) as usize;
                 let needed = (r.max_total_tokens as usize).div_ceil(bs) + 1;
                 if num_blocks < needed {

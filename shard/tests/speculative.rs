@@ -67,6 +67,18 @@ fn generate(
     (out, (proposed, accepted))
 }
 
+/// An engine whose proposals come from the fixture `draft` (all fixtures share a tokenizer).
+fn draft_engine(model: Model, depth: usize, draft: &str) -> Engine {
+    let (draft, _) = load_fixture(draft);
+    Engine::new(model, 1 + 16 * 64, BLOCK)
+        .with_speculation(SpeculationConfig {
+            depth,
+            speculator: Speculator::Draft,
+        })
+        .with_draft(draft)
+        .unwrap()
+}
+
 fn engine(model: Model, depth: usize) -> Engine {
     Engine::new(model, 1 + 16 * 64, BLOCK).with_speculation(SpeculationConfig {
         depth,
@@ -120,6 +132,31 @@ fn greedy_tokens_are_identical_at_every_depth() {
             total_accepted > 0,
             "{name}: no proposal was ever accepted, the test proves nothing"
         );
+        // Draft-model proposals: the model drafting for itself (everything accepted) and
+        // another model (mostly rejected).
+        for draft in [name, "tiny-mistral"] {
+            for depth in [1, 3, 5] {
+                let (model, _) = load_fixture(name);
+                let mut e = draft_engine(model, depth, draft);
+                let (batched, (proposed, accepted)) = generate(&mut e, &prompts, &greedy, 20);
+                assert_eq!(
+                    batched, reference,
+                    "{name} drafted by {draft}, depth {depth}: batched"
+                );
+                assert!(proposed > 0);
+                if draft == name {
+                    assert_eq!(
+                        accepted, proposed,
+                        "{name} drafting for itself must be always right"
+                    );
+                }
+                let (alone, _) = generate(&mut e, &prompts[..1], &greedy[..1], 20);
+                assert_eq!(
+                    alone[0], reference[0],
+                    "{name} drafted by {draft}, depth {depth}: alone"
+                );
+            }
+        }
     }
 }
 
@@ -137,11 +174,17 @@ fn sampling_keeps_the_model_distribution() {
     let mut hist = [
         std::collections::HashMap::<u32, f64>::new(),
         Default::default(),
+        Default::default(),
     ];
     let mut proposed = 0;
-    for (h, depth) in hist.iter_mut().zip([0usize, 3]) {
+    for (k, h) in hist.iter_mut().enumerate() {
         let (model, _) = load_fixture("tiny-llama");
-        let mut e = engine(model, depth);
+        // Without speculation, with n-gram proposals, with a draft model unlike the target.
+        let mut e = match k {
+            0 => engine(model, 0),
+            1 => engine(model, 3),
+            _ => draft_engine(model, 3, "tiny-mistral"),
+        };
         // Many sequences per batch, each with its own seed.
         for chunk in (0..seeds).collect::<Vec<_>>().chunks(50) {
             let prompts = vec![prompt.clone(); chunk.len()];
@@ -164,35 +207,44 @@ fn sampling_keeps_the_model_distribution() {
         proposed > 0,
         "nothing was proposed: speculation was not exercised"
     );
-    // Pool rare tokens so every cell has a reasonable expected count.
-    let mut keys: Vec<u32> = hist[0].keys().chain(hist[1].keys()).copied().collect();
+    for other in [1, 2] {
+        let (chi2, limit, cells) = two_sample_chi2(&hist[0], &hist[other]);
+        assert!(
+            chi2 < limit,
+            "speculator {other}: chi2 {chi2:.1} over {cells} cells exceeds {limit:.1}"
+        );
+    }
+}
+
+/// Two-sample chi-square statistic of equal-size histograms (rare cells pooled), with the
+/// 0.999 quantile of its distribution (Wilson–Hilferty) and the number of cells.
+fn two_sample_chi2(
+    a: &std::collections::HashMap<u32, f64>,
+    b: &std::collections::HashMap<u32, f64>,
+) -> (f64, f64, usize) {
+    let mut keys: Vec<u32> = a.keys().chain(b.keys()).copied().collect();
     keys.sort_unstable();
     keys.dedup();
     let (mut chi2, mut cells, mut rare) = (0.0, 0, [0.0f64; 2]);
     for k in keys {
-        let (a, b) = (
-            hist[0].get(&k).copied().unwrap_or(0.0),
-            hist[1].get(&k).copied().unwrap_or(0.0),
+        let (x, y) = (
+            a.get(&k).copied().unwrap_or(0.0),
+            b.get(&k).copied().unwrap_or(0.0),
         );
-        if a + b < 20.0 {
-            rare[0] += a;
-            rare[1] += b;
+        if x + y < 20.0 {
+            rare[0] += x;
+            rare[1] += y;
             continue;
         }
-        chi2 += (a - b).powi(2) / (a + b);
+        chi2 += (x - y).powi(2) / (x + y);
         cells += 1;
     }
     if rare[0] + rare[1] > 0.0 {
         chi2 += (rare[0] - rare[1]).powi(2) / (rare[0] + rare[1]);
         cells += 1;
     }
-    // Equal sample sizes: chi2 = Σ (a - b)² / (a + b) with cells - 1 degrees of freedom.
-    // Wilson–Hilferty approximation of the 0.999 quantile.
     let df = (cells - 1) as f64;
     let z = 3.09;
     let limit = df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3);
-    assert!(
-        chi2 < limit,
-        "chi2 {chi2:.1} over {cells} cells exceeds {limit:.1}"
-    );
+    (chi2, limit, cells)
 }

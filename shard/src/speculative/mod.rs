@@ -14,6 +14,8 @@ pub use verify::{Verdict, verify};
 pub enum Speculator {
     /// Prompt lookup: continue the latest earlier occurrence of the last few tokens.
     Ngram,
+    /// A smaller model sharing the tokenizer runs ahead on its own paged KV cache.
+    Draft,
 }
 
 impl Speculator {
@@ -21,6 +23,7 @@ impl Speculator {
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "ngram" => Some(Self::Ngram),
+            "draft" => Some(Self::Draft),
             _ => None,
         }
     }
