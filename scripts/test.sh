@@ -18,3 +18,7 @@ cargo test --workspace --locked
 # sm_80 and sm_90 through NVRTC from PyPI; the GPU kernel tests skip without a GPU.
 cargo clippy -p tessera-kernels --features cuda --all-targets --locked -- -D warnings
 cargo test -p tessera-kernels --features cuda --locked
+
+# The Helm chart renders with default and non-default values and validates against the
+# Kubernetes schemas (renderer and validator from PyPI).
+bash scripts/check-helm.sh

@@ -2,6 +2,7 @@
 //! `model.safetensors.index.json`, memory-mapped and converted to f32 on request.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -10,6 +11,7 @@ use safetensors::{Dtype, SafeTensors, tensor::Metadata};
 use serde::Deserialize;
 
 use crate::mmap::map_file;
+use crate::weights::{bad_slice, split_at_dim};
 use crate::{FormatError, HostTensor, WeightSource};
 
 struct Shard {
@@ -120,32 +122,65 @@ impl WeightSource for SafetensorsWeights {
         let (start, end) = info.data_offsets;
         // read_metadata validated the offsets against the file length.
         let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
-        let data: Vec<f32> = match info.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(FormatError::tensor(
-                    &shard.path,
-                    name,
-                    format!("dtype {other:?} is not supported; expected F32, F16 or BF16"),
-                ));
-            }
-        };
+        let mut data = Vec::with_capacity(info.shape.iter().product());
+        convert(info.dtype, bytes, &mut data)
+            .map_err(|m| FormatError::tensor(&shard.path, name, m))?;
         Ok(HostTensor {
             shape: info.shape.clone(),
             data,
         })
     }
+
+    fn load_f32_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        range: Range<usize>,
+    ) -> Result<HostTensor, FormatError> {
+        let (shard, info) = self.locate(name)?;
+        let (outer, len, inner) = split_at_dim(&info.shape, dim, &range)
+            .ok_or_else(|| bad_slice(&shard.path, name, &info.shape, dim, &range))?;
+        let width = info.dtype.bitsize() / 8;
+        let tensor = &shard.map[shard.data_start + info.data_offsets.0..];
+        let mut data = Vec::with_capacity(outer * range.len() * inner);
+        // Only the bytes of the slice are touched: one contiguous run per outer index.
+        for o in 0..outer {
+            let first = (o * len + range.start) * inner * width;
+            let last = (o * len + range.end) * inner * width;
+            convert(info.dtype, &tensor[first..last], &mut data)
+                .map_err(|m| FormatError::tensor(&shard.path, name, m))?;
+        }
+        let mut shape = info.shape.clone();
+        shape[dim] = range.len();
+        Ok(HostTensor { shape, data })
+    }
+}
+
+/// Appends the values of `bytes` (little-endian `dtype`) to `out` as f32.
+fn convert(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) -> Result<(), String> {
+    match dtype {
+        Dtype::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        Dtype::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+        Dtype::BF16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+        other => {
+            return Err(format!(
+                "dtype {other:?} is not supported; expected F32, F16 or BF16"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -198,6 +233,34 @@ mod tests {
             err.contains("missing") && err.contains("model.safetensors"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn slices_read_only_their_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let vals: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let f32s: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bf16s: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        write_safetensors(
+            &dir.path().join("model.safetensors"),
+            &[
+                ("a", Dtype::F32, vec![3, 4], f32s),
+                ("b", Dtype::BF16, vec![3, 4], bf16s),
+            ],
+        );
+        let w = SafetensorsWeights::open(dir.path()).unwrap();
+        for name in ["a", "b"] {
+            let full = w.load_f32(name).unwrap();
+            for (dim, range) in [(0, 1..3), (1, 1..3), (1, 0..4), (0, 0..0)] {
+                let s = w.load_f32_slice(name, dim, range.clone()).unwrap();
+                assert_eq!(s, full.slice(dim, range).unwrap(), "{name} {dim}");
+            }
+            let err = w.load_f32_slice(name, 1, 3..5).unwrap_err().to_string();
+            assert!(err.contains("3..5") && err.contains("[3, 4]"), "{err}");
+        }
     }
 
     #[test]

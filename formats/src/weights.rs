@@ -1,5 +1,7 @@
 //! The one interface the engine uses to read weights, whatever the file format.
 
+use std::ops::Range;
+
 use crate::FormatError;
 
 /// A dense f32 tensor in host memory, row-major, shaped as in Hugging Face transformers.
@@ -9,6 +11,56 @@ pub struct HostTensor {
     pub shape: Vec<usize>,
     /// `shape.iter().product()` values.
     pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    /// The part `range` of dimension `dim` (0: rows, 1: columns of a matrix), or `None` when
+    /// the tensor has fewer dimensions or the range does not fit.
+    pub fn slice(&self, dim: usize, range: Range<usize>) -> Option<HostTensor> {
+        let (outer, len, inner) = split_at_dim(&self.shape, dim, &range)?;
+        let mut data = Vec::with_capacity(outer * range.len() * inner);
+        for o in 0..outer {
+            let base = o * len * inner;
+            data.extend_from_slice(
+                &self.data[base + range.start * inner..base + range.end * inner],
+            );
+        }
+        let mut shape = self.shape.clone();
+        shape[dim] = range.len();
+        Some(HostTensor { shape, data })
+    }
+}
+
+/// `(outer, shape[dim], inner)` element counts around `dim`, if `range` fits in it.
+pub(crate) fn split_at_dim(
+    shape: &[usize],
+    dim: usize,
+    range: &Range<usize>,
+) -> Option<(usize, usize, usize)> {
+    let len = *shape.get(dim)?;
+    if range.start > range.end || range.end > len {
+        return None;
+    }
+    Some((
+        shape[..dim].iter().product(),
+        len,
+        shape[dim + 1..].iter().product(),
+    ))
+}
+
+/// The error for a slice that does not fit a tensor.
+pub(crate) fn bad_slice(
+    path: impl Into<std::path::PathBuf>,
+    name: &str,
+    shape: &[usize],
+    dim: usize,
+    range: &Range<usize>,
+) -> FormatError {
+    FormatError::tensor(
+        path,
+        name,
+        format!("cannot take {range:?} of dimension {dim} of a tensor shaped {shape:?}"),
+    )
 }
 
 /// Weights addressed by their Hugging Face name (`model.layers.0.self_attn.q_proj.weight`).
@@ -22,4 +74,39 @@ pub trait WeightSource: Send + Sync {
     fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError>;
     /// The tensor converted (or dequantized) to f32.
     fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError>;
+    /// Only `range` of dimension `dim` (0: rows, 1: columns, in Hugging Face layout),
+    /// converted to f32: what one tensor-parallel rank holds. The result's shape has
+    /// `range.len()` in `dim`. Formats read only the bytes they need where their layout
+    /// allows it; this default loads the whole tensor and cuts it.
+    fn load_f32_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        range: Range<usize>,
+    ) -> Result<HostTensor, FormatError> {
+        let t = self.load_f32(name)?;
+        t.slice(dim, range.clone())
+            .ok_or_else(|| bad_slice("", name, &t.shape, dim, &range))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_rows_and_columns() {
+        let t = HostTensor {
+            shape: vec![3, 4],
+            data: (0..12).map(|v| v as f32).collect(),
+        };
+        let rows = t.slice(0, 1..3).unwrap();
+        assert_eq!(rows.shape, [2, 4]);
+        assert_eq!(rows.data, [4., 5., 6., 7., 8., 9., 10., 11.]);
+        let cols = t.slice(1, 1..3).unwrap();
+        assert_eq!(cols.shape, [3, 2]);
+        assert_eq!(cols.data, [1., 2., 5., 6., 9., 10.]);
+        assert!(t.slice(1, 2..5).is_none());
+        assert!(t.slice(2, 0..1).is_none());
+    }
 }

@@ -159,8 +159,7 @@ pub fn detokenizer(data: &[u8]) {
         .collect();
     let split = usize::from(*prompt_len).min(ids.len());
     let (prompt, generated) = ids.split_at(split);
-    let mut decoder =
-        tessera_router::IncrementalDecoder::new(tok.clone(), prompt, skip_special);
+    let mut decoder = tessera_router::IncrementalDecoder::new(tok.clone(), prompt, skip_special);
     let mut streamed = String::new();
     for &id in generated {
         match decoder.push(id) {
@@ -219,7 +218,9 @@ pub fn chat_template(data: &[u8]) {
         .map(|p| ChatMessage::new(p[0].clone(), p[1].clone()))
         .collect();
     let tools = (pieces.len() % 2 == 1)
-        .then(|| serde_json::from_str::<serde_json::Value>(pieces.last().unwrap_or(&String::new())).ok())
+        .then(|| {
+            serde_json::from_str::<serde_json::Value>(pieces.last().unwrap_or(&String::new())).ok()
+        })
         .flatten();
     for template in templates() {
         let rendered = template.render_with_tools(&messages, flags & 1 != 0, tools.as_ref());
@@ -320,16 +321,20 @@ pub fn http_bodies(data: &[u8]) {
         let answer = tokio::time::timeout(Duration::from_secs(10), async {
             let response = app.clone().oneshot(request).await.expect("infallible");
             let status = response.status();
+            let sse = response
+                .headers()
+                .get("content-type")
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
             let bytes = response
                 .into_body()
                 .collect()
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
-            (status, bytes)
+            (status, sse, bytes)
         })
         .await;
-        let Ok((status, bytes)) = answer else {
+        let Ok((status, sse, bytes)) = answer else {
             panic!("POST {path} did not answer within 10 s");
         };
         assert!(
@@ -337,8 +342,17 @@ pub fn http_bodies(data: &[u8]) {
             "POST {path} answered {status}: {}",
             String::from_utf8_lossy(&bytes)
         );
-        let streaming = status == 200 && (path == "/generate_stream" || is_stream_request(body));
-        if !streaming {
+        if sse {
+            // Every event of a stream is JSON (or OpenAI's `[DONE]`).
+            let text = String::from_utf8_lossy(&bytes);
+            for data in text.lines().filter_map(|l| l.strip_prefix("data:")) {
+                let data = data.trim();
+                assert!(
+                    data == "[DONE]" || serde_json::from_str::<serde_json::Value>(data).is_ok(),
+                    "POST {path}: SSE data that is not JSON: {data:?}"
+                );
+            }
+        } else {
             assert!(
                 serde_json::from_slice::<serde_json::Value>(&bytes).is_ok(),
                 "POST {path} answered {status} with a body that is not JSON: {}",
@@ -346,12 +360,4 @@ pub fn http_bodies(data: &[u8]) {
             );
         }
     });
-}
-
-/// Whether a body asks for a stream (`"stream": true` at the top level).
-fn is_stream_request(body: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("stream").and_then(serde_json::Value::as_bool))
-        .unwrap_or(false)
 }

@@ -246,8 +246,14 @@ impl Engine {
         }
     }
 
-    /// A one-token pass on block 0, which the router never hands out.
+    /// A one-token pass on block 0, which the router never hands out. With several
+    /// tensor-parallel ranks, only a check that the group is intact: health checks reach the
+    /// ranks independently of the steps, and a forward pass here could pair its collectives
+    /// with another rank's step.
     pub fn health_check(&mut self) -> Result<(), EngineError> {
+        if self.model.partition().world_size > 1 {
+            return self.model.check_peers();
+        }
         let chunk = SequenceChunk {
             tokens: &[0],
             start_position: 0,

@@ -15,6 +15,9 @@ pub enum EngineError {
         /// What does not fit.
         message: String,
     },
+    /// A collective between tensor-parallel ranks failed (a peer died, timed out or diverged).
+    #[error("tensor-parallel group: {0}")]
+    Collective(#[from] crate::comm::CommError),
     /// A batch asked for something the model or the cache cannot do.
     #[error("invalid batch: {0}")]
     InvalidBatch(String),

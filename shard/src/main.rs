@@ -1,11 +1,13 @@
 //! `tessera-shard`: loads a model and serves the router's gRPC calls on a unix socket.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_formats::ModelFiles;
 use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
+use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
 use tessera_shard::service::{ShardInfo, ShardService};
 use tessera_shard::speculative::{SpeculationConfig, Speculator};
 use tessera_shard::telemetry::{self, TelemetryConfig};
@@ -35,6 +37,14 @@ struct Args {
     /// Rendezvous port for the collective communicator.
     #[arg(long, env = "MASTER_PORT", default_value_t = 29500)]
     master_port: u16,
+    /// Collective backend between shards: `shm` (shared memory, CPU shards on one host) or
+    /// `nccl` (GPU shards; needs a build with `--features cuda`).
+    #[arg(long, env = "TESSERA_COMM", default_value = "shm")]
+    comm: String,
+    /// Longest wait for a peer shard inside a collective, in seconds (a dead peer is noticed
+    /// within milliseconds; this bounds a stuck one).
+    #[arg(long, env = "TESSERA_COMM_TIMEOUT", default_value_t = 60)]
+    comm_timeout: u64,
     /// Compute and KV-cache dtype.
     #[arg(long, default_value = "float32")]
     dtype: String,
@@ -104,12 +114,6 @@ async fn main() -> anyhow::Result<()> {
         service_name: args.otlp_service_name.clone(),
         rank: args.rank,
     })?;
-    if args.world_size != 1 {
-        bail!(
-            "--world-size {}: tensor parallelism across shards is not available yet; use one shard",
-            args.world_size
-        );
-    }
     let speculator = Speculator::from_name(&args.speculator).with_context(|| {
         format!(
             "--speculator {:?}: unknown; use ngram or draft",
@@ -131,7 +135,14 @@ async fn main() -> anyhow::Result<()> {
     let socket = format!("{}-{}", args.uds_path, args.rank);
     let files = ModelFiles::open(&args.model_id)?;
     tracing::info!(model = %args.model_id.display(), config = ?files.config, "loading weights");
-    let model = Model::load(&files)?;
+    let partition = Partition::new(args.rank as usize, args.world_size as usize);
+    if let Err(e) = partition.check(&files.config) {
+        bail!("--num-shard {}: {e}", args.world_size);
+    }
+    let comm = communicator(&args)?;
+    let model = Model::load_sharded(&files, comm)?;
+    // Unmap the model files: this rank keeps only its slices.
+    drop(files);
     // A minimal cache until Warmup sizes it from the memory budget.
     let mut engine = Engine::new(model, 2, args.block_size).with_speculation(SpeculationConfig {
         depth: args.speculate as usize,
@@ -179,6 +190,74 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let _ = std::fs::remove_file(&socket);
     Ok(())
+}
+
+/// The shared-memory segment of a shard group: named after the rendezvous port and the
+/// socket prefix, which together identify one server on this host.
+fn segment_path(master_port: u16, uds_path: &str) -> PathBuf {
+    // FNV-1a: stable across runs and processes.
+    let hash = uds_path.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    });
+    let dir = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!("tessera-{master_port}-{hash:016x}"))
+}
+
+/// Joins the shard group (a no-op communicator for a single shard).
+fn communicator(args: &Args) -> anyhow::Result<Arc<dyn Communicator>> {
+    let (rank, world) = (args.rank as usize, args.world_size as usize);
+    let timeout = std::time::Duration::from_secs(args.comm_timeout.max(1));
+    match args.comm.as_str() {
+        "shm" if world == 1 => Ok(Arc::new(LocalComm)),
+        "shm" => {
+            let path = segment_path(args.master_port, &args.uds_path);
+            tracing::info!(rank, world, segment = %path.display(), "joining the shard group");
+            let comm = ShmComm::join(
+                &path,
+                rank,
+                world,
+                ShmConfig {
+                    timeout,
+                    ..ShmConfig::default()
+                },
+            )
+            .with_context(|| format!("rank {rank} of {world}: joining {}", path.display()))?;
+            Ok(Arc::new(comm))
+        }
+        "nccl" => nccl(args, rank, world, timeout),
+        other => bail!("--comm {other:?}: unknown; use shm or nccl"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn nccl(
+    args: &Args,
+    rank: usize,
+    world: usize,
+    timeout: std::time::Duration,
+) -> anyhow::Result<Arc<dyn Communicator>> {
+    let id_path = PathBuf::from(format!("{}-nccl-id", args.uds_path));
+    // One device per shard process: rank r drives device r (of those CUDA_VISIBLE_DEVICES shows).
+    let comm = tessera_shard::comm::NcclComm::join(&id_path, rank, world, rank, timeout)
+        .with_context(|| format!("rank {rank} of {world}: starting NCCL"))?;
+    Ok(Arc::new(comm))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl(
+    _: &Args,
+    _: usize,
+    _: usize,
+    _: std::time::Duration,
+) -> anyhow::Result<Arc<dyn Communicator>> {
+    bail!(
+        "--comm nccl: this tessera-shard was built without GPU support; rebuild with \
+         `cargo build --features cuda`, or use --comm shm for CPU shards"
+    )
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ mod tests;
 mod types;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -33,6 +34,7 @@ pub use metadata::MetadataValue;
 pub use reader::TensorInfo;
 pub use types::GgmlType;
 
+use crate::weights::{bad_slice, split_at_dim};
 use crate::{Architecture, FormatError, HostTensor, WeightSource};
 
 /// An open GGUF file: parsed metadata and tensor infos over a memory map of the data.
@@ -136,18 +138,23 @@ impl GgufFile {
         let info = self
             .tensor_info(gguf_name)
             .ok_or_else(|| FormatError::tensor(&self.path, gguf_name, "not in the file"))?;
-        let bytes = self.tensor_bytes(info);
         let mut out = vec![0.0f32; info.elements()];
+        self.convert(info, self.tensor_bytes(info), &mut out)?;
+        Ok(out)
+    }
+
+    /// Converts `bytes` (whole rows of tensor `info`) to f32 into `out`.
+    fn convert(&self, info: &TensorInfo, bytes: &[u8], out: &mut [f32]) -> Result<(), FormatError> {
         let result = match info.ggml_type {
-            GgmlType::F32 => quant::f32_bytes_to_f32(bytes, &mut out),
-            GgmlType::F16 => quant::f16_bytes_to_f32(bytes, &mut out),
-            GgmlType::BF16 => quant::bf16_bytes_to_f32(bytes, &mut out),
+            GgmlType::F32 => quant::f32_bytes_to_f32(bytes, out),
+            GgmlType::F16 => quant::f16_bytes_to_f32(bytes, out),
+            GgmlType::BF16 => quant::bf16_bytes_to_f32(bytes, out),
             other => match other.quant_format() {
-                Some(format) => quant::dequantize(format, bytes, &mut out),
+                Some(format) => quant::dequantize(format, bytes, out),
                 None => {
                     return Err(FormatError::tensor(
                         &self.path,
-                        gguf_name,
+                        &info.name,
                         format!(
                             "tensor type {other} is not supported; supported: {}",
                             GgmlType::SUPPORTED
@@ -156,8 +163,51 @@ impl GgufFile {
                 }
             },
         };
-        result.map_err(|e| FormatError::tensor(&self.path, gguf_name, e.to_string()))?;
-        Ok(out)
+        result.map_err(|e| FormatError::tensor(&self.path, &info.name, e.to_string()))
+    }
+
+    /// Bytes of one GGUF row (`dims[0]` values), when rows are whole blocks.
+    fn row_bytes(info: &TensorInfo) -> Option<usize> {
+        let (per, bytes) = (
+            info.ggml_type.block_elements(),
+            info.ggml_type.block_bytes(),
+        );
+        let row = *info.dims.first()?;
+        (per > 0 && row % per == 0).then_some(row / per * bytes)
+    }
+
+    /// For a q/k projection whose rows llama.cpp permuted, the head count it used.
+    fn permuted_heads(
+        &self,
+        name: &str,
+        info: &TensorInfo,
+        rows: usize,
+    ) -> Result<Option<usize>, FormatError> {
+        let Some(is_q) = names::permuted_projection(&info.name).filter(|_| self.permutes_qk())
+        else {
+            return Ok(None);
+        };
+        let arch = self.architecture()?;
+        let heads_key = format!("{arch}.attention.head_count");
+        let n_head = if is_q {
+            self.required_usize(&heads_key)?
+        } else {
+            match self.optional_usize(&format!("{arch}.attention.head_count_kv"))? {
+                Some(n) => n,
+                None => self.required_usize(&heads_key)?,
+            }
+        };
+        if n_head == 0 || rows % (2 * n_head) != 0 {
+            return Err(FormatError::tensor(
+                &self.path,
+                name,
+                format!(
+                    "{rows} rows cannot be split into {n_head} heads of even size to undo \
+                     llama.cpp's q/k permutation"
+                ),
+            ));
+        }
+        Ok(Some(n_head))
     }
 
     /// The GGUF name behind a Hugging Face name, if the name maps and the tensor exists.
@@ -203,31 +253,75 @@ impl WeightSource for GgufFile {
         let info = self.resolve(name)?;
         let shape: Vec<usize> = info.dims.iter().rev().copied().collect();
         let mut data = self.load_gguf_f32(&info.name)?;
-        if let Some(is_q) = names::permuted_projection(&info.name).filter(|_| self.permutes_qk()) {
-            let arch = self.architecture()?;
-            let heads_key = format!("{arch}.attention.head_count");
-            let n_head = if is_q {
-                self.required_usize(&heads_key)?
-            } else {
-                match self.optional_usize(&format!("{arch}.attention.head_count_kv"))? {
-                    Some(n) => n,
-                    None => self.required_usize(&heads_key)?,
-                }
-            };
-            let rows = shape.first().copied().unwrap_or(0);
-            if n_head == 0 || rows % (2 * n_head) != 0 {
-                return Err(FormatError::tensor(
-                    &self.path,
-                    name,
-                    format!(
-                        "{} rows cannot be split into {n_head} heads of even size to undo \
-                         llama.cpp's q/k permutation",
-                        rows
-                    ),
-                ));
-            }
+        let rows = shape.first().copied().unwrap_or(0);
+        if let Some(n_head) = self.permuted_heads(name, info, rows)? {
             data = names::unpermute_rows(&data, rows, n_head);
         }
         Ok(HostTensor { shape, data })
+    }
+
+    /// Rows of a matrix dequantize only their blocks. Columns dequantize every row (one at a
+    /// time) and keep the wanted values, so a column slice of a quantized weight reads the
+    /// whole tensor but never holds more than one row of it beyond the slice. Permuted q/k
+    /// rows are sliced at head boundaries and unpermuted per head.
+    fn load_f32_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        range: Range<usize>,
+    ) -> Result<HostTensor, FormatError> {
+        let info = self.resolve(name)?;
+        let shape: Vec<usize> = info.dims.iter().rev().copied().collect();
+        if split_at_dim(&shape, dim, &range).is_none() {
+            return Err(bad_slice(&self.path, name, &shape, dim, &range));
+        }
+        let row_bytes = Self::row_bytes(info);
+        let (Some(row_bytes), 2) = (row_bytes, shape.len()) else {
+            // Vectors (norms, biases) and unusual layouts: small enough to cut after loading.
+            let full = self.load_f32(name)?;
+            return full
+                .slice(dim, range.clone())
+                .ok_or_else(|| bad_slice(&self.path, name, &shape, dim, &range));
+        };
+        let (rows, cols) = (shape[0], shape[1]);
+        let bytes = self.tensor_bytes(info);
+        let heads = self.permuted_heads(name, info, rows)?;
+        let mut out_shape = shape.clone();
+        out_shape[dim] = range.len();
+        if dim == 0 {
+            let head_rows = heads.map_or(1, |n| rows / n);
+            if range.start % head_rows != 0 || range.len() % head_rows != 0 {
+                let full = self.load_f32(name)?;
+                return full
+                    .slice(dim, range.clone())
+                    .ok_or_else(|| bad_slice(&self.path, name, &shape, dim, &range));
+            }
+            let mut data = vec![0.0f32; range.len() * cols];
+            self.convert(
+                info,
+                &bytes[range.start * row_bytes..range.end * row_bytes],
+                &mut data,
+            )?;
+            if heads.is_some() {
+                data = names::unpermute_rows(&data, range.len(), range.len() / head_rows);
+            }
+            return Ok(HostTensor {
+                shape: out_shape,
+                data,
+            });
+        }
+        let mut row = vec![0.0f32; cols];
+        let mut data = Vec::with_capacity(rows * range.len());
+        for r in 0..rows {
+            self.convert(info, &bytes[r * row_bytes..(r + 1) * row_bytes], &mut row)?;
+            data.extend_from_slice(&row[range.clone()]);
+        }
+        if let Some(n_head) = heads {
+            data = names::unpermute_rows(&data, rows, n_head);
+        }
+        Ok(HostTensor {
+            shape: out_shape,
+            data,
+        })
     }
 }

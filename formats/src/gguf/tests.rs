@@ -910,3 +910,49 @@ fn missing_file_is_an_io_error_naming_it() {
     assert!(matches!(err, FormatError::Io { .. }), "{err}");
     assert!(err.to_string().contains("/nonexistent/model.gguf"));
 }
+
+#[test]
+fn slices_match_the_cut_full_tensor() {
+    // Quantized rows and columns.
+    for (format, id) in [(QuantFormat::Q4_1, 3), (QuantFormat::Q6K, 14)] {
+        let cols = 2 * format.block_elements();
+        let w = Writer::new()
+            .kv("general.architecture", V::String("qwen2".into()))
+            .tensor(
+                "blk.0.ffn_up.weight",
+                &[cols as u64, 4],
+                id,
+                valid_blocks(format, 8, id),
+            );
+        let file = open_bytes(&w.bytes().0).unwrap();
+        let name = "model.layers.0.mlp.up_proj.weight";
+        let full = file.load_f32(name).unwrap();
+        for (dim, range) in [(0, 1..3), (0, 0..4), (1, 3..cols - 5), (1, 0..cols)] {
+            let s = file.load_f32_slice(name, dim, range.clone()).unwrap();
+            assert_eq!(s, full.slice(dim, range).unwrap(), "{format} {dim}");
+        }
+        let err = file.load_f32_slice(name, 0, 2..5).unwrap_err().to_string();
+        assert!(err.contains("2..5"), "{err}");
+    }
+    // Permuted q/k: head-aligned rows, any columns, vectors, and unaligned rows.
+    for arch in ["llama", "qwen2"] {
+        let (w, _, _) = tiny_model(arch, true, true);
+        let file = open_bytes(&w.bytes().0).unwrap();
+        for name in [
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.weight",
+            "model.layers.0.self_attn.q_proj.bias",
+        ] {
+            let full = file.load_f32(name).unwrap();
+            let rows = full.shape[0];
+            let mut cases = vec![(0, 0..rows / 2), (0, rows / 2..rows), (0, 1..3)];
+            if full.shape.len() == 2 {
+                cases.push((1, 2..6));
+            }
+            for (dim, range) in cases {
+                let s = file.load_f32_slice(name, dim, range.clone()).unwrap();
+                assert_eq!(s, full.slice(dim, range).unwrap(), "{arch} {name} {dim}");
+            }
+        }
+    }
+}

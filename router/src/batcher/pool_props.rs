@@ -64,11 +64,16 @@ struct Model {
 
 impl Model {
     fn take(&mut self, pool: &mut BlockPool) -> Option<u32> {
-        let empty_exists = (1..=pool.total() as u32)
-            .any(|b| self.refs.get(&b).copied().unwrap_or(0) == 0 && !self.content.contains_key(&b));
+        let empty_exists = (1..=pool.total() as u32).any(|b| {
+            self.refs.get(&b).copied().unwrap_or(0) == 0 && !self.content.contains_key(&b)
+        });
         let got = pool.allocate();
         match got {
-            None => assert_eq!(pool.available(), 0, "allocation failed with blocks available"),
+            None => assert_eq!(
+                pool.available(),
+                0,
+                "allocation failed with blocks available"
+            ),
             Some(b) => {
                 assert_ne!(b, 0, "block 0 handed out");
                 assert_eq!(
@@ -132,7 +137,10 @@ impl Model {
 
     fn release(&mut self, pool: &mut BlockPool, block: u32) {
         pool.release(block);
-        let r = self.refs.get_mut(&block).expect("released a block the model does not hold");
+        let r = self
+            .refs
+            .get_mut(&block)
+            .expect("released a block the model does not hold");
         *r -= 1;
     }
 

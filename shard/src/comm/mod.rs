@@ -9,11 +9,15 @@
 //!   synchronised by atomics and futexes (no sockets on the hot path).
 //! - `NcclComm` (feature `cuda`): NCCL through cudarc, one communicator per process and device.
 
+#[cfg(feature = "cuda")]
+mod nccl;
 mod partition;
 mod shm;
 
 use half::bf16;
 
+#[cfg(feature = "cuda")]
+pub use nccl::NcclComm;
 pub use partition::{HeadSplit, Partition, PartitionError, allowed_shard_counts};
 pub use shm::{ShmComm, ShmConfig};
 

@@ -3,16 +3,25 @@
 //! Prefill chunks and decode tokens of different sequences share one pass: all their tokens
 //! are stacked into `[T, hidden]` activations; only attention looks at sequence boundaries,
 //! reading each sequence's keys and values from its own paged blocks.
+//!
+//! Under tensor parallelism (Megatron-style) each rank holds a slice of every projection
+//! (see `weights`) and of the KV cache (its KV heads only); the residual stream stays whole
+//! on every rank. Per layer there are two all-reduces (after o_proj and after down_proj),
+//! one for the vocabulary-parallel embedding lookup, and the logits of this rank's
+//! vocabulary slice are all-gathered at the end, so every rank samples from the same
+//! logits. With one rank no collective runs and the pass is exactly the single-shard one.
 
 mod rope;
 mod weights;
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::cpu::{activation, attention, matmul, norm, rope as rope_kernel};
 
 use crate::EngineError;
+use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
 use crate::kv_cache::KvCache;
 use weights::{Linear, ModelWeights};
 
@@ -70,18 +79,65 @@ pub struct Model {
     config: ModelConfig,
     weights: ModelWeights,
     inv_freq: Vec<f32>,
+    comm: Arc<dyn Communicator>,
+    partition: Partition,
+    heads: HeadSplit,
 }
 
 impl Model {
     /// Loads the weights of an opened model, converting them to f32.
     pub fn load(files: &ModelFiles) -> Result<Self, EngineError> {
+        Self::load_sharded(files, Arc::new(LocalComm))
+    }
+
+    /// Loads this rank's part of the weights (the rank and group size are `comm`'s); the
+    /// forward pass then runs in step with the other ranks through `comm`.
+    pub fn load_sharded(
+        files: &ModelFiles,
+        comm: Arc<dyn Communicator>,
+    ) -> Result<Self, EngineError> {
         let name = files.path.display().to_string();
-        let weights = ModelWeights::load(&files.config, files.weights.as_ref(), &name)?;
+        let partition = Partition::new(comm.rank(), comm.world_size());
+        partition
+            .check(&files.config)
+            .map_err(|e| EngineError::Weights {
+                path: name.clone(),
+                message: e.to_string(),
+            })?;
+        let heads = partition.heads(&files.config);
+        let weights = ModelWeights::load(
+            &files.config,
+            files.weights.as_ref(),
+            &name,
+            partition,
+            &heads,
+        )?;
         Ok(Self {
             inv_freq: rope::inv_freq(&files.config),
             config: files.config.clone(),
             weights,
+            comm,
+            partition,
+            heads,
         })
+    }
+
+    /// This rank's place in the tensor-parallel group.
+    pub fn partition(&self) -> Partition {
+        self.partition
+    }
+
+    /// Whether the other ranks are alive and the group usable, without a collective (so it
+    /// can run out of step with them, as health checks do).
+    pub fn check_peers(&self) -> Result<(), EngineError> {
+        Ok(self.comm.check_peers()?)
+    }
+
+    fn all_reduce(&self, data: &mut [f32]) -> Result<(), EngineError> {
+        if self.partition.world_size > 1 {
+            self.comm.all_reduce_f32(data)?;
+        }
+        Ok(())
     }
 
     /// The model's configuration.
@@ -89,11 +145,11 @@ impl Model {
         &self.config
     }
 
-    /// The KV layout this model needs for a block size.
+    /// The KV layout this model needs for a block size (this rank's KV heads only).
     pub fn kv_layout(&self, block_size: usize) -> attention::KvLayout {
         attention::KvLayout {
             block_size,
-            kv_heads: self.config.num_kv_heads,
+            kv_heads: self.heads.kv.len(),
             head_dim: self.config.head_dim,
         }
     }
@@ -158,7 +214,9 @@ impl Model {
         self.check(chunks, cache)?;
         let cfg = &self.config;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        // This rank's heads and intermediate width (all of them with one rank).
+        let (nh, nkv) = (self.heads.q.len(), self.heads.kv.len());
+        let inter = self.weights.layers.first().map_or(0, |l| l.down.in_features);
         let bs = cache.layout.block_size;
 
         // Flatten the batch.
@@ -195,18 +253,25 @@ impl Model {
         }
         let t = input_ids.len();
 
-        let mut residual = Vec::with_capacity(t * h);
-        for &id in &input_ids {
-            residual.extend_from_slice(&self.weights.embed[id as usize * h..(id as usize + 1) * h]);
+        // Vocabulary-parallel lookup: rows of other ranks' tokens stay zero here, and the
+        // all-reduce adds exact zeros, so every rank ends with the exact embedding rows.
+        let vocab = &self.weights.vocab;
+        let mut residual = vec![0f32; t * h];
+        for (row, &id) in residual.chunks_exact_mut(h).zip(&input_ids) {
+            if vocab.contains(&(id as usize)) {
+                let local = id as usize - vocab.start;
+                row.copy_from_slice(&self.weights.embed[local * h..(local + 1) * h]);
+            }
         }
+        self.all_reduce(&mut residual)?;
         let (cos, sin) = rope_kernel::cos_sin(&self.inv_freq, &positions);
         let qkv_width = (nh + 2 * nkv) * hd;
         let mut normed = vec![0f32; t * h];
         let mut qkv = vec![0f32; t * qkv_width];
         let mut attn = vec![0f32; t * nh * hd];
         let mut proj = vec![0f32; t * h];
-        let mut gate_up = vec![0f32; t * 2 * cfg.intermediate_size];
-        let mut act = vec![0f32; t * cfg.intermediate_size];
+        let mut gate_up = vec![0f32; t * 2 * inter];
+        let mut act = vec![0f32; t * inter];
         let scale = 1.0 / (hd as f32).sqrt();
 
         for (li, layer) in self.weights.layers.iter().enumerate() {
@@ -248,6 +313,7 @@ impl Model {
                 &mut attn,
             );
             linear(&attn, &layer.o, t, &mut proj);
+            self.all_reduce(&mut proj)?;
             norm::add_rms_norm(
                 &mut residual,
                 &proj,
@@ -256,8 +322,9 @@ impl Model {
                 &mut normed,
             );
             linear(&normed, &layer.gate_up, t, &mut gate_up);
-            activation::silu_mul(&gate_up, cfg.intermediate_size, &mut act);
+            activation::silu_mul(&gate_up, inter, &mut act);
             linear(&act, &layer.down, t, &mut proj);
+            self.all_reduce(&mut proj)?;
         }
 
         // Only the rows that need logits go through the final norm and the LM head.
@@ -283,13 +350,40 @@ impl Model {
             .lm_head
             .as_deref()
             .unwrap_or(&self.weights.embed);
-        let mut logits = vec![0f32; rows * cfg.vocab_size];
+        let local_vocab = vocab.len();
+        let mut logits = vec![0f32; rows * local_vocab];
         matmul::linear(&last_normed, head, None, rows, h, &mut logits);
+        if self.partition.world_size > 1 {
+            logits = self.gather_logits(&logits, rows)?;
+        }
         Ok(ForwardOutput {
             logits,
             vocab_size: cfg.vocab_size,
             rows: out_rows,
         })
+    }
+}
+
+impl Model {
+    /// Every rank's `[rows, its vocabulary slice]` logits, joined into `[rows, vocab]`.
+    fn gather_logits(&self, local: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
+        let vocab = self.config.vocab_size;
+        let slices = self.partition.counts(vocab);
+        let counts: Vec<usize> = slices.iter().map(|n| n * rows).collect();
+        let mut gathered = vec![0f32; rows * vocab];
+        self.comm.all_gather_f32(local, &counts, &mut gathered)?;
+        // `gathered` is rank-major: [rank][row][its slice]; reorder to [row][vocab].
+        let mut logits = vec![0f32; rows * vocab];
+        let (mut from, mut column) = (0, 0);
+        for n in slices {
+            for r in 0..rows {
+                logits[r * vocab + column..r * vocab + column + n]
+                    .copy_from_slice(&gathered[from + r * n..from + (r + 1) * n]);
+            }
+            from += rows * n;
+            column += n;
+        }
+        Ok(logits)
     }
 }
 

@@ -1,9 +1,18 @@
 //! Weights of a Llama-family decoder, loaded once and laid out for the forward pass:
 //! q/k/v fused into one projection, gate/up fused into another.
+//!
+//! Under tensor parallelism each rank reads only its part from the (memory-mapped) files:
+//! the rows of its heads of q/k/v, of its intermediate slice of gate/up and of its
+//! vocabulary slice of the embedding and LM head (column-parallel), and the matching
+//! columns of o_proj and down_proj (row-parallel: their partial products are summed across
+//! ranks, and their biases are added by rank 0 only).
+
+use std::ops::Range;
 
 use tessera_formats::{ModelConfig, WeightSource};
 
 use crate::EngineError;
+use crate::comm::{HeadSplit, Partition};
 
 /// A linear layer in the PyTorch layout: `weight` is `[out, in]`.
 pub(crate) struct Linear {
@@ -30,16 +39,28 @@ pub(crate) struct LayerWeights {
 }
 
 pub(crate) struct ModelWeights {
+    /// This rank's rows (`vocab`) of the embedding.
     pub(crate) embed: Vec<f32>,
+    /// The vocabulary rows this rank holds of the embedding and the LM head.
+    pub(crate) vocab: Range<usize>,
     pub(crate) layers: Vec<LayerWeights>,
     pub(crate) final_norm: Vec<f32>,
-    /// `None` when tied to `embed`.
+    /// `None` when tied to `embed`; this rank's `vocab` rows.
     pub(crate) lm_head: Option<Vec<f32>>,
+}
+
+/// Which part of a tensor a rank loads.
+#[derive(Clone)]
+enum Part {
+    Whole,
+    Rows(Range<usize>),
+    Columns(Range<usize>),
 }
 
 struct Loader<'a> {
     source: &'a dyn WeightSource,
     model: &'a str,
+    partition: Partition,
 }
 
 impl Loader<'_> {
@@ -51,38 +72,67 @@ impl Loader<'_> {
     }
 
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
-        let t = self.source.load_f32(name)?;
-        if t.shape != shape {
-            return Err(self.error(format!(
-                "tensor {name:?} has shape {:?}, the config implies {shape:?}",
-                t.shape
-            )));
-        }
-        Ok(t.data)
+        self.part(name, shape, Part::Whole)
     }
 
-    fn optional(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, EngineError> {
+    /// `part` of the tensor `name`, whose full shape must be `shape`.
+    fn part(&self, name: &str, shape: &[usize], part: Part) -> Result<Vec<f32>, EngineError> {
+        let (dim, range) = match part {
+            Part::Rows(r) if r.len() != shape[0] => (0, r),
+            Part::Columns(r) if shape.len() > 1 && r.len() != shape[1] => (1, r),
+            _ => {
+                let t = self.source.load_f32(name)?;
+                if t.shape != shape {
+                    return Err(self.error(format!(
+                        "tensor {name:?} has shape {:?}, the config implies {shape:?}",
+                        t.shape
+                    )));
+                }
+                return Ok(t.data);
+            }
+        };
+        let found = self.source.shape(name)?;
+        if found != shape {
+            return Err(self.error(format!(
+                "tensor {name:?} has shape {found:?}, the config implies {shape:?}"
+            )));
+        }
+        Ok(self.source.load_f32_slice(name, dim, range)?.data)
+    }
+
+    fn optional(
+        &self,
+        name: &str,
+        shape: &[usize],
+        part: Part,
+    ) -> Result<Option<Vec<f32>>, EngineError> {
         if self.source.contains(name) {
-            self.tensor(name, shape).map(Some)
+            self.part(name, shape, part).map(Some)
         } else {
             Ok(None)
         }
     }
 
-    /// Several projections of the same input stacked into one; biases stacked when any has one.
+    /// Several column-parallel projections of the same input stacked into one (each given as
+    /// its name, full output width and this rank's rows); biases stacked when any has one.
     fn fused(
         &self,
         prefix: &str,
-        parts: &[(&str, usize)],
+        parts: &[(&str, usize, Range<usize>)],
         in_features: usize,
     ) -> Result<Linear, EngineError> {
         let mut weight = Vec::new();
         let mut biases = Vec::new();
-        for (name, out) in parts {
-            weight.extend(self.tensor(&format!("{prefix}.{name}.weight"), &[*out, in_features])?);
+        for (name, out, rows) in parts {
+            let part = Part::Rows(rows.clone());
+            weight.extend(self.part(
+                &format!("{prefix}.{name}.weight"),
+                &[*out, in_features],
+                part.clone(),
+            )?);
             biases.push((
-                self.optional(&format!("{prefix}.{name}.bias"), &[*out])?,
-                *out,
+                self.optional(&format!("{prefix}.{name}.bias"), &[*out], part)?,
+                rows.len(),
             ));
         }
         let bias = biases.iter().any(|(b, _)| b.is_some()).then(|| {
@@ -97,6 +147,31 @@ impl Loader<'_> {
             in_features,
         })
     }
+
+    /// A row-parallel projection: this rank's `columns` of the input; the bias (added once
+    /// after the sum over ranks) only on rank 0.
+    fn row_parallel(
+        &self,
+        name: &str,
+        out: usize,
+        in_features: usize,
+        columns: Range<usize>,
+    ) -> Result<Linear, EngineError> {
+        let weight = self.part(
+            &format!("{name}.weight"),
+            &[out, in_features],
+            Part::Columns(columns.clone()),
+        )?;
+        let bias = match self.partition.rank {
+            0 => self.optional(&format!("{name}.bias"), &[out], Part::Whole)?,
+            _ => None,
+        };
+        Ok(Linear {
+            weight,
+            bias,
+            in_features: columns.len(),
+        })
+    }
 }
 
 impl ModelWeights {
@@ -104,10 +179,20 @@ impl ModelWeights {
         config: &ModelConfig,
         source: &dyn WeightSource,
         model: &str,
+        partition: Partition,
+        heads: &HeadSplit,
     ) -> Result<Self, EngineError> {
-        let l = Loader { source, model };
+        let l = Loader {
+            source,
+            model,
+            partition,
+        };
         let (h, hd) = (config.hidden_size, config.head_dim);
         let (q_out, kv_out) = (config.num_heads * hd, config.num_kv_heads * hd);
+        let q_rows = heads.q.start * hd..heads.q.end * hd;
+        let kv_rows = heads.kv.start * hd..heads.kv.end * hd;
+        let inter = config.intermediate_size;
+        let inter_rows = partition.split(inter);
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("model.layers.{i}");
@@ -115,35 +200,38 @@ impl ModelWeights {
                 input_norm: l.tensor(&format!("{p}.input_layernorm.weight"), &[h])?,
                 qkv: l.fused(
                     &format!("{p}.self_attn"),
-                    &[("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)],
+                    &[
+                        ("q_proj", q_out, q_rows.clone()),
+                        ("k_proj", kv_out, kv_rows.clone()),
+                        ("v_proj", kv_out, kv_rows.clone()),
+                    ],
                     h,
                 )?,
-                o: l.fused(&format!("{p}.self_attn"), &[("o_proj", h)], q_out)?,
+                o: l.row_parallel(&format!("{p}.self_attn.o_proj"), h, q_out, q_rows.clone())?,
                 post_attention_norm: l
                     .tensor(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 gate_up: l.fused(
                     &format!("{p}.mlp"),
                     &[
-                        ("gate_proj", config.intermediate_size),
-                        ("up_proj", config.intermediate_size),
+                        ("gate_proj", inter, inter_rows.clone()),
+                        ("up_proj", inter, inter_rows.clone()),
                     ],
                     h,
                 )?,
-                down: l.fused(
-                    &format!("{p}.mlp"),
-                    &[("down_proj", h)],
-                    config.intermediate_size,
-                )?,
+                down: l.row_parallel(&format!("{p}.mlp.down_proj"), h, inter, inter_rows.clone())?,
             });
         }
-        let vocab = config.vocab_size;
+        let vocab_size = config.vocab_size;
+        let vocab = partition.split(vocab_size);
+        let rows = Part::Rows(vocab.clone());
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            l.optional("lm_head.weight", &[vocab, h])?
+            l.optional("lm_head.weight", &[vocab_size, h], rows.clone())?
         };
         Ok(Self {
-            embed: l.tensor("model.embed_tokens.weight", &[vocab, h])?,
+            embed: l.part("model.embed_tokens.weight", &[vocab_size, h], rows)?,
+            vocab,
             layers,
             final_norm: l.tensor("model.norm.weight", &[h])?,
             lm_head,
