@@ -106,3 +106,51 @@ fn greedy_tokens_match_transformers() {
     assert_eq!(text, golden.chat.greedy_text);
     assert!(text.contains("Paris"), "chat answer {text:?} lacks Paris");
 }
+
+/// Speculative decoding on the real model gives transformers' greedy tokens too: n-gram
+/// proposals at two depths, and the model drafting for itself (every proposal right).
+#[test]
+fn speculative_greedy_tokens_match_transformers() {
+    use tessera_shard::Engine;
+    use tessera_shard::sampling::SamplingParams;
+    use tessera_shard::speculative::{SpeculationConfig, Speculator};
+
+    let Some(path) = gguf_path() else { return };
+    let files = ModelFiles::open(&path).unwrap();
+    let golden: Golden = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
+    )
+    .unwrap();
+    let prompts: Vec<Vec<u32>> = golden
+        .prompts
+        .iter()
+        .map(|p| p.prompt_ids.clone())
+        .collect();
+    let params = vec![SamplingParams::default(); prompts.len()];
+    for (speculator, depth) in [
+        (Speculator::Ngram, 2),
+        (Speculator::Ngram, 5),
+        (Speculator::Draft, 3),
+    ] {
+        let mut engine = Engine::new(Model::load(&files).unwrap(), 1 + 16 * 64, 16)
+            .with_speculation(SpeculationConfig { depth, speculator });
+        if speculator == Speculator::Draft {
+            engine = engine.with_draft(Model::load(&files).unwrap()).unwrap();
+        }
+        let (out, (proposed, accepted)) = common::generate(&mut engine, &prompts, &params, 32);
+        for (p, o) in golden.prompts.iter().zip(&out) {
+            assert_eq!(
+                o, &p.greedy_ids,
+                "{speculator:?} depth {depth}: {:?}",
+                p.text
+            );
+        }
+        assert!(proposed > 0, "{speculator:?}: nothing proposed");
+        if speculator == Speculator::Draft {
+            assert_eq!(
+                accepted, proposed,
+                "the model drafting for itself is always right"
+            );
+        }
+    }
+}

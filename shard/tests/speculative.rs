@@ -3,69 +3,13 @@
 
 mod common;
 
+use common::generate;
 use common::load_fixture;
 use tessera_shard::sampling::SamplingParams;
 use tessera_shard::speculative::{SpeculationConfig, Speculator};
-use tessera_shard::{Engine, Model, NewSequence};
+use tessera_shard::{Engine, Model};
 
 const BLOCK: usize = 16;
-
-fn sequence(
-    id: u64,
-    prompt: &[u32],
-    params: SamplingParams,
-    blocks: std::ops::Range<u32>,
-) -> NewSequence {
-    NewSequence {
-        id,
-        input_ids: prompt.to_vec(),
-        params,
-        prefill_logprobs: false,
-        blocks: blocks.collect(),
-        cache_len: 0,
-        chunk_len: None,
-        generated_len: 0,
-    }
-}
-
-/// Generates `steps` tokens for each prompt, all in one batch; returns the tokens and how many
-/// proposals were made and accepted.
-fn generate(
-    engine: &mut Engine,
-    prompts: &[Vec<u32>],
-    params: &[SamplingParams],
-    steps: usize,
-) -> (Vec<Vec<u32>>, (usize, usize)) {
-    let per_seq = 16u32; // 256 positions per sequence
-    let seqs = prompts
-        .iter()
-        .zip(params)
-        .enumerate()
-        .map(|(i, (p, params))| {
-            let first = 1 + i as u32 * per_seq;
-            sequence(i as u64, p, params.clone(), first..first + per_seq)
-        })
-        .collect();
-    let mut out = vec![Vec::new(); prompts.len()];
-    let (mut proposed, mut accepted) = (0, 0);
-    let (gens, _, _) = engine.prefill(0, seqs, None, vec![], vec![]).unwrap();
-    for g in gens {
-        out[g.request_id as usize].extend(g.tokens.iter().map(|t| t.id));
-    }
-    while out.iter().any(|o| o.len() < steps) {
-        let (gens, _, _) = engine.decode(&[0], vec![], vec![]).unwrap();
-        for g in gens {
-            proposed += g.proposed;
-            accepted += g.tokens.len() - 1;
-            out[g.request_id as usize].extend(g.tokens.iter().map(|t| t.id));
-        }
-    }
-    for o in &mut out {
-        o.truncate(steps);
-    }
-    engine.clear(None);
-    (out, (proposed, accepted))
-}
 
 /// An engine whose proposals come from the fixture `draft` (all fixtures share a tokenizer).
 fn draft_engine(model: Model, depth: usize, draft: &str) -> Engine {

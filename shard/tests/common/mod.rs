@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use tessera_formats::ModelFiles;
 use tessera_shard::sampling::{Sampler, SamplingParams};
-use tessera_shard::{KvCache, LogitsWanted, Model, SequenceChunk};
+use tessera_shard::{Engine, KvCache, LogitsWanted, Model, NewSequence, SequenceChunk};
 
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -169,4 +169,61 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+pub fn sequence(
+    id: u64,
+    prompt: &[u32],
+    params: SamplingParams,
+    blocks: std::ops::Range<u32>,
+) -> NewSequence {
+    NewSequence {
+        id,
+        input_ids: prompt.to_vec(),
+        params,
+        prefill_logprobs: false,
+        blocks: blocks.collect(),
+        cache_len: 0,
+        chunk_len: None,
+        generated_len: 0,
+    }
+}
+
+/// Generates `steps` tokens for each prompt, all in one batch; returns the tokens and how many
+/// proposals were made and accepted.
+pub fn generate(
+    engine: &mut Engine,
+    prompts: &[Vec<u32>],
+    params: &[SamplingParams],
+    steps: usize,
+) -> (Vec<Vec<u32>>, (usize, usize)) {
+    let per_seq = 16u32; // 256 positions per sequence
+    let seqs = prompts
+        .iter()
+        .zip(params)
+        .enumerate()
+        .map(|(i, (p, params))| {
+            let first = 1 + i as u32 * per_seq;
+            sequence(i as u64, p, params.clone(), first..first + per_seq)
+        })
+        .collect();
+    let mut out = vec![Vec::new(); prompts.len()];
+    let (mut proposed, mut accepted) = (0, 0);
+    let (gens, _, _) = engine.prefill(0, seqs, None, vec![], vec![]).unwrap();
+    for g in gens {
+        out[g.request_id as usize].extend(g.tokens.iter().map(|t| t.id));
+    }
+    while out.iter().any(|o| o.len() < steps) {
+        let (gens, _, _) = engine.decode(&[0], vec![], vec![]).unwrap();
+        for g in gens {
+            proposed += g.proposed;
+            accepted += g.tokens.len() - 1;
+            out[g.request_id as usize].extend(g.tokens.iter().map(|t| t.id));
+        }
+    }
+    for o in &mut out {
+        o.truncate(steps);
+    }
+    engine.clear(None);
+    (out, (proposed, accepted))
 }

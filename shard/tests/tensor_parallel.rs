@@ -1,0 +1,281 @@
+//! Tensor parallelism at the engine level: N ranks (threads of this process, each with its
+//! own model partition, KV cache and a real shared-memory communicator over /dev/shm) run
+//! the same batches in step. Every rank must produce bit-identical logits and tokens, and
+//! those must match the single-shard engine (greedy tokens identical, logits within 1e-4).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Outcome, Schedule, max_abs_diff, repo_root, run};
+use tessera_formats::ModelFiles;
+use tessera_shard::comm::{Communicator, ShmComm, ShmConfig};
+use tessera_shard::sampling::SamplingParams;
+use tessera_shard::{Engine, EngineError, Model, NewSequence};
+
+/// A segment path no other test (or test process) uses.
+fn segment() -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!(
+        "tessera-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Runs `f(rank, model)` on `world` ranks in parallel, each with its own partition.
+fn on_ranks<T: Send + 'static>(
+    files: &Arc<ModelFiles>,
+    world: usize,
+    config: ShmConfig,
+    f: impl Fn(usize, Model) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let path = segment();
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let (files, path, config, f) = (files.clone(), path.clone(), config.clone(), f.clone());
+            std::thread::spawn(move || {
+                let comm = ShmComm::join(&path, rank, world, config).unwrap();
+                let model = Model::load_sharded(&files, Arc::new(comm)).unwrap();
+                f(rank, model)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Sixteen prompts of different lengths (the goldens' prompts, cut and rotated).
+fn sixteen_prompts(base: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    (0..16)
+        .map(|i| {
+            let p = &base[i % base.len()];
+            let mut p: Vec<u32> = p[..p.len() - (i / base.len()).min(p.len() - 1)].to_vec();
+            let n = p.len();
+            p.rotate_left(i % n);
+            p
+        })
+        .collect()
+}
+
+/// Runs the prompts on 1 rank and on each of `worlds`, and checks the agreement.
+fn compare(files: ModelFiles, prompts: &[Vec<u32>], steps: usize, worlds: &[usize], what: &str) {
+    let files = Arc::new(files);
+    let single = Model::load(&files).unwrap();
+    let cases = [(Schedule::Staggered, 5), (Schedule::Together, 64)];
+    let expected: Vec<Vec<Outcome>> = cases
+        .iter()
+        .map(|&(schedule, chunk)| run(&single, prompts, steps, chunk, schedule))
+        .collect();
+    drop(single);
+    for &world in worlds {
+        let prompts = prompts.to_vec();
+        let outcomes = on_ranks(&files, world, ShmConfig::default(), move |_, model| {
+            cases
+                .iter()
+                .map(|&(schedule, chunk)| run(&model, &prompts, steps, chunk, schedule))
+                .collect::<Vec<_>>()
+        });
+        for (rank, o) in outcomes.iter().enumerate() {
+            assert_eq!(
+                o, &outcomes[0],
+                "{what}: rank {rank} of {world} diverged from rank 0"
+            );
+        }
+        let mut worst = 0f32;
+        for (case, (got, want)) in outcomes[0].iter().zip(&expected).enumerate() {
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert_eq!(
+                    g.tokens, w.tokens,
+                    "{what}: {world} ranks, case {case}, prompt {i}: greedy tokens differ"
+                );
+                worst = worst.max(max_abs_diff(&g.prompt_logits, &w.prompt_logits));
+            }
+        }
+        eprintln!("{what}: {world} ranks, max |logit diff| vs 1 rank = {worst:e}");
+        assert!(
+            worst <= 1e-4,
+            "{what}: {world} ranks: logits differ by {worst}"
+        );
+    }
+}
+
+#[test]
+fn fixtures_match_the_single_shard_engine() {
+    for (fixture, worlds) in [
+        ("tiny-llama", &[2, 4][..]),
+        ("tiny-qwen2", &[2][..]),
+        ("tiny-mistral", &[2, 4][..]),
+    ] {
+        let (_, golden) = common::load_fixture(fixture);
+        let base: Vec<Vec<u32>> = golden
+            .prompts
+            .iter()
+            .map(|p| p.prompt_ids.clone())
+            .collect();
+        let files = ModelFiles::open(&repo_root().join("fixtures").join(fixture)).unwrap();
+        compare(files, &sixteen_prompts(&base), 12, worlds, fixture);
+    }
+}
+
+#[test]
+fn smollm2_matches_the_single_shard_engine_on_two_and_three_ranks() {
+    let dir = std::env::var_os("TESSERA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera")));
+    let Some(path) = dir
+        .map(|d| d.join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .filter(|p| p.is_file())
+    else {
+        assert!(
+            std::env::var("TESSERA_REQUIRE_SMOLLM2").map_or(true, |v| v != "1"),
+            "TESSERA_REQUIRE_SMOLLM2=1 but the SmolLM2 GGUF is missing"
+        );
+        eprintln!("skipping: SmolLM2 GGUF not found; fetch it with scripts/fetch_smollm2.sh");
+        return;
+    };
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
+    )
+    .unwrap();
+    let base: Vec<Vec<u32>> = golden["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| serde_json::from_value(p["prompt_ids"].clone()).unwrap())
+        .collect();
+    let files = ModelFiles::open(&path).unwrap();
+    compare(files, &sixteen_prompts(&base), 8, &[2, 3], "SmolLM2");
+}
+
+fn sequence(id: u64, prompt: &[u32], blocks: Vec<u32>) -> NewSequence {
+    NewSequence {
+        id,
+        input_ids: prompt.to_vec(),
+        params: SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed: 1000 + id,
+            top_n_logprobs: 3,
+            ..SamplingParams::default()
+        },
+        prefill_logprobs: id % 4 == 0,
+        blocks,
+        cache_len: 0,
+        chunk_len: None,
+        generated_len: 0,
+    }
+}
+
+#[test]
+fn sampling_picks_the_same_tokens_on_every_rank() {
+    let (_, golden) = common::load_fixture("tiny-llama");
+    let base: Vec<Vec<u32>> = golden
+        .prompts
+        .iter()
+        .map(|p| p.prompt_ids.clone())
+        .collect();
+    let prompts = sixteen_prompts(&base);
+    let files = Arc::new(ModelFiles::open(&repo_root().join("fixtures/tiny-llama")).unwrap());
+    let outputs = on_ranks(&files, 2, ShmConfig::default(), move |_, model| {
+        let mut engine = Engine::new(model, 1 + 16 * 10, 16);
+        // Health checks run out of step with the other rank: no collective.
+        engine.health_check().unwrap();
+        let new: Vec<NewSequence> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let blocks = (0..10).map(|b| (1 + i * 10 + b) as u32).collect();
+                sequence(i as u64, p, blocks)
+            })
+            .collect();
+        let mut log = Vec::new();
+        let (out, _, _) = engine
+            .prefill(1, new, None, Vec::new(), Vec::new())
+            .unwrap();
+        log.push(format!("{out:?}"));
+        for _ in 0..12 {
+            let (out, _, _) = engine.decode(&[1], Vec::new(), Vec::new()).unwrap();
+            log.push(format!("{out:?}"));
+        }
+        log
+    });
+    assert_eq!(outputs[0], outputs[1], "the ranks sampled different tokens");
+}
+
+#[test]
+fn shard_counts_that_do_not_split_are_refused_naming_the_dimension() {
+    let files = Arc::new(ModelFiles::open(&repo_root().join("fixtures/tiny-llama")).unwrap());
+    let path = segment();
+    let errors: Vec<String> = (0..3)
+        .map(|rank| {
+            let (files, path) = (files.clone(), path.clone());
+            std::thread::spawn(move || {
+                let comm = ShmComm::join(&path, rank, 3, ShmConfig::default()).unwrap();
+                match Model::load_sharded(&files, Arc::new(comm)) {
+                    Err(EngineError::Weights { message, .. }) => message,
+                    Err(other) => panic!("unexpected error {other}"),
+                    Ok(_) => panic!("3 ranks cannot split 2 KV heads"),
+                }
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    for e in errors {
+        assert!(
+            e.contains("num_key_value_heads = 2")
+                && e.contains("allowed shard counts for this model: 1, 2, 4"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_stops_answering_fails_the_pass_instead_of_hanging() {
+    let files = Arc::new(ModelFiles::open(&repo_root().join("fixtures/tiny-llama")).unwrap());
+    let config = ShmConfig {
+        timeout: Duration::from_millis(500),
+        ..ShmConfig::default()
+    };
+    let results = on_ranks(&files, 2, config, |rank, model| {
+        if rank == 1 {
+            return None; // leaves the group without running the pass
+        }
+        let mut engine = Engine::new(model, 8, 16);
+        let start = std::time::Instant::now();
+        let err = engine.warmup(8).unwrap_err().to_string();
+        let health = engine.health_check().map_err(|e| e.to_string());
+        Some((err, start.elapsed(), health))
+    });
+    let (err, took, health) = results[0].clone().unwrap();
+    assert!(err.contains("rank 1") && err.contains("timed out"), "{err}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let health = health.unwrap_err();
+    assert!(health.contains("restart"), "{health}");
+}
+
+#[test]
+fn communicator_reports_its_place() {
+    let path = segment();
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let c = ShmComm::join(&path, rank, 2, ShmConfig::default()).unwrap();
+                (c.rank(), c.world_size())
+            })
+        })
+        .collect();
+    let places: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(places, [(0, 2), (1, 2)]);
+}
