@@ -25,7 +25,8 @@ pub enum StopMatch {
 /// Finds stop sequences in a stream of text chunks. One per request.
 #[derive(Debug, Clone, Default)]
 pub struct StopSequenceMatcher {
-    stop_sequences: Vec<String>,
+    /// Non-empty sequences with their index in the list given to `new`.
+    stop_sequences: Vec<(usize, String)>,
     held: String,
     stopped: bool,
 }
@@ -36,7 +37,8 @@ impl StopSequenceMatcher {
         Self {
             stop_sequences: stop_sequences
                 .into_iter()
-                .filter(|s| !s.is_empty())
+                .enumerate()
+                .filter(|(_, s)| !s.is_empty())
                 .collect(),
             held: String::new(),
             stopped: false,
@@ -67,8 +69,7 @@ impl StopSequenceMatcher {
         let found = self
             .stop_sequences
             .iter()
-            .enumerate()
-            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|pos| (pos, i)))
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|pos| (pos, *i)))
             .min();
         if let Some((pos, index)) = found {
             self.stopped = true;
@@ -94,7 +95,7 @@ impl StopSequenceMatcher {
         let held = self.held.as_str();
         self.stop_sequences
             .iter()
-            .filter_map(|s| {
+            .filter_map(|(_, s)| {
                 let longest = (s.len() - 1).min(held.len());
                 (1..=longest)
                     .rev()

@@ -94,13 +94,9 @@ fn run(stops: &[String], parts: &[String]) -> (String, Option<usize>, usize) {
     (out, None, max_held)
 }
 
-/// Bug (issue 11): `StopMatch::Stopped::index` is documented as the index "in the order
-/// given to `new`", but `new` drops empty sequences first, so every sequence after an empty
-/// one is reported one place too early (here 0, the empty string, instead of 1). No caller
-/// reads the index today. Fix in `router/src/stop.rs` (keep the original indices, or
-/// document the filtered order), then remove the `ignore`.
+/// Regression: `StopMatch::Stopped::index` is the index in the list given to `new`, even
+/// when empty sequences (which are ignored) come before the one that matched.
 #[test]
-#[ignore = "known bug: stop index ignores filtered empty sequences (router/src/stop.rs)"]
 fn stop_index_counts_empty_sequences() {
     let mut m = StopSequenceMatcher::new(vec![String::new(), "a".into()]);
     assert_eq!(

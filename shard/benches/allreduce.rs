@@ -40,7 +40,8 @@ fn time_memcpy(bytes: usize) -> Duration {
 
 fn main() {
     let world = 2;
-    let path = std::path::Path::new("/dev/shm").join(format!("tessera-bench-{}", std::process::id()));
+    let path =
+        std::path::Path::new("/dev/shm").join(format!("tessera-bench-{}", std::process::id()));
     let barrier = Arc::new(Barrier::new(world));
     let handles: Vec<_> = (0..world)
         .map(|rank| {

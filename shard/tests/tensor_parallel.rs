@@ -167,7 +167,7 @@ fn sequence(id: u64, prompt: &[u32], blocks: Vec<u32>) -> NewSequence {
             top_n_logprobs: 3,
             ..SamplingParams::default()
         },
-        prefill_logprobs: id % 4 == 0,
+        prefill_logprobs: id.is_multiple_of(4),
         blocks,
         cache_len: 0,
         chunk_len: None,

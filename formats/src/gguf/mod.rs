@@ -173,7 +173,7 @@ impl GgufFile {
             info.ggml_type.block_bytes(),
         );
         let row = *info.dims.first()?;
-        (per > 0 && row % per == 0).then_some(row / per * bytes)
+        (per > 0 && row.is_multiple_of(per)).then_some(row / per * bytes)
     }
 
     /// For a q/k projection whose rows llama.cpp permuted, the head count it used.
@@ -197,7 +197,7 @@ impl GgufFile {
                 None => self.required_usize(&heads_key)?,
             }
         };
-        if n_head == 0 || rows % (2 * n_head) != 0 {
+        if n_head == 0 || !rows.is_multiple_of(2 * n_head) {
             return Err(FormatError::tensor(
                 &self.path,
                 name,
@@ -290,7 +290,7 @@ impl WeightSource for GgufFile {
         out_shape[dim] = range.len();
         if dim == 0 {
             let head_rows = heads.map_or(1, |n| rows / n);
-            if range.start % head_rows != 0 || range.len() % head_rows != 0 {
+            if !range.start.is_multiple_of(head_rows) || !range.len().is_multiple_of(head_rows) {
                 let full = self.load_f32(name)?;
                 return full
                     .slice(dim, range.clone())

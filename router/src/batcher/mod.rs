@@ -7,6 +7,8 @@
 //! batch (`FilterBatch`) and give their blocks back before the next step.
 
 mod blocks;
+#[cfg(test)]
+mod pool_props;
 mod scheduler;
 #[cfg(test)]
 mod scheduler_sim;
@@ -55,6 +57,7 @@ pub fn spawn(config: BatcherConfig) -> (mpsc::Sender<Entry>, HealthCheck) {
         client: config.client.clone(),
         last_success: AtomicU64::new(0),
         failed: AtomicBool::new(false),
+        step_since: AtomicU64::new(0),
         epoch: Instant::now(),
     });
     let batcher = Batcher::new(config, health.clone());
@@ -73,8 +76,15 @@ struct Health {
     /// Milliseconds since `epoch` of the last successful step (0: never).
     last_success: AtomicU64,
     failed: AtomicBool,
+    /// Milliseconds since `epoch` when the running step started (0: no step running).
+    step_since: AtomicU64,
     epoch: Instant,
 }
+
+/// A step running longer than this means a stalled shard.
+const STALLED_STEP: Duration = Duration::from_secs(30);
+/// How long the health RPC may take before the shards count as unhealthy.
+const HEALTH_RPC_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Health {
     fn record(&self, ok: bool) {
@@ -85,13 +95,32 @@ impl Health {
         }
     }
 
+    fn now_ms(&self) -> u64 {
+        (self.epoch.elapsed().as_millis() as u64).max(1)
+    }
+
+    /// Marks a step as running (or finished), so that a health check during a long step
+    /// does not queue behind it on the shards.
+    fn step_running(&self, running: bool) {
+        let value = if running { self.now_ms() } else { 0 };
+        self.step_since.store(value, Ordering::Relaxed);
+    }
+
     async fn check(&self) -> bool {
+        let now = self.now_ms();
+        let since = self.step_since.load(Ordering::Relaxed);
+        if since > 0 {
+            // The shards are busy with a step: healthy unless it has been stuck for long.
+            return now - since < STALLED_STEP.as_millis() as u64;
+        }
         let last = self.last_success.load(Ordering::Relaxed);
-        let recent = last > 0 && self.epoch.elapsed().as_millis() as u64 - last < 5_000;
-        if recent && !self.failed.load(Ordering::Relaxed) {
+        if last > 0 && now - last < 5_000 && !self.failed.load(Ordering::Relaxed) {
             return true;
         }
-        let ok = self.client.health().await.is_ok();
+        let ok = matches!(
+            tokio::time::timeout(HEALTH_RPC_TIMEOUT, self.client.health()).await,
+            Ok(Ok(()))
+        );
         self.record(ok);
         ok
     }
@@ -257,7 +286,9 @@ impl Batcher {
                 .filter_map(|id| self.live.get(&id))
                 .map(|l| &l.entry.span),
         );
+        self.health.step_running(true);
         let result = self.execute(&plan).instrument(span).await;
+        self.health.step_running(false);
         counter!(names::BATCH_INFERENCE, "method" => method).increment(1);
         match result {
             Ok((generations, timings)) => {

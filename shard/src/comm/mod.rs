@@ -79,8 +79,12 @@ pub trait Communicator: Send + Sync {
     fn all_reduce_bf16(&self, data: &mut [bf16]) -> Result<(), CommError>;
     /// Concatenates every rank's `local` in rank order into `out`; rank `r` contributes
     /// `counts[r]` values (`local.len() == counts[rank]`, `out.len() == sum(counts)`).
-    fn all_gather_f32(&self, local: &[f32], counts: &[usize], out: &mut [f32])
-    -> Result<(), CommError>;
+    fn all_gather_f32(
+        &self,
+        local: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), CommError>;
     /// Copies `root`'s `data` to every rank.
     fn broadcast_f32(&self, data: &mut [f32], root: usize) -> Result<(), CommError>;
     /// Returns once every rank has called it.

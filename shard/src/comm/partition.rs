@@ -144,10 +144,10 @@ fn split(n: usize, parts: usize, i: usize) -> Range<usize> {
 }
 
 fn heads_split(nh: usize, nkv: usize, n: usize) -> bool {
-    if nkv == 0 || nh % nkv != 0 || n == 0 {
+    if nkv == 0 || !nh.is_multiple_of(nkv) || n == 0 {
         return false;
     }
-    n <= nkv || (n % nkv == 0 && (nh / nkv) % (n / nkv) == 0)
+    n <= nkv || (n.is_multiple_of(nkv) && (nh / nkv).is_multiple_of(n / nkv))
 }
 
 /// Shard counts that split every dimension of `config`.
@@ -220,7 +220,10 @@ mod tests {
         );
         c = config(4, 2);
         assert_eq!(allowed_shard_counts(&c), [1, 2, 4]);
-        assert_eq!(Partition::new(3, 4).heads(&c), HeadSplit { q: 3..4, kv: 1..2 });
+        assert_eq!(
+            Partition::new(3, 4).heads(&c),
+            HeadSplit { q: 3..4, kv: 1..2 }
+        );
         assert!(Partition::new(0, 3).check(&c).is_err());
     }
 }

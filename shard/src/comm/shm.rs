@@ -256,7 +256,7 @@ impl ShmComm {
         if world_size == 0 || rank >= world_size || world_size > 1024 {
             return Err(setup(format!("rank {rank} of {world_size} ranks")));
         }
-        if config.slot_bytes < 64 || config.slot_bytes % 64 != 0 {
+        if config.slot_bytes < 64 || !config.slot_bytes.is_multiple_of(64) {
             return Err(setup(format!(
                 "slot size {} must be a positive multiple of 64 bytes",
                 config.slot_bytes
@@ -400,14 +400,18 @@ impl ShmComm {
             let mut map = unsafe { MmapOptions::new().map_mut(&file) }
                 .map_err(|e| setup(format!("mapping {}: {e}", path.display())))?;
             let word = |at: usize| u64::from_le_bytes(map[at..at + 8].try_into().unwrap_or([0; 8]));
-            let creator = u32::from_le_bytes(map[H_CREATOR..H_CREATOR + 4].try_into().unwrap_or([0; 4]));
+            let creator =
+                u32::from_le_bytes(map[H_CREATOR..H_CREATOR + 4].try_into().unwrap_or([0; 4]));
             if word(H_MAGIC) != MAGIC || !process_alive(creator) {
                 // Stale: rank 0 will replace it.
                 drop(map);
                 std::thread::sleep(Duration::from_millis(5));
                 continue;
             }
-            if word(H_WORLD) != world_size as u64 || word(H_SLOT) != slot_bytes as u64 || map.len() != total {
+            if word(H_WORLD) != world_size as u64
+                || word(H_SLOT) != slot_bytes as u64
+                || map.len() != total
+            {
                 return Err(setup(format!(
                     "{} was made for {} ranks of {} bytes, this rank expects {world_size} of {slot_bytes}",
                     path.display(),
@@ -420,7 +424,8 @@ impl ShmComm {
             // SAFETY: the pointer is 4-byte aligned (the map is page-aligned, the offset a
             // multiple of 4) and within the map, which outlives this reference.
             let claim = unsafe { AtomicU32::from_ptr(claim.cast::<u32>()) };
-            if let Err(other) = claim.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
+            if let Err(other) = claim.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
+            {
                 return Err(setup(format!(
                     "rank {rank} of {} is already taken by pid {other}: two shards share a rank",
                     path.display()
@@ -627,7 +632,9 @@ impl Communicator for ShmComm {
             |step, dst| {
                 let r = step * per..((step + 1) * per).min(len);
                 // SAFETY: `r` lies within `data`, exclusively borrowed by this call.
-                put(dst, unsafe { std::slice::from_raw_parts(data_ptr.add(r.start), r.len()) });
+                put(dst, unsafe {
+                    std::slice::from_raw_parts(data_ptr.add(r.start), r.len())
+                });
             },
             |step, slot| {
                 let r = step * per..((step + 1) * per).min(len);
@@ -657,7 +664,9 @@ impl Communicator for ShmComm {
             |step, dst| {
                 let r = step * per..((step + 1) * per).min(len);
                 // SAFETY: `r` lies within `data`, exclusively borrowed by this call.
-                put(dst, unsafe { std::slice::from_raw_parts(data_ptr.add(r.start), r.len()) });
+                put(dst, unsafe {
+                    std::slice::from_raw_parts(data_ptr.add(r.start), r.len())
+                });
             },
             |step, slot| {
                 let r = step * per..((step + 1) * per).min(len);
@@ -702,7 +711,8 @@ impl Communicator for ShmComm {
                 Some(o)
             })
             .collect();
-        let piece = |count: usize, step: usize| (step * per).min(count)..((step + 1) * per).min(count);
+        let piece =
+            |count: usize, step: usize| (step * per).min(count)..((step + 1) * per).min(count);
         let total = out.len() as u64;
         self.run(
             Op::AllGather,
@@ -733,14 +743,17 @@ impl Communicator for ShmComm {
                 if is_root {
                     let r = step * per..((step + 1) * per).min(len);
                     // SAFETY: `r` lies within `data`, exclusively borrowed by this call.
-                    put(dst, unsafe { std::slice::from_raw_parts(data_ptr.add(r.start), r.len()) });
+                    put(dst, unsafe {
+                        std::slice::from_raw_parts(data_ptr.add(r.start), r.len())
+                    });
                 }
             },
             |step, slot| {
                 if !is_root {
                     let r = step * per..((step + 1) * per).min(len);
                     // SAFETY: as above.
-                    let out = unsafe { std::slice::from_raw_parts_mut(data_ptr.add(r.start), r.len()) };
+                    let out =
+                        unsafe { std::slice::from_raw_parts_mut(data_ptr.add(r.start), r.len()) };
                     out.copy_from_slice(view(slot(root), r.len()));
                 }
             },
@@ -794,7 +807,10 @@ mod tests {
             })
             .collect();
         let comms = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        assert!(!path.exists(), "rank 0 removes the name once everyone joined");
+        assert!(
+            !path.exists(),
+            "rank 0 removes the name once everyone joined"
+        );
         comms
     }
 
@@ -821,7 +837,9 @@ mod tests {
                 let r = c.rank();
                 let mut sums = Vec::new();
                 for n in [0usize, 1, 63, 64, 65, 1000] {
-                    let mut x: Vec<f32> = (0..n).map(|i| (i as f32 + 0.1) * (r as f32 + 1.3)).collect();
+                    let mut x: Vec<f32> = (0..n)
+                        .map(|i| (i as f32 + 0.1) * (r as f32 + 1.3))
+                        .collect();
                     c.all_reduce_f32(&mut x).unwrap();
                     let expected: Vec<f32> = (0..n)
                         .map(|i| {
@@ -833,10 +851,14 @@ mod tests {
                         .collect();
                     assert_eq!(x, expected);
                     sums.push(x);
-                    let mut h: Vec<bf16> = (0..n).map(|i| bf16::from_f32(i as f32 * 0.5 + r as f32)).collect();
+                    let mut h: Vec<bf16> = (0..n)
+                        .map(|i| bf16::from_f32(i as f32 * 0.5 + r as f32))
+                        .collect();
                     c.all_reduce_bf16(&mut h).unwrap();
                     for (i, v) in h.iter().enumerate() {
-                        let e: f32 = (0..world).map(|q| bf16::from_f32(i as f32 * 0.5 + q as f32).to_f32()).sum();
+                        let e: f32 = (0..world)
+                            .map(|q| bf16::from_f32(i as f32 * 0.5 + q as f32).to_f32())
+                            .sum();
                         assert_eq!(*v, bf16::from_f32(e));
                     }
                 }
@@ -845,7 +867,11 @@ mod tests {
                 let local = vec![r as f32; counts[r]];
                 let mut out = vec![-1.0; counts.iter().sum()];
                 c.all_gather_f32(&local, &counts, &mut out).unwrap();
-                let expected: Vec<f32> = counts.iter().enumerate().flat_map(|(q, &n)| vec![q as f32; n]).collect();
+                let expected: Vec<f32> = counts
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(q, &n)| vec![q as f32; n])
+                    .collect();
                 assert_eq!(out, expected);
                 let mut b: Vec<f32> = (0..150).map(|i| (i * (r + 1)) as f32).collect();
                 c.broadcast_f32(&mut b, world - 1).unwrap();
@@ -866,7 +892,11 @@ mod tests {
             } else {
                 c.all_reduce_f32(&mut [1.0; 11])
             };
-            (first.map_err(|e| e.to_string()), c.barrier().is_err(), c.check_peers().is_err())
+            (
+                first.map_err(|e| e.to_string()),
+                c.barrier().is_err(),
+                c.check_peers().is_err(),
+            )
         });
         for (first, later, health) in results {
             let err = first.unwrap_err();
@@ -883,7 +913,9 @@ mod tests {
             join_timeout: Duration::from_millis(200),
             ..ShmConfig::default()
         };
-        let err = ShmComm::join(&path, 0, 2, config.clone()).unwrap_err().to_string();
+        let err = ShmComm::join(&path, 0, 2, config.clone())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("did not join"), "{err}");
         let err = ShmComm::join(&path, 1, 2, config).unwrap_err().to_string();
         assert!(err.contains("did not appear"), "{err}");

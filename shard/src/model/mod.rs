@@ -216,7 +216,11 @@ impl Model {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         // This rank's heads and intermediate width (all of them with one rank).
         let (nh, nkv) = (self.heads.q.len(), self.heads.kv.len());
-        let inter = self.weights.layers.first().map_or(0, |l| l.down.in_features);
+        let inter = self
+            .weights
+            .layers
+            .first()
+            .map_or(0, |l| l.down.in_features);
         let bs = cache.layout.block_size;
 
         // Flatten the batch.

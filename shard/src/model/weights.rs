@@ -218,7 +218,12 @@ impl ModelWeights {
                     ],
                     h,
                 )?,
-                down: l.row_parallel(&format!("{p}.mlp.down_proj"), h, inter, inter_rows.clone())?,
+                down: l.row_parallel(
+                    &format!("{p}.mlp.down_proj"),
+                    h,
+                    inter,
+                    inter_rows.clone(),
+                )?,
             });
         }
         let vocab_size = config.vocab_size;
