@@ -14,9 +14,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
 cargo test --workspace --locked --no-fail-fast
 
-# The GPU path: builds with cudarc (no CUDA needed) and compiles every kernel to PTX for
+# The GPU path (CUDA kernels, NCCL collectives): builds with cudarc (no CUDA needed) and compiles every kernel to PTX for
 # sm_80 and sm_90 through NVRTC from PyPI; the GPU kernel tests skip without a GPU.
-cargo clippy -p tessera-kernels --features cuda --all-targets --locked -- -D warnings
+cargo clippy -p tessera-kernels -p tessera-shard --features cuda --all-targets --locked -- -D warnings
 cargo test -p tessera-kernels --features cuda --locked
 
 # The Helm chart renders with default and non-default values and validates against the
