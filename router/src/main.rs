@@ -64,7 +64,8 @@ struct Args {
     /// Requests in the running batch.
     #[arg(long)]
     max_batch_size: Option<usize>,
-    /// Decode steps a waiting request may be held back for a bigger prefill.
+    /// Accepted for TGI compatibility and ignored: prompt chunks and decodes share every
+    /// step, so a waiting request joins at the next step whenever it fits.
     #[arg(long, default_value_t = 20)]
     max_waiting_tokens: usize,
     /// Largest request body in bytes; larger gets 413.
