@@ -96,7 +96,8 @@ pub(crate) struct Args {
     #[arg(long, env = "MAX_TOTAL_TOKENS")]
     pub(crate) max_total_tokens: Option<u32>,
 
-    /// Most prompt tokens processed in one prefill step. The router derives a default.
+    /// Tokens computed in one step (prompt chunks and decodes together); longer prompts are
+    /// prefilled in chunks. The router derives a default.
     #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS")]
     pub(crate) max_batch_prefill_tokens: Option<u32>,
 
@@ -109,8 +110,8 @@ pub(crate) struct Args {
     #[arg(long, env = "MAX_BATCH_SIZE")]
     pub(crate) max_batch_size: Option<u32>,
 
-    /// Decode steps a waiting request may be delayed before the running batch is paused to
-    /// prefill it.
+    /// Accepted for TGI compatibility and unused: prompt chunks and decodes share every step,
+    /// so a waiting request joins at the next step whenever it fits.
     #[arg(long, env = "MAX_WAITING_TOKENS", default_value_t = 20)]
     pub(crate) max_waiting_tokens: u32,
 
