@@ -24,4 +24,4 @@ pub use config::{Architecture, DType, ModelConfig, RopeScaling};
 pub use error::FormatError;
 pub use model_files::ModelFiles;
 pub use tokenizer::{GgufTokenizerSpec, ModelTokenizer, TokenizeError};
-pub use weights::{HostTensor, WeightSource};
+pub use weights::{HostTensor, NativeTensor, WeightSource};

@@ -2,6 +2,8 @@
 
 use std::ops::Range;
 
+use tessera_kernels::cpu::WeightFormat;
+
 use crate::FormatError;
 
 /// A dense f32 tensor in host memory, row-major, shaped as in Hugging Face transformers.
@@ -29,6 +31,18 @@ impl HostTensor {
         shape[dim] = range.len();
         Some(HostTensor { shape, data })
     }
+}
+
+/// A matrix in its file's storage format, for kernels that multiply it directly
+/// (`tessera_kernels::cpu::WeightMatrix::from_bytes`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NativeTensor {
+    /// How `bytes` encode the values.
+    pub format: WeightFormat,
+    /// `[rows, cols]` in Hugging Face layout; rows are whole blocks of `format`.
+    pub shape: [usize; 2],
+    /// Little-endian values (or blocks), row after row, in Hugging Face row order.
+    pub bytes: Vec<u8>,
 }
 
 /// `(outer, shape[dim], inner)` element counts around `dim`, if `range` fits in it.
@@ -87,6 +101,13 @@ pub trait WeightSource: Send + Sync {
         let t = self.load_f32(name)?;
         t.slice(dim, range.clone())
             .ok_or_else(|| bad_slice("", name, &t.shape, dim, &range))
+    }
+    /// The whole matrix in its storage format, when that format is one the kernels
+    /// multiply directly and not plain f32 (`Ok(None)` otherwise: use [`Self::load_f32`]).
+    /// Rows come in Hugging Face order, like [`Self::load_f32`]'s. This default has none.
+    fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
+        let _ = name;
+        Ok(None)
     }
 }
 

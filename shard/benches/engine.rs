@@ -1,4 +1,5 @@
-//! Engine and kernel throughput on SmolLM2-135M-Instruct (Q4_1 GGUF, run in f32).
+//! Engine and kernel throughput on SmolLM2-135M-Instruct (Q4_1 GGUF; weights stay Q4_1/Q8_0
+//! in memory unless `TESSERA_NATIVE_WEIGHTS=0` loads them as f32).
 //!
 //! Run with `cargo bench -p tessera-shard --bench engine`. Plain `std::time` timing: one
 //! warm-up, then repetitions; the median is reported. Environment:
@@ -270,6 +271,34 @@ fn engine_benches(model: &Model, reps: usize) -> Vec<Row> {
     rows
 }
 
+/// Which weight layout `Model::load` used (see `TESSERA_NATIVE_WEIGHTS`).
+fn weights_kind() -> &'static str {
+    match std::env::var("TESSERA_NATIVE_WEIGHTS") {
+        Ok(v) if v.trim() == "0" => "f32",
+        _ => "native Q4_1/Q8_0",
+    }
+}
+
+/// The process's resident memory from `/proc/self/status` (Linux): total, anonymous (the
+/// loaded weights) and file-backed (the memory-mapped GGUF pages read while loading).
+fn memory() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or_else(|| "?".to_string(), |kb| format!("{:.0} MB", kb / 1024.0))
+    };
+    format!(
+        "RSS {} (anonymous {}, file {})",
+        field("VmRSS:"),
+        field("RssAnon:"),
+        field("RssFile:")
+    )
+}
+
 fn gguf_path() -> Option<PathBuf> {
     std::env::var_os("TESSERA_CACHE")
         .map(PathBuf::from)
@@ -302,14 +331,16 @@ fn main() {
                 let files = ModelFiles::open(&path).unwrap();
                 let model = Model::load(&files).unwrap();
                 println!(
-                    "loaded {} in {:.2} s",
+                    "loaded {} in {:.2} s; {}",
                     path.display(),
-                    t.elapsed().as_secs_f64()
+                    t.elapsed().as_secs_f64(),
+                    memory()
                 );
                 let rows = engine_benches(&model, reps);
                 print_table(
                     &format!(
-                        "SmolLM2-135M engine (f32, median of {reps} after 1 warm-up; decode ms are per step)"
+                        "SmolLM2-135M engine ({} weights, median of {reps} after 1 warm-up; decode ms are per step)",
+                        weights_kind()
                     ),
                     &rows,
                 );

@@ -34,7 +34,9 @@ pub use metadata::MetadataValue;
 pub use reader::TensorInfo;
 pub use types::GgmlType;
 
-use crate::weights::{bad_slice, split_at_dim};
+use tessera_kernels::cpu::WeightFormat;
+
+use crate::weights::{NativeTensor, bad_slice, split_at_dim};
 use crate::{Architecture, FormatError, HostTensor, WeightSource};
 
 /// An open GGUF file: parsed metadata and tensor infos over a memory map of the data.
@@ -258,6 +260,37 @@ impl WeightSource for GgufFile {
             data = names::unpermute_rows(&data, rows, n_head);
         }
         Ok(HostTensor { shape, data })
+    }
+
+    /// `Q8_0`, `Q4_1` and `BF16` matrices as their bytes; permuted q/k rows are moved back
+    /// whole (a row is a whole number of blocks, so this is exact).
+    fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
+        let info = self.resolve(name)?;
+        let format = match info.ggml_type {
+            GgmlType::Q8_0 => WeightFormat::Q8_0,
+            GgmlType::Q4_1 => WeightFormat::Q4_1,
+            GgmlType::BF16 => WeightFormat::Bf16,
+            _ => return Ok(None),
+        };
+        let (&[cols, rows], Some(row_bytes)) = (info.dims.as_slice(), Self::row_bytes(info)) else {
+            return Ok(None);
+        };
+        let mut bytes = self.tensor_bytes(info).to_vec();
+        if bytes.len() != rows * row_bytes {
+            return Err(FormatError::tensor(
+                &self.path,
+                name,
+                format!("{} bytes for {rows} rows of {row_bytes}", bytes.len()),
+            ));
+        }
+        if let Some(n_head) = self.permuted_heads(name, info, rows)? {
+            bytes = names::unpermute_rows(&bytes, rows, n_head);
+        }
+        Ok(Some(NativeTensor {
+            format,
+            shape: [rows, cols],
+            bytes,
+        }))
     }
 
     /// Rows of a matrix dequantize only their blocks. Columns dequantize every row (one at a

@@ -50,11 +50,11 @@ pub(crate) fn permuted_projection(gguf_name: &str) -> Option<bool> {
 ///
 /// Within a head, the converter moved Hugging Face row `s * half + j` (rotate-half layout)
 /// to row `2 * j + s` (interleaved pairs); this moves it back.
-pub(crate) fn unpermute_rows(data: &[f32], rows: usize, n_head: usize) -> Vec<f32> {
+pub(crate) fn unpermute_rows<T: Copy + Default>(data: &[T], rows: usize, n_head: usize) -> Vec<T> {
     let cols = data.len().checked_div(rows).unwrap_or(0);
     let head_rows = rows.checked_div(n_head).unwrap_or(0);
     let half = head_rows / 2;
-    let mut out = vec![0.0; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..n_head {
         for s in 0..2 {
             for j in 0..half {

@@ -956,3 +956,56 @@ fn slices_match_the_cut_full_tensor() {
         }
     }
 }
+
+#[test]
+fn native_matrices_equal_their_f32_loads_with_q_and_k_unpermuted() {
+    use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
+    // q: 8 rows in 2 heads (permuted under llama), k: 4 rows in 1 head, 2 blocks per row.
+    for (format, id, native) in [
+        (QuantFormat::Q8_0, 8, Some(WeightFormat::Q8_0)),
+        (QuantFormat::Q4_1, 3, Some(WeightFormat::Q4_1)),
+        (QuantFormat::Q4_0, 2, None),
+    ] {
+        for arch in ["llama", "qwen2"] {
+            let w = Writer::new()
+                .kv("general.architecture", V::String(arch.into()))
+                .kv(&format!("{arch}.attention.head_count"), V::U32(2))
+                .kv(&format!("{arch}.attention.head_count_kv"), V::U32(1))
+                .tensor(
+                    "blk.0.attn_q.weight",
+                    &[64, 8],
+                    id,
+                    valid_blocks(format, 16, 1),
+                )
+                .tensor(
+                    "blk.0.attn_k.weight",
+                    &[64, 4],
+                    id,
+                    valid_blocks(format, 8, 2),
+                )
+                .f32_tensor("blk.0.attn_norm.weight", &[64], &[1.0; 64]);
+            let file = open_bytes(&w.bytes().0).unwrap();
+            for (name, rows) in [
+                ("model.layers.0.self_attn.q_proj.weight", 8),
+                ("model.layers.0.self_attn.k_proj.weight", 4),
+            ] {
+                let t = file.load_native(name).unwrap();
+                assert_eq!(
+                    t.as_ref().map(|t| t.format),
+                    native,
+                    "{arch} {format} {name}"
+                );
+                let Some(t) = t else { continue };
+                assert_eq!(t.shape, [rows, 64]);
+                let m = WeightMatrix::from_bytes(t.format, rows, 64, &t.bytes).unwrap();
+                assert_eq!(
+                    m.to_f32(),
+                    file.load_f32(name).unwrap().data,
+                    "{arch} {name}"
+                );
+            }
+            let norm = "model.layers.0.input_layernorm.weight";
+            assert_eq!(file.load_native(norm).unwrap(), None);
+        }
+    }
+}

@@ -73,6 +73,8 @@ pub struct Kernels {
     pub(crate) axpy: fn(f32, &[f32], &mut [f32]),
     /// One query head's attention (see `attention::attend_head`).
     pub(crate) attend: AttendFn,
+    /// Dequantizers of the stored weight formats (see `weights`).
+    pub(crate) dequant: super::weights::Dequant,
 }
 
 /// `attention::attend_head` with the level's `dot` and `axpy`.

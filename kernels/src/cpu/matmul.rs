@@ -119,6 +119,7 @@ pub(crate) static PORTABLE: Kernels = Kernels {
     dot: dot_portable,
     axpy: axpy_portable,
     attend: attend_portable,
+    dequant: super::weights::PORTABLE_DEQUANT,
 };
 
 fn attend_portable(
@@ -133,7 +134,7 @@ fn attend_portable(
 
 /// A raw output pointer shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
+pub(crate) struct SharedOut(pub(crate) *mut f32);
 // SAFETY: tasks only write disjoint elements through it (see `linear_with`), and the buffer
 // outlives the parallel loop that uses it.
 unsafe impl Send for SharedOut {}
@@ -142,14 +143,14 @@ unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
     /// The pointer (a method, so that closures capture the whole `Send` wrapper).
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }
 
 /// Weight rows per rayon task: a few tasks per thread, whole kernel tiles, at least 32 rows
 /// and at most 256 (a 256 × 576 f32 chunk is 576 KiB, within L2 while x streams past it).
-fn rows_per_task(n: usize) -> usize {
+pub(crate) fn rows_per_task(n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     (n.div_ceil(threads * 4)).clamp(32, 256).next_multiple_of(8)
 }

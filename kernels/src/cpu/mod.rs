@@ -12,5 +12,7 @@ pub mod dispatch;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+pub mod weights;
 
 pub use dispatch::{Kernels, Level, describe, kernels};
+pub use weights::{WeightFormat, WeightMatrix, linear_weights};

@@ -129,6 +129,21 @@ pub enum QuantError {
         /// Output length.
         out: usize,
     },
+    /// A matrix shape that the bytes (or the format's blocks) do not fit.
+    #[error(
+        "{format}: a {rows}×{cols} matrix cannot be stored in {bytes} bytes (rows must be \
+         whole blocks)"
+    )]
+    MatrixShape {
+        /// The format's name.
+        format: &'static str,
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+        /// Input length.
+        bytes: usize,
+    },
 }
 
 /// Outputs at least this many values long are split across the rayon pool.

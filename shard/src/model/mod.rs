@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use tessera_formats::{ModelConfig, ModelFiles};
-use tessera_kernels::cpu::{activation, attention, matmul, norm, rope as rope_kernel};
+use tessera_kernels::cpu::{activation, attention, linear_weights, norm, rope as rope_kernel};
 
 use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
@@ -220,7 +220,7 @@ impl Model {
             .weights
             .layers
             .first()
-            .map_or(0, |l| l.down.in_features);
+            .map_or(0, |l| l.down.in_features());
         let bs = cache.layout.block_size;
 
         // Flatten the batch.
@@ -264,7 +264,7 @@ impl Model {
         for (row, &id) in residual.chunks_exact_mut(h).zip(&input_ids) {
             if vocab.contains(&(id as usize)) {
                 let local = id as usize - vocab.start;
-                row.copy_from_slice(&self.weights.embed[local * h..(local + 1) * h]);
+                self.weights.embed.row_f32(local, row);
             }
         }
         self.all_reduce(&mut residual)?;
@@ -349,14 +349,11 @@ impl Model {
             cfg.rms_norm_eps,
             &mut last_normed,
         );
-        let head = self
-            .weights
-            .lm_head
-            .as_deref()
-            .unwrap_or(&self.weights.embed);
+        let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
         let local_vocab = vocab.len();
         let mut logits = vec![0f32; rows * local_vocab];
-        matmul::linear(&last_normed, head, None, rows, h, &mut logits);
+        debug_assert_eq!(head.cols(), h);
+        linear_weights(&last_normed, head, None, rows, &mut logits);
         if self.partition.world_size > 1 {
             logits = self.gather_logits(&logits, rows)?;
         }
@@ -393,12 +390,5 @@ impl Model {
 
 fn linear(x: &[f32], layer: &Linear, rows: usize, out: &mut [f32]) {
     debug_assert_eq!(out.len(), rows * layer.out_features());
-    matmul::linear(
-        x,
-        &layer.weight,
-        layer.bias.as_deref(),
-        rows,
-        layer.in_features,
-        out,
-    );
+    linear_weights(x, &layer.weight, layer.bias.as_deref(), rows, out);
 }

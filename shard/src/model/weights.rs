@@ -6,24 +6,34 @@
 //! vocabulary slice of the embedding and LM head (column-parallel), and the matching
 //! columns of o_proj and down_proj (row-parallel: their partial products are summed across
 //! ranks, and their biases are added by rank 0 only).
+//!
+//! Matrices stay in their file's format (GGUF `Q8_0`, `Q4_1`, `BF16`; see
+//! [`WeightSource::load_native`]) when a rank loads them whole, that is with one rank, and
+//! are multiplied directly by `tessera_kernels::cpu::weights`. Sliced matrices (tensor
+//! parallelism) and every other format are loaded as f32. `TESSERA_NATIVE_WEIGHTS=0` loads
+//! everything as f32, the layout before native weights (for comparisons).
 
 use std::ops::Range;
 
 use tessera_formats::{ModelConfig, WeightSource};
+use tessera_kernels::cpu::WeightMatrix;
 
 use crate::EngineError;
 use crate::comm::{HeadSplit, Partition};
 
 /// A linear layer in the PyTorch layout: `weight` is `[out, in]`.
 pub(crate) struct Linear {
-    pub(crate) weight: Vec<f32>,
+    pub(crate) weight: WeightMatrix,
     pub(crate) bias: Option<Vec<f32>>,
-    pub(crate) in_features: usize,
 }
 
 impl Linear {
+    pub(crate) fn in_features(&self) -> usize {
+        self.weight.cols()
+    }
+
     pub(crate) fn out_features(&self) -> usize {
-        self.weight.len() / self.in_features
+        self.weight.rows()
     }
 }
 
@@ -40,13 +50,13 @@ pub(crate) struct LayerWeights {
 
 pub(crate) struct ModelWeights {
     /// This rank's rows (`vocab`) of the embedding.
-    pub(crate) embed: Vec<f32>,
+    pub(crate) embed: WeightMatrix,
     /// The vocabulary rows this rank holds of the embedding and the LM head.
     pub(crate) vocab: Range<usize>,
     pub(crate) layers: Vec<LayerWeights>,
     pub(crate) final_norm: Vec<f32>,
     /// `None` when tied to `embed`; this rank's `vocab` rows.
-    pub(crate) lm_head: Option<Vec<f32>>,
+    pub(crate) lm_head: Option<WeightMatrix>,
 }
 
 /// Which part of a tensor a rank loads.
@@ -61,6 +71,8 @@ struct Loader<'a> {
     source: &'a dyn WeightSource,
     model: &'a str,
     partition: Partition,
+    /// Whether whole matrices may stay in their file's format.
+    native: bool,
 }
 
 impl Loader<'_> {
@@ -100,6 +112,39 @@ impl Loader<'_> {
         Ok(self.source.load_f32_slice(name, dim, range)?.data)
     }
 
+    /// The matrix `name` (full shape `shape`): in its file's format when this rank loads
+    /// all of it and the source has it natively, otherwise `part` of it as f32.
+    fn matrix(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        part: Part,
+    ) -> Result<WeightMatrix, EngineError> {
+        let (rows, cols) = match &part {
+            Part::Whole => (shape[0], shape[1]),
+            Part::Rows(r) => (r.len(), shape[1]),
+            Part::Columns(c) => (shape[0], c.len()),
+        };
+        if self.native
+            && (rows, cols) == (shape[0], shape[1])
+            && let Some(t) = self.source.load_native(name)?
+        {
+            if t.shape != shape {
+                return Err(self.error(format!(
+                    "tensor {name:?} has shape {:?}, the config implies {shape:?}",
+                    t.shape
+                )));
+            }
+            return WeightMatrix::from_bytes(t.format, rows, cols, &t.bytes)
+                .map_err(|e| self.error(format!("tensor {name:?}: {e}")));
+        }
+        Ok(WeightMatrix::from_f32(
+            rows,
+            cols,
+            self.part(name, &shape, part)?,
+        ))
+    }
+
     fn optional(
         &self,
         name: &str,
@@ -121,13 +166,13 @@ impl Loader<'_> {
         parts: &[(&str, usize, Range<usize>)],
         in_features: usize,
     ) -> Result<Linear, EngineError> {
-        let mut weight = Vec::new();
+        let mut weights = Vec::new();
         let mut biases = Vec::new();
         for (name, out, rows) in parts {
             let part = Part::Rows(rows.clone());
-            weight.extend(self.part(
+            weights.push(self.matrix(
                 &format!("{prefix}.{name}.weight"),
-                &[*out, in_features],
+                [*out, in_features],
                 part.clone(),
             )?);
             biases.push((
@@ -142,9 +187,8 @@ impl Loader<'_> {
                 .collect()
         });
         Ok(Linear {
-            weight,
+            weight: WeightMatrix::concat_rows(weights),
             bias,
-            in_features,
         })
     }
 
@@ -157,20 +201,16 @@ impl Loader<'_> {
         in_features: usize,
         columns: Range<usize>,
     ) -> Result<Linear, EngineError> {
-        let weight = self.part(
+        let weight = self.matrix(
             &format!("{name}.weight"),
-            &[out, in_features],
-            Part::Columns(columns.clone()),
+            [out, in_features],
+            Part::Columns(columns),
         )?;
         let bias = match self.partition.rank {
             0 => self.optional(&format!("{name}.bias"), &[out], Part::Whole)?,
             _ => None,
         };
-        Ok(Linear {
-            weight,
-            bias,
-            in_features: columns.len(),
-        })
+        Ok(Linear { weight, bias })
     }
 }
 
@@ -182,10 +222,13 @@ impl ModelWeights {
         partition: Partition,
         heads: &HeadSplit,
     ) -> Result<Self, EngineError> {
+        let native = partition.world_size == 1
+            && !std::env::var("TESSERA_NATIVE_WEIGHTS").is_ok_and(|v| v.trim() == "0");
         let l = Loader {
             source,
             model,
             partition,
+            native,
         };
         let (h, hd) = (config.hidden_size, config.head_dim);
         let (q_out, kv_out) = (config.num_heads * hd, config.num_kv_heads * hd);
@@ -229,13 +272,13 @@ impl ModelWeights {
         let vocab_size = config.vocab_size;
         let vocab = partition.split(vocab_size);
         let rows = Part::Rows(vocab.clone());
-        let lm_head = if config.tie_word_embeddings {
+        let lm_head = if config.tie_word_embeddings || !source.contains("lm_head.weight") {
             None
         } else {
-            l.optional("lm_head.weight", &[vocab_size, h], rows.clone())?
+            Some(l.matrix("lm_head.weight", [vocab_size, h], rows.clone())?)
         };
         Ok(Self {
-            embed: l.part("model.embed_tokens.weight", &[vocab_size, h], rows)?,
+            embed: l.matrix("model.embed_tokens.weight", [vocab_size, h], rows)?,
             vocab,
             layers,
             final_norm: l.tensor("model.norm.weight", &[h])?,

@@ -9,6 +9,9 @@ use std::arch::x86_64::*;
 
 use crate::cpu::attention::{HeadQuery, attend_head};
 use crate::cpu::dispatch::{Kernels, Level};
+use crate::cpu::weights::Dequant;
+use crate::quant::{BlockQ4_1, BlockQ8_0};
+use half::bf16;
 
 /// Rows of `x` per register tile (16 `ymm` registers: `2 × MR × NR` accumulators).
 const MR: usize = 2;
@@ -23,6 +26,11 @@ pub(crate) static KERNELS: Kernels = Kernels {
     dot,
     axpy,
     attend,
+    dequant: Dequant {
+        q8_0: dequant_q8_0,
+        q4_1: dequant_q4_1,
+        bf16: dequant_bf16,
+    },
 };
 
 /// A mask selecting lanes `0..n` (`n` clamped to 0..=8) for `maskload`/`maskstore`.
@@ -239,4 +247,82 @@ fn attend(
 ) {
     // SAFETY: the level's features were detected (see KERNELS).
     unsafe { attend_avx2(hq, cache_k, cache_v, scores, out) }
+}
+
+#[target_feature(enable = "avx2")]
+fn dequant_q8_0_avx2(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    let op = out.as_mut_ptr();
+    for (i, b) in blocks.iter().enumerate() {
+        let d = _mm256_set1_ps(b.d.to_f32());
+        let q = b.qs.as_ptr();
+        for g in 0..4 {
+            // SAFETY: bytes 8g..8g + 8 of the 32 in `qs`; values i * 32 + 8g.. of `out`.
+            unsafe {
+                let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.add(8 * g).cast::<__m128i>()));
+                _mm256_storeu_ps(
+                    op.add(i * 32 + 8 * g),
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(v), d),
+                );
+            }
+        }
+    }
+}
+
+fn dequant_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    // SAFETY: avx2 was detected (see KERNELS).
+    unsafe { dequant_q8_0_avx2(blocks, out) }
+}
+
+/// `q·d + m` with one rounding: `q·d` is exact (4-bit times f16), so the fused form equals
+/// the reference's multiply-then-add.
+#[target_feature(enable = "avx2,fma")]
+fn dequant_q4_1_avx2(blocks: &[BlockQ4_1], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    let op = out.as_mut_ptr();
+    let low = _mm256_set1_epi32(0x0F);
+    for (i, b) in blocks.iter().enumerate() {
+        let d = _mm256_set1_ps(b.d.to_f32());
+        let m = _mm256_set1_ps(b.m.to_f32());
+        let q = b.qs.as_ptr();
+        for g in 0..2 {
+            // SAFETY: bytes 8g..8g + 8 of the 16 in `qs`; values i * 32 + 8g.. and
+            // i * 32 + 16 + 8g.. of `out`.
+            unsafe {
+                let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8 * g).cast::<__m128i>()));
+                let lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low));
+                let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v));
+                _mm256_storeu_ps(op.add(i * 32 + 8 * g), _mm256_fmadd_ps(lo, d, m));
+                _mm256_storeu_ps(op.add(i * 32 + 16 + 8 * g), _mm256_fmadd_ps(hi, d, m));
+            }
+        }
+    }
+}
+
+fn dequant_q4_1(blocks: &[BlockQ4_1], out: &mut [f32]) {
+    // SAFETY: avx2 and fma were detected (see KERNELS).
+    unsafe { dequant_q4_1_avx2(blocks, out) }
+}
+
+#[target_feature(enable = "avx2")]
+fn dequant_bf16_avx2(src: &[bf16], out: &mut [f32]) {
+    assert_eq!(out.len(), src.len(), "one value per bfloat16");
+    let n = src.len();
+    let full = n - n % 8;
+    let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
+    // SAFETY: every load reads 8 values below `full <= n` of `src`, every store 8 of `out`.
+    unsafe {
+        let mut i = 0;
+        while i < full {
+            let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(sp.add(i).cast::<__m128i>()));
+            _mm256_storeu_ps(op.add(i), _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)));
+            i += 8;
+        }
+    }
+    crate::cpu::weights::bf16_to_f32_ref(&src[full..], &mut out[full..]);
+}
+
+fn dequant_bf16(src: &[bf16], out: &mut [f32]) {
+    // SAFETY: avx2 was detected (see KERNELS).
+    unsafe { dequant_bf16_avx2(src, out) }
 }

@@ -8,6 +8,9 @@ use std::arch::x86_64::*;
 
 use crate::cpu::attention::{HeadQuery, attend_head};
 use crate::cpu::dispatch::{Kernels, Level};
+use crate::cpu::weights::Dequant;
+use crate::quant::{BlockQ4_1, BlockQ8_0};
+use half::bf16;
 
 /// Rows of `x` per register tile.
 const MR: usize = 4;
@@ -22,6 +25,11 @@ pub(crate) static KERNELS: Kernels = Kernels {
     dot,
     axpy,
     attend,
+    dequant: Dequant {
+        q8_0: dequant_q8_0,
+        q4_1: dequant_q4_1,
+        bf16: dequant_bf16,
+    },
 };
 
 /// Lanes `0..n` of a 16-lane mask.
@@ -228,4 +236,75 @@ fn attend(
 ) {
     // SAFETY: the level's features were detected (see KERNELS).
     unsafe { attend_avx512(hq, cache_k, cache_v, scores, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn dequant_q8_0_avx512(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    let op = out.as_mut_ptr();
+    for (i, b) in blocks.iter().enumerate() {
+        let d = _mm512_set1_ps(b.d.to_f32());
+        let q = b.qs.as_ptr().cast::<__m128i>();
+        // SAFETY: `qs` holds 32 bytes (two 16-byte loads); `out` holds 32 values at i * 32.
+        unsafe {
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q.add(1))));
+            _mm512_storeu_ps(op.add(i * 32), _mm512_mul_ps(lo, d));
+            _mm512_storeu_ps(op.add(i * 32 + 16), _mm512_mul_ps(hi, d));
+        }
+    }
+}
+
+fn dequant_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see KERNELS).
+    unsafe { dequant_q8_0_avx512(blocks, out) }
+}
+
+/// `q·d + m` with one rounding: `q·d` is exact (4-bit times f16), so the fused form equals
+/// the reference's multiply-then-add.
+#[target_feature(enable = "avx512f")]
+fn dequant_q4_1_avx512(blocks: &[BlockQ4_1], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    let op = out.as_mut_ptr();
+    let low = _mm512_set1_epi32(0x0F);
+    for (i, b) in blocks.iter().enumerate() {
+        let d = _mm512_set1_ps(b.d.to_f32());
+        let m = _mm512_set1_ps(b.m.to_f32());
+        // SAFETY: `qs` holds 16 bytes; `out` holds 32 values at i * 32.
+        unsafe {
+            let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.qs.as_ptr().cast::<__m128i>()));
+            let lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, low));
+            let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(q));
+            _mm512_storeu_ps(op.add(i * 32), _mm512_fmadd_ps(lo, d, m));
+            _mm512_storeu_ps(op.add(i * 32 + 16), _mm512_fmadd_ps(hi, d, m));
+        }
+    }
+}
+
+fn dequant_q4_1(blocks: &[BlockQ4_1], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see KERNELS).
+    unsafe { dequant_q4_1_avx512(blocks, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn dequant_bf16_avx512(src: &[bf16], out: &mut [f32]) {
+    assert_eq!(out.len(), src.len(), "one value per bfloat16");
+    let n = src.len();
+    let full = n - n % 16;
+    let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
+    // SAFETY: every load reads 16 values below `full <= n` of `src`, every store 16 of `out`.
+    unsafe {
+        let mut i = 0;
+        while i < full {
+            let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(sp.add(i).cast::<__m256i>()));
+            _mm512_storeu_ps(op.add(i), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)));
+            i += 16;
+        }
+    }
+    crate::cpu::weights::bf16_to_f32_ref(&src[full..], &mut out[full..]);
+}
+
+fn dequant_bf16(src: &[bf16], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see KERNELS).
+    unsafe { dequant_bf16_avx512(src, out) }
 }
