@@ -327,7 +327,10 @@ pub fn linear_weights_with(
     }
     let (gemm, dequant) = (kernels.gemm, &kernels.dequant);
     let chunk = rows_per_task(n);
-    let fill = rows_per_fill(k);
+    // Small batches (decode) dequantize a few rows at a time so they stay in L1; large ones
+    // (prefill) dequantize the task's rows at once, so `x` is read once per task as in the
+    // f32 path. Either way every output element is computed the same way.
+    let fill = if m >= 32 { chunk } else { rows_per_fill(k) };
     let ptr = SharedOut(out.as_mut_ptr());
     (0..n.div_ceil(chunk)).into_par_iter().for_each(|ci| {
         let (j0, j1) = (ci * chunk, ((ci + 1) * chunk).min(n));
