@@ -25,4 +25,4 @@ pub mod telemetry;
 pub use core::{Engine, NewSequence, StepOutput, StepTimings};
 pub use error::EngineError;
 pub use kv_cache::KvCache;
-pub use model::{ForwardOutput, LogitsWanted, Model, SequenceChunk};
+pub use model::{ForwardOutput, LogitsWanted, Model, SequenceChunk, WeightLayout};

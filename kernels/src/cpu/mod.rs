@@ -9,6 +9,7 @@ pub mod activation;
 mod arch;
 pub mod attention;
 pub mod dispatch;
+pub mod int8;
 pub mod matmul;
 pub mod norm;
 pub mod rope;

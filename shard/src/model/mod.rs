@@ -23,6 +23,7 @@ use tessera_kernels::cpu::{activation, attention, linear_weights, norm, rope as 
 use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
 use crate::kv_cache::KvCache;
+pub use weights::WeightLayout;
 use weights::{Linear, ModelWeights};
 
 /// Which positions of a chunk need logits.
@@ -85,9 +86,14 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads the weights of an opened model, converting them to f32.
+    /// Loads the weights of an opened model (laid out as [`WeightLayout::from_env`] says).
     pub fn load(files: &ModelFiles) -> Result<Self, EngineError> {
         Self::load_sharded(files, Arc::new(LocalComm))
+    }
+
+    /// Loads the weights of an opened model in `layout`.
+    pub fn load_with(files: &ModelFiles, layout: WeightLayout) -> Result<Self, EngineError> {
+        Self::load_sharded_with(files, Arc::new(LocalComm), layout)
     }
 
     /// Loads this rank's part of the weights (the rank and group size are `comm`'s); the
@@ -95,6 +101,15 @@ impl Model {
     pub fn load_sharded(
         files: &ModelFiles,
         comm: Arc<dyn Communicator>,
+    ) -> Result<Self, EngineError> {
+        Self::load_sharded_with(files, comm, WeightLayout::from_env())
+    }
+
+    /// [`Self::load_sharded`] in `layout`.
+    pub fn load_sharded_with(
+        files: &ModelFiles,
+        comm: Arc<dyn Communicator>,
+        layout: WeightLayout,
     ) -> Result<Self, EngineError> {
         let name = files.path.display().to_string();
         let partition = Partition::new(comm.rank(), comm.world_size());
@@ -111,6 +126,7 @@ impl Model {
             &name,
             partition,
             &heads,
+            layout,
         )?;
         Ok(Self {
             inv_freq: rope::inv_freq(&files.config),

@@ -10,8 +10,9 @@
 //! Matrices stay in their file's format (GGUF `Q8_0`, `Q4_1`, `BF16`; see
 //! [`WeightSource::load_native`]) when a rank loads them whole, that is with one rank, and
 //! are multiplied directly by `tessera_kernels::cpu::weights`. Sliced matrices (tensor
-//! parallelism) and every other format are loaded as f32. `TESSERA_NATIVE_WEIGHTS=0` loads
-//! everything as f32, the layout before native weights (for comparisons).
+//! parallelism) and every other format are loaded as f32. [`WeightLayout`] chooses how:
+//! by default `Q8_0` and `Q4_1` matrices are repacked for integer dot products with 8-bit
+//! activations (`tessera_kernels::cpu::int8`, as llama.cpp computes them).
 
 use std::ops::Range;
 
@@ -20,6 +21,35 @@ use tessera_kernels::cpu::WeightMatrix;
 
 use crate::EngineError;
 use crate::comm::{HeadSplit, Partition};
+
+/// How a model's matrices are kept in memory and multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightLayout {
+    /// In the file's format; `Q8_0`/`Q4_1` repacked and multiplied with 8-bit activations in
+    /// integers (as llama.cpp does): the fastest, not bit-identical to f32.
+    #[default]
+    Int8,
+    /// In the file's format, dequantized on the fly and multiplied in f32: bit-identical to
+    /// [`Self::F32`] in a third of its memory.
+    Exact,
+    /// Converted to f32 at load (the layout before native weights, for comparisons).
+    F32,
+}
+
+impl WeightLayout {
+    /// The default, unless `TESSERA_NATIVE_WEIGHTS=0` (→ [`Self::F32`]) or `TESSERA_INT8=0`
+    /// (→ [`Self::Exact`]) asks for another.
+    pub fn from_env() -> Self {
+        let off = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "0");
+        if off("TESSERA_NATIVE_WEIGHTS") {
+            Self::F32
+        } else if off("TESSERA_INT8") {
+            Self::Exact
+        } else {
+            Self::Int8
+        }
+    }
+}
 
 /// A linear layer in the PyTorch layout: `weight` is `[out, in]`.
 pub(crate) struct Linear {
@@ -73,9 +103,17 @@ struct Loader<'a> {
     partition: Partition,
     /// Whether whole matrices may stay in their file's format.
     native: bool,
+    /// Whether `Q8_0`/`Q4_1` matrices are multiplied with 8-bit activations and integer dot
+    /// products (`tessera_kernels::cpu::int8`) instead of exactly in f32.
+    int8: bool,
 }
 
 impl Loader<'_> {
+    /// `w` as the forward pass multiplies it.
+    fn for_compute(&self, w: WeightMatrix) -> WeightMatrix {
+        if self.int8 { w.into_int8() } else { w }
+    }
+
     fn error(&self, message: String) -> EngineError {
         EngineError::Weights {
             path: self.model.to_string(),
@@ -187,7 +225,7 @@ impl Loader<'_> {
                 .collect()
         });
         Ok(Linear {
-            weight: WeightMatrix::concat_rows(weights),
+            weight: self.for_compute(WeightMatrix::concat_rows(weights)),
             bias,
         })
     }
@@ -210,7 +248,10 @@ impl Loader<'_> {
             0 => self.optional(&format!("{name}.bias"), &[out], Part::Whole)?,
             _ => None,
         };
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight: self.for_compute(weight),
+            bias,
+        })
     }
 }
 
@@ -221,14 +262,14 @@ impl ModelWeights {
         model: &str,
         partition: Partition,
         heads: &HeadSplit,
+        layout: WeightLayout,
     ) -> Result<Self, EngineError> {
-        let native = partition.world_size == 1
-            && !std::env::var("TESSERA_NATIVE_WEIGHTS").is_ok_and(|v| v.trim() == "0");
         let l = Loader {
             source,
             model,
             partition,
-            native,
+            native: partition.world_size == 1 && layout != WeightLayout::F32,
+            int8: layout == WeightLayout::Int8,
         };
         let (h, hd) = (config.hidden_size, config.head_dim);
         let (q_out, kv_out) = (config.num_heads * hd, config.num_kv_heads * hd);
@@ -275,10 +316,10 @@ impl ModelWeights {
         let lm_head = if config.tie_word_embeddings || !source.contains("lm_head.weight") {
             None
         } else {
-            Some(l.matrix("lm_head.weight", [vocab_size, h], rows.clone())?)
+            Some(l.for_compute(l.matrix("lm_head.weight", [vocab_size, h], rows.clone())?))
         };
         Ok(Self {
-            embed: l.matrix("model.embed_tokens.weight", [vocab_size, h], rows)?,
+            embed: l.for_compute(l.matrix("model.embed_tokens.weight", [vocab_size, h], rows)?),
             vocab,
             layers,
             final_norm: l.tensor("model.norm.weight", &[h])?,

@@ -2,3 +2,4 @@
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod int8;

@@ -1,0 +1,256 @@
+//! Integer-dot kernels for packed weights (see `cpu::int8`): AVX-512 VNNI, and the reference
+//! compiled for AVX2 (the compiler vectorizes it; the results are the same bits).
+//!
+//! [`AVX512_VNNI`] is only handed out after [`avx512_vnni_supported`], which is what makes
+//! its safe wrappers sound.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use crate::cpu::int8::Int8Kernels;
+use crate::cpu::int8::activations::{QuantizedRows, quantize_block_ref};
+use crate::cpu::int8::packed::{PackedKind, PackedMatrix, QK, TILE};
+use crate::cpu::int8::portable;
+
+/// Whether the CPU has what [`AVX512_VNNI`] uses.
+pub(crate) fn avx512_vnni_supported() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+pub(crate) static AVX512_VNNI: Int8Kernels = Int8Kernels {
+    tiles: tiles_avx512,
+    quantize: quantize_avx512,
+};
+
+pub(crate) static AVX2: Int8Kernels = Int8Kernels {
+    tiles: tiles_avx2,
+    quantize: quantize_block_ref,
+};
+
+/// # Safety
+/// As `portable::tiles`; the CPU must have AVX2 and FMA (the level's table is only used then).
+unsafe fn tiles_avx2(
+    w: &PackedMatrix,
+    t0: usize,
+    nt: usize,
+    x: &QuantizedRows,
+    out: *mut f32,
+    ldo: usize,
+) {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn inner(
+        w: &PackedMatrix,
+        t0: usize,
+        nt: usize,
+        x: &QuantizedRows,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { portable::tiles(w, t0, nt, x, out, ldo) }
+    }
+    // SAFETY: the AVX2 table is only used on CPUs with AVX2 and FMA; contract forwarded.
+    unsafe { inner(w, t0, nt, x, out, ldo) }
+}
+
+fn quantize_avx512(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    assert!(x.len() == QK && q.len() == QK);
+    // SAFETY: this function is only reachable through AVX512_VNNI, handed out after
+    // detection; the slices have 32 values (checked above).
+    unsafe { quantize_block(x, q) }
+}
+
+/// The reference quantizer's operations, 16 lanes at a time.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    // SAFETY: x and q hold 32 values (checked by the caller).
+    unsafe {
+        let v0 = _mm512_loadu_ps(x.as_ptr());
+        let v1 = _mm512_loadu_ps(x.as_ptr().add(16));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if amax != 0.0 { 1.0 / d } else { 0.0 });
+        // Nearest-even (the default rounding mode), as `round_ties_even`; |x · id| ≤ 127.
+        let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+        let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+        _mm_storeu_si128(q.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128(q.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(q1));
+        (d, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)))
+    }
+}
+
+/// # Safety
+/// As `portable::tiles`; only reachable after [`avx512_vnni_supported`].
+unsafe fn tiles_avx512(
+    w: &PackedMatrix,
+    t0: usize,
+    nt: usize,
+    x: &QuantizedRows,
+    out: *mut f32,
+    ldo: usize,
+) {
+    // SAFETY: the table is only handed out after detection; contract forwarded.
+    unsafe {
+        match w.kind() {
+            PackedKind::Q8_0 => tiles_vnni::<false>(w, t0, nt, x, out, ldo),
+            PackedKind::Q4_1 => tiles_vnni::<true>(w, t0, nt, x, out, ldo),
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tiles_vnni<const Q4: bool>(
+    w: &PackedMatrix,
+    t0: usize,
+    nt: usize,
+    x: &QuantizedRows,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let m = x.m;
+    let mut t = t0;
+    // SAFETY (whole body): the kernels read tiles t0..t0 + nt of `w` and rows of `x` that
+    // exist, and write the places the caller vouches for.
+    unsafe {
+        if m == 1 {
+            // Decode: four tiles at a time, so four independent chains hide latency.
+            while t + 4 <= t0 + nt {
+                kernel::<Q4, 1, 4>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                t += 4;
+            }
+            while t < t0 + nt {
+                kernel::<Q4, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                t += 1;
+            }
+        } else {
+            // Prefill: each tile's unpacked lines serve four rows of x.
+            while t < t0 + nt {
+                let o = out.add((t - t0) * TILE);
+                let mut i = 0;
+                while i + 4 <= m {
+                    kernel::<Q4, 4, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                    i += 4;
+                }
+                while i < m {
+                    kernel::<Q4, 1, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                    i += 1;
+                }
+                t += 1;
+            }
+        }
+    }
+}
+
+/// Rows `i0..i0 + R` of `x` times tiles `t..t + C`, written at `out[r * ldo + c * 16 + lane]`
+/// for the tiles' valid lanes.
+///
+/// # Safety
+/// The rows and tiles exist; `out` is writable at those places.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
+    w: &PackedMatrix,
+    t: usize,
+    x: &QuantizedRows,
+    i0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let low = _mm512_set1_epi8(0x0F);
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    // SAFETY (whole body): every pointer below is into a line, scale vector or quant block
+    // that `w` and `x` hold (blocks < w.blocks(), tiles < w.tiles(), rows < x.m).
+    unsafe {
+        for b in 0..w.blocks() {
+            // Two integer chains per (row, tile): low and high nibbles (or even/odd lines).
+            let mut sa = [[_mm512_setzero_si512(); C]; R];
+            let mut sb = [[_mm512_setzero_si512(); C]; R];
+            if !Q4 {
+                for (r, s) in sa.iter_mut().enumerate() {
+                    *s = [_mm512_set1_epi32(x.s128[x.at(i0 + r, b)]); C];
+                }
+            }
+            let xq: [*const i8; R] = std::array::from_fn(|r| x.block(i0 + r, b).as_ptr());
+            let xg = |r: usize, g: usize| {
+                _mm512_set1_epi32(xq[r].add(4 * g).cast::<i32>().read_unaligned())
+            };
+            let lines: [*const Line64; C] =
+                std::array::from_fn(|c| w.lines(t + c, b).as_ptr().cast());
+            if Q4 {
+                for h in 0..QK / 8 {
+                    let mut lo = [_mm512_setzero_si512(); C];
+                    let mut hi = [_mm512_setzero_si512(); C];
+                    for c in 0..C {
+                        let p = _mm512_load_si512(lines[c].add(h).cast());
+                        lo[c] = _mm512_and_si512(p, low);
+                        hi[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low);
+                    }
+                    for r in 0..R {
+                        let (xl, xh) = (xg(r, h), xg(r, h + QK / 8));
+                        for c in 0..C {
+                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], lo[c], xl);
+                            sb[r][c] = _mm512_dpbusd_epi32(sb[r][c], hi[c], xh);
+                        }
+                    }
+                }
+            } else {
+                for g in (0..QK / 4).step_by(2) {
+                    let mut p0 = [_mm512_setzero_si512(); C];
+                    let mut p1 = [_mm512_setzero_si512(); C];
+                    for c in 0..C {
+                        p0[c] = _mm512_load_si512(lines[c].add(g).cast());
+                        p1[c] = _mm512_load_si512(lines[c].add(g + 1).cast());
+                    }
+                    for r in 0..R {
+                        let (x0, x1) = (xg(r, g), xg(r, g + 1));
+                        for c in 0..C {
+                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], p0[c], x0);
+                            sb[r][c] = _mm512_dpbusd_epi32(sb[r][c], p1[c], x1);
+                        }
+                    }
+                }
+            }
+            let scales: [*const u16; C] =
+                std::array::from_fn(|c| w.block_scales(t + c, b).as_ptr());
+            let dw: [__m512; C] =
+                std::array::from_fn(|c| _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].cast())));
+            let mw: [__m512; C] = std::array::from_fn(|c| {
+                if Q4 {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(TILE).cast()))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            });
+            for r in 0..R {
+                let j = x.at(i0 + r, b);
+                let dx = _mm512_set1_ps(x.d[j]);
+                let sdx = _mm512_set1_ps(x.sd[j]);
+                for c in 0..C {
+                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(sa[r][c], sb[r][c]));
+                    let scale = _mm512_mul_ps(dw[c], dx);
+                    acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
+                    if Q4 {
+                        acc[r][c] = _mm512_fmadd_ps(mw[c], sdx, acc[r][c]);
+                    }
+                }
+            }
+        }
+        for c in 0..C {
+            let valid = (w.rows() - (t + c) * TILE).min(TILE);
+            let mask = if valid == TILE {
+                !0
+            } else {
+                ((1u32 << valid) - 1) as __mmask16
+            };
+            for (r, a) in acc.iter().enumerate() {
+                _mm512_mask_storeu_ps(out.add(r * ldo + c * TILE), mask, a[c]);
+            }
+        }
+    }
+}
+
+/// A 64-byte line, for pointer arithmetic in lines.
+#[repr(C, align(64))]
+struct Line64([u8; 64]);

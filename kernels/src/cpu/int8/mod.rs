@@ -1,0 +1,266 @@
+//! Quantized weights times 8-bit-quantized activations, with integer dot products.
+//!
+//! Decoding reads every weight once per token, so its speed is set by how few instructions
+//! each weight byte costs. Unpacking a 4-bit weight to f32 costs several per value; a
+//! `vpdpbusd` multiplies 64 byte pairs at once. So, as llama.cpp does, the activations are
+//! quantized to 8 bits per 32-value block ([`activations`]) and multiplied against the
+//! weights' quants in integers, and the block scales are applied in f32 ([`portable`] gives
+//! the exact sequence of operations). The weights are repacked once at load
+//! ([`packed`]) so that one instruction serves 16 output rows.
+//!
+//! This is not bit-identical to f32 over the dequantized weights (the activations lose
+//! precision to 8 bits per block, as in llama.cpp), but it is bit-identical on every level
+//! and for any batch: a row's outputs depend only on that row.
+#![allow(unsafe_code)]
+
+pub mod activations;
+pub mod packed;
+pub(crate) mod portable;
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use self::activations::{QuantizeBlockFn, QuantizedRows, quantize_block_ref};
+use self::packed::{PackedMatrix, TILE};
+use super::dispatch::{Kernels, Level, kernels};
+use super::matmul::SharedOut;
+
+/// A level's tile kernel, with [`portable::tiles`]'s contract.
+pub(crate) type TilesFn =
+    unsafe fn(w: &PackedMatrix, t0: usize, nt: usize, x: &QuantizedRows, out: *mut f32, ldo: usize);
+
+/// The integer-dot kernels of one level.
+pub(crate) struct Int8Kernels {
+    pub(crate) tiles: TilesFn,
+    pub(crate) quantize: QuantizeBlockFn,
+}
+
+/// The portable level's: the references.
+const PORTABLE: Int8Kernels = Int8Kernels {
+    tiles: portable::tiles,
+    quantize: quantize_block_ref,
+};
+
+impl Int8Kernels {
+    /// The kernels to use at `level` (AVX-512 needs VNNI and BW as well).
+    pub(crate) fn for_level(level: Level) -> &'static Int8Kernels {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use super::arch::x86_64::int8;
+            match level {
+                Level::Avx512 if int8::avx512_vnni_supported() => &int8::AVX512_VNNI,
+                Level::Avx512 | Level::Avx2 => &int8::AVX2,
+                Level::Portable => &PORTABLE,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = level;
+            &PORTABLE
+        }
+    }
+}
+
+thread_local! {
+    /// The quantized activations of the current call.
+    static QUANTIZED: RefCell<QuantizedRows> = RefCell::new(QuantizedRows::default());
+}
+
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ + bias[n]` with the dispatched kernels.
+pub fn linear_int8(x: &[f32], w: &PackedMatrix, bias: Option<&[f32]>, m: usize, out: &mut [f32]) {
+    linear_int8_with(kernels(), x, w, bias, m, out)
+}
+
+/// [`linear_int8`] at an explicit level.
+pub fn linear_int8_with(
+    kernels: &Kernels,
+    x: &[f32],
+    w: &PackedMatrix,
+    bias: Option<&[f32]>,
+    m: usize,
+    out: &mut [f32],
+) {
+    let (n, k) = (w.rows(), w.cols());
+    assert_eq!(x.len(), m * k, "x must be m×k");
+    assert_eq!(out.len(), m * n, "out must be m×n");
+    if let Some(b) = bias {
+        assert_eq!(b.len(), n, "bias must have n values");
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    let int8 = Int8Kernels::for_level(kernels.level);
+    QUANTIZED.with_borrow_mut(|q| {
+        q.quantize(x, m, k, int8.quantize);
+        let q = &*q;
+        let tiles = w.tiles();
+        // A few tasks per thread; multiples of 4 tiles, the GEMV kernel's width.
+        let threads = rayon::current_num_threads().max(1);
+        let per_task = tiles.div_ceil(threads * 4).next_multiple_of(4);
+        let ptr = SharedOut(out.as_mut_ptr());
+        (0..tiles.div_ceil(per_task))
+            .into_par_iter()
+            .for_each(|task| {
+                let t0 = task * per_task;
+                let nt = per_task.min(tiles - t0);
+                let j0 = t0 * TILE;
+                // SAFETY: this task writes out[i * n + c] for i < m and c in j0..min(j0 +
+                // nt * 16, n) only: inside `out` and disjoint from the other tasks' tiles.
+                // `out` is borrowed mutably for the whole loop.
+                unsafe {
+                    let base = ptr.get().add(j0);
+                    (int8.tiles)(w, t0, nt, q, base, n);
+                    if let Some(b) = bias {
+                        let j1 = (j0 + nt * TILE).min(n);
+                        for i in 0..m {
+                            for (r, bv) in b[j0..j1].iter().enumerate() {
+                                *base.add(i * n + r) += bv;
+                            }
+                        }
+                    }
+                }
+            });
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{BlockQ4_1, BlockQ8_0, dequantize_row_q4_1, dequantize_row_q8_0};
+    use half::f16;
+    use rand::{Rng, SeedableRng};
+
+    fn levels() -> Vec<&'static Kernels> {
+        Level::available()
+            .into_iter()
+            .map(|l| Kernels::for_level(l).unwrap())
+            .collect()
+    }
+
+    fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+    }
+
+    /// A random packed matrix and its dequantized f32 values.
+    fn random_packed(rng: &mut impl Rng, q4: bool, n: usize, k: usize) -> (PackedMatrix, Vec<f32>) {
+        let nb = n * k / 32;
+        let mut dense = vec![0f32; n * k];
+        if q4 {
+            let blocks: Vec<BlockQ4_1> = (0..nb)
+                .map(|_| BlockQ4_1 {
+                    d: f16::from_f32(rng.random_range(0.0..0.01)),
+                    m: f16::from_f32(rng.random_range(-0.08..0.0)),
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
+            dequantize_row_q4_1(&blocks, &mut dense);
+            (PackedMatrix::from_q4_1(n, k, &blocks), dense)
+        } else {
+            let blocks: Vec<BlockQ8_0> = (0..nb)
+                .map(|_| BlockQ8_0 {
+                    d: f16::from_f32(rng.random_range(-0.002..0.002)),
+                    // Include the extremes: -128 and 127.
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
+            dequantize_row_q8_0(&blocks, &mut dense);
+            (PackedMatrix::from_q8_0(n, k, &blocks), dense)
+        }
+    }
+
+    /// (m, k, n): n not a multiple of 16 or 64, m with tails of the 4-row kernel.
+    const SHAPES: [(usize, usize, usize); 8] = [
+        (1, 32, 1),
+        (1, 64, 16),
+        (1, 576, 67),
+        (2, 96, 300),
+        (3, 160, 17),
+        (5, 576, 129),
+        (9, 1536, 48),
+        (1, 32, 1000),
+    ];
+
+    #[test]
+    fn every_level_is_bit_identical_to_the_reference() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+        let portable = Kernels::for_level(Level::Portable).unwrap();
+        for q4 in [false, true] {
+            for (m, k, n) in SHAPES {
+                let (w, _) = random_packed(&mut rng, q4, n, k);
+                let x = random(&mut rng, m * k);
+                let b = random(&mut rng, n);
+                let mut want = vec![0f32; m * n];
+                linear_int8_with(portable, &x, &w, Some(&b), m, &mut want);
+                for kern in levels() {
+                    let mut got = vec![f32::NAN; m * n];
+                    linear_int8_with(kern, &x, &w, Some(&b), m, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{kern:?} q4={q4} {m}x{k}x{n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn error_is_that_of_8_bit_activations() {
+        // Against the f64 product over the dequantized weights: the error is bounded by the
+        // activations' rounding, half a quantization step (max|x| / 254) per value.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(22);
+        for q4 in [false, true] {
+            for (m, k, n) in SHAPES {
+                let (w, dense) = random_packed(&mut rng, q4, n, k);
+                let x = random(&mut rng, m * k);
+                let mut got = vec![0f32; m * n];
+                linear_int8(&x, &w, None, m, &mut got);
+                for i in 0..m {
+                    for j in 0..n {
+                        let xr = &x[i * k..(i + 1) * k];
+                        let wr = &dense[j * k..(j + 1) * k];
+                        let exact: f64 =
+                            xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let bound: f64 = xr
+                            .chunks(32)
+                            .zip(wr.chunks(32))
+                            .map(|(xb, wb)| {
+                                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+                                let step = amax / 127.0;
+                                wb.iter().map(|v| v.abs() as f64).sum::<f64>() * step / 2.0
+                            })
+                            .sum::<f64>()
+                            * 1.01
+                            + 1e-5;
+                        let e = (got[i * n + j] as f64 - exact).abs();
+                        assert!(
+                            e <= bound,
+                            "q4={q4} {m}x{k}x{n} ({i},{j}): err {e} > {bound}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_do_not_depend_on_the_batch() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
+        for q4 in [false, true] {
+            let (m, k, n) = (11, 576, 77);
+            let (w, _) = random_packed(&mut rng, q4, n, k);
+            let x = random(&mut rng, m * k);
+            for kern in levels() {
+                let mut all = vec![0f32; m * n];
+                linear_int8_with(kern, &x, &w, None, m, &mut all);
+                for i in 0..m {
+                    let mut one = vec![0f32; n];
+                    linear_int8_with(kern, &x[i * k..(i + 1) * k], &w, None, 1, &mut one);
+                    assert_eq!(
+                        &all[i * n..(i + 1) * n],
+                        &one[..],
+                        "{kern:?} q4={q4} row {i}"
+                    );
+                }
+            }
+        }
+    }
+}

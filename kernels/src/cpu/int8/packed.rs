@@ -1,0 +1,327 @@
+//! Quantized weights repacked for integer dot products: 16 rows interleaved per tile.
+//!
+//! A tile holds 16 consecutive weight rows. For each 32-value block of the rows, the quants
+//! are laid out in 64-byte lines where byte `4 r + u` belongs to row `r`: one line feeds one
+//! `vpdpbusd`, which then yields the partial sums of 16 rows at once (lane `r` = row `r`),
+//! and the 16 rows' scales sit next to each other so one load converts all of them. This is
+//! what makes a GEMV touch every weight byte once with a handful of instructions per line.
+//!
+//! - `Q8_0`: 8 lines per block; line `g` holds values `4 g .. 4 g + 4` of each row as
+//!   unsigned bytes (`q + 128`), because `vpdpbusd` multiplies unsigned by signed bytes (the
+//!   `128 · Σ x` this adds is taken off exactly in integers). Scales: 16 `d`.
+//! - `Q4_1`: 4 lines per block; line `h` holds values `4 h ..` in the low nibbles and
+//!   `4 (h + 4) ..` in the high ones. Scales: 16 `d`, then 16 `m`.
+//!
+//! Rows past the matrix's end (the last tile's padding) are zero. The bytes are those of
+//! the GGUF blocks, rearranged: memory stays the file's size.
+
+use half::f16;
+
+use crate::quant::{BlockQ4_1, BlockQ8_0, dequantize_row_q4_1, dequantize_row_q8_0};
+
+/// Weight rows per tile (one `zmm` of 32-bit lanes).
+pub const TILE: usize = 16;
+/// Values per quantization block.
+pub const QK: usize = 32;
+/// Bytes of one line (one `vpdpbusd` operand).
+pub(crate) const LINE: usize = 64;
+
+/// The block format a [`PackedMatrix`] was packed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PackedKind {
+    /// GGUF `Q8_0`: `value = q · d`.
+    Q8_0,
+    /// GGUF `Q4_1`: `value = q · d + m`.
+    Q4_1,
+}
+
+impl PackedKind {
+    /// Quant bytes of one block of one tile.
+    pub(crate) const fn quant_bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => TILE * QK,
+            Self::Q4_1 => TILE * QK / 2,
+        }
+    }
+
+    /// f16 scales of one block of one tile.
+    pub(crate) const fn scales(self) -> usize {
+        match self {
+            Self::Q8_0 => TILE,
+            Self::Q4_1 => 2 * TILE,
+        }
+    }
+
+    /// Bytes one GGUF block takes in the file.
+    pub(crate) const fn file_block_bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => size_of::<BlockQ8_0>(),
+            Self::Q4_1 => size_of::<BlockQ4_1>(),
+        }
+    }
+}
+
+/// One cache line, so that every line of the quants is 64-byte aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub(crate) [u8; LINE]);
+
+/// A `rows × cols` matrix of `Q8_0` or `Q4_1` blocks in tiles of 16 interleaved rows.
+#[derive(Clone)]
+pub struct PackedMatrix {
+    kind: PackedKind,
+    rows: usize,
+    cols: usize,
+    quants: Vec<Line>,
+    /// f16 bits, `kind.scales()` per block of a tile.
+    scales: Vec<u16>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("kind", &self.kind)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+/// Low 4 bits of value `e` of a `Q4_1` block.
+fn nibble(b: &BlockQ4_1, e: usize) -> u8 {
+    if e < QK / 2 {
+        b.qs[e] & 0x0F
+    } else {
+        b.qs[e - QK / 2] >> 4
+    }
+}
+
+impl PackedMatrix {
+    /// Packs `rows × cols` `Q8_0` blocks (row after row; `cols` a multiple of 32).
+    pub fn from_q8_0(rows: usize, cols: usize, blocks: &[BlockQ8_0]) -> Self {
+        let mut p = Self::empty(PackedKind::Q8_0, rows, cols);
+        assert_eq!(
+            blocks.len(),
+            rows * p.blocks(),
+            "Q8_0 blocks must be rows × cols/32"
+        );
+        let zero = BlockQ8_0 {
+            d: f16::ZERO,
+            qs: [0; QK],
+        };
+        p.fill(|row, b, lines, scales| {
+            let blk = if row < rows {
+                &blocks[row * (cols / QK) + b]
+            } else {
+                &zero
+            };
+            let r = row % TILE;
+            scales[r] = blk.d.to_bits();
+            for (g, line) in lines.iter_mut().enumerate() {
+                for u in 0..4 {
+                    line.0[4 * r + u] = (blk.qs[4 * g + u] as u8) ^ 0x80;
+                }
+            }
+        });
+        p
+    }
+
+    /// Packs `rows × cols` `Q4_1` blocks (row after row; `cols` a multiple of 32).
+    pub fn from_q4_1(rows: usize, cols: usize, blocks: &[BlockQ4_1]) -> Self {
+        let mut p = Self::empty(PackedKind::Q4_1, rows, cols);
+        assert_eq!(
+            blocks.len(),
+            rows * p.blocks(),
+            "Q4_1 blocks must be rows × cols/32"
+        );
+        let zero = BlockQ4_1 {
+            d: f16::ZERO,
+            m: f16::ZERO,
+            qs: [0; QK / 2],
+        };
+        p.fill(|row, b, lines, scales| {
+            let blk = if row < rows {
+                &blocks[row * (cols / QK) + b]
+            } else {
+                &zero
+            };
+            let r = row % TILE;
+            scales[r] = blk.d.to_bits();
+            scales[TILE + r] = blk.m.to_bits();
+            for (h, line) in lines.iter_mut().enumerate() {
+                for u in 0..4 {
+                    let lo = nibble(blk, 4 * h + u);
+                    let hi = nibble(blk, 4 * (h + QK / 8) + u);
+                    line.0[4 * r + u] = lo | (hi << 4);
+                }
+            }
+        });
+        p
+    }
+
+    fn empty(kind: PackedKind, rows: usize, cols: usize) -> Self {
+        assert!(cols.is_multiple_of(QK), "packed matrices need whole blocks");
+        let tiles = rows.div_ceil(TILE);
+        let blocks = cols / QK;
+        Self {
+            kind,
+            rows,
+            cols,
+            quants: vec![Line([0; LINE]); tiles * blocks * kind.quant_bytes() / LINE],
+            scales: vec![0; tiles * blocks * kind.scales()],
+        }
+    }
+
+    /// Calls `f(row, block, lines, scales)` for every row of every tile (padding included)
+    /// with the tile's lines and scales of that block.
+    fn fill(&mut self, mut f: impl FnMut(usize, usize, &mut [Line], &mut [u16])) {
+        let (blocks, lq, ls) = (
+            self.blocks(),
+            self.kind.quant_bytes() / LINE,
+            self.kind.scales(),
+        );
+        for t in 0..self.tiles() {
+            for b in 0..blocks {
+                let i = t * blocks + b;
+                let lines = &mut self.quants[i * lq..(i + 1) * lq];
+                let scales = &mut self.scales[i * ls..(i + 1) * ls];
+                for r in 0..TILE {
+                    f(t * TILE + r, b, lines, scales);
+                }
+            }
+        }
+    }
+
+    /// The format it was packed from.
+    pub fn kind(&self) -> PackedKind {
+        self.kind
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Tiles of 16 rows (the last one padded).
+    pub fn tiles(&self) -> usize {
+        self.rows.div_ceil(TILE)
+    }
+
+    /// Blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.cols / QK
+    }
+
+    /// Bytes the rows hold in the file's format (padding not counted).
+    pub fn storage_bytes(&self) -> usize {
+        self.rows * self.blocks() * self.kind.file_block_bytes()
+    }
+
+    /// The quant lines of block `b` of tile `t`.
+    pub(crate) fn lines(&self, t: usize, b: usize) -> &[Line] {
+        let lq = self.kind.quant_bytes() / LINE;
+        let i = t * self.blocks() + b;
+        &self.quants[i * lq..(i + 1) * lq]
+    }
+
+    /// The f16 scales of block `b` of tile `t`.
+    pub(crate) fn block_scales(&self, t: usize, b: usize) -> &[u16] {
+        let ls = self.kind.scales();
+        let i = t * self.blocks() + b;
+        &self.scales[i * ls..(i + 1) * ls]
+    }
+
+    /// Quant `e` of block `b` of row `row`: unsigned (`Q8_0`: `q + 128`).
+    pub(crate) fn quant(&self, row: usize, b: usize, e: usize) -> u8 {
+        let (t, r) = (row / TILE, row % TILE);
+        let lines = self.lines(t, b);
+        let u = e % 4;
+        match self.kind {
+            PackedKind::Q8_0 => lines[e / 4].0[4 * r + u],
+            PackedKind::Q4_1 => {
+                let h = e / 4;
+                if h < QK / 8 {
+                    lines[h].0[4 * r + u] & 0x0F
+                } else {
+                    lines[h - QK / 8].0[4 * r + u] >> 4
+                }
+            }
+        }
+    }
+
+    /// Row `row` as f32, exactly as the GGUF dequantizer writes it.
+    pub fn row_f32(&self, row: usize, out: &mut [f32]) {
+        assert!(row < self.rows, "row {row} of a {}-row matrix", self.rows);
+        assert_eq!(out.len(), self.cols, "a row has cols values");
+        let (t, r) = (row / TILE, row % TILE);
+        for (b, y) in out.chunks_exact_mut(QK).enumerate() {
+            let s = self.block_scales(t, b);
+            match self.kind {
+                PackedKind::Q8_0 => {
+                    let blk = BlockQ8_0 {
+                        d: f16::from_bits(s[r]),
+                        qs: std::array::from_fn(|e| (self.quant(row, b, e) ^ 0x80) as i8),
+                    };
+                    dequantize_row_q8_0(std::slice::from_ref(&blk), y);
+                }
+                PackedKind::Q4_1 => {
+                    let blk = BlockQ4_1 {
+                        d: f16::from_bits(s[r]),
+                        m: f16::from_bits(s[TILE + r]),
+                        qs: std::array::from_fn(|j| {
+                            self.quant(row, b, j) | (self.quant(row, b, j + QK / 2) << 4)
+                        }),
+                    };
+                    dequantize_row_q4_1(std::slice::from_ref(&blk), y);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn rows_unpack_to_the_gguf_dequantization() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        for (rows, cols) in [(1, 32), (16, 64), (17, 96), (40, 32)] {
+            let nb = rows * cols / QK;
+            let q8: Vec<BlockQ8_0> = (0..nb)
+                .map(|_| BlockQ8_0 {
+                    d: f16::from_f32(rng.random_range(-0.1..0.1)),
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
+            let q4: Vec<BlockQ4_1> = (0..nb)
+                .map(|_| BlockQ4_1 {
+                    d: f16::from_f32(rng.random_range(0.0..0.1)),
+                    m: f16::from_f32(rng.random_range(-1.0..0.0)),
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
+            let p8 = PackedMatrix::from_q8_0(rows, cols, &q8);
+            let p4 = PackedMatrix::from_q4_1(rows, cols, &q4);
+            assert_eq!(p8.storage_bytes(), nb * 34);
+            assert_eq!(p4.storage_bytes(), nb * 20);
+            for row in 0..rows {
+                let blocks = cols / QK;
+                let mut want = vec![0f32; cols];
+                let mut got = vec![f32::NAN; cols];
+                dequantize_row_q8_0(&q8[row * blocks..(row + 1) * blocks], &mut want);
+                p8.row_f32(row, &mut got);
+                assert_eq!(got, want, "Q8_0 row {row} of {rows}x{cols}");
+                dequantize_row_q4_1(&q4[row * blocks..(row + 1) * blocks], &mut want);
+                p4.row_f32(row, &mut got);
+                assert_eq!(got, want, "Q4_1 row {row} of {rows}x{cols}");
+            }
+        }
+    }
+}

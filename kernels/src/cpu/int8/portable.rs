@@ -1,0 +1,83 @@
+//! The reference tile kernel: the arithmetic every level reproduces bit for bit.
+//!
+//! For output `(i, r)`, block by block in order: the exact integer `Σ w_q · x_q`, then
+//! `acc = fma(isum, d_w · d_x, acc)` and, for `Q4_1`, `acc = fma(m_w, d_x · Σ x_q, acc)`.
+//! Integer sums are exact whatever order a SIMD level adds them in, so only this sequence
+//! of f32 operations matters, and it does not depend on the batch.
+#![allow(unsafe_code)]
+
+use half::f16;
+
+use super::activations::QuantizedRows;
+use super::packed::{PackedKind, PackedMatrix, QK, TILE};
+
+/// The 16 outputs of tile `t` for row `i` of `x`.
+#[inline(always)]
+pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) -> [f32; TILE] {
+    let mut acc = [0f32; TILE];
+    for b in 0..w.blocks() {
+        let xq = x.block(i, b);
+        let j = x.at(i, b);
+        let lines = w.lines(t, b);
+        let scales = w.block_scales(t, b);
+        let mut isum = [0i32; TILE];
+        match w.kind() {
+            PackedKind::Q8_0 => {
+                for (g, line) in lines.iter().enumerate() {
+                    for (r, s) in isum.iter_mut().enumerate() {
+                        for u in 0..4 {
+                            *s += i32::from(line.0[4 * r + u]) * i32::from(xq[4 * g + u]);
+                        }
+                    }
+                }
+                isum.iter_mut().for_each(|s| *s += x.s128[j]);
+            }
+            PackedKind::Q4_1 => {
+                for (h, line) in lines.iter().enumerate() {
+                    for (r, s) in isum.iter_mut().enumerate() {
+                        for u in 0..4 {
+                            let byte = line.0[4 * r + u];
+                            *s += i32::from(byte & 0x0F) * i32::from(xq[4 * h + u])
+                                + i32::from(byte >> 4) * i32::from(xq[4 * (h + QK / 8) + u]);
+                        }
+                    }
+                }
+            }
+        }
+        for r in 0..TILE {
+            let scale = f16::from_bits(scales[r]).to_f32() * x.d[j];
+            acc[r] = (isum[r] as f32).mul_add(scale, acc[r]);
+            if w.kind() == PackedKind::Q4_1 {
+                acc[r] = f16::from_bits(scales[TILE + r])
+                    .to_f32()
+                    .mul_add(x.sd[j], acc[r]);
+            }
+        }
+    }
+    acc
+}
+
+/// Tiles `t0..t0 + nt` for every row of `x`: writes `out[i * ldo + c]` for the tiles' valid
+/// columns `c < n - t0 * 16`.
+///
+/// # Safety
+/// `out` must be writable at every such place, and nothing else may access them meanwhile.
+pub(crate) unsafe fn tiles(
+    w: &PackedMatrix,
+    t0: usize,
+    nt: usize,
+    x: &QuantizedRows,
+    out: *mut f32,
+    ldo: usize,
+) {
+    for t in t0..t0 + nt {
+        let valid = (w.rows() - t * TILE).min(TILE);
+        for i in 0..x.m {
+            let acc = tile_row(w, t, x, i);
+            for (r, v) in acc[..valid].iter().enumerate() {
+                // SAFETY: the caller vouches for (i, (t - t0) * 16 + r), r < valid.
+                unsafe { *out.add(i * ldo + (t - t0) * TILE + r) = *v };
+            }
+        }
+    }
+}
