@@ -210,8 +210,9 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                     continue;
                 }
                 // Decode: cycle through copies that do not fit in the caches.
-                let copies: Vec<WeightMatrix> =
-                    (0..cold_bytes.div_ceil(bytes).max(2)).map(|_| w.clone()).collect();
+                let copies: Vec<WeightMatrix> = (0..cold_bytes.div_ceil(bytes).max(2))
+                    .map(|_| w.clone())
+                    .collect();
                 let sweep = time_kernel(budget, || {
                     for c in &copies {
                         linear_weights(black_box(&x), black_box(c), None, 1, &mut out);

@@ -225,9 +225,8 @@ impl Accounting {
         let layers = matrices
             .iter()
             .filter(|(n, _)| n.starts_with("model.layers."));
-        let (layer_bytes, layer_params) = layers.fold((0, 0), |(b, p), (_, m)| {
-            (b + m.bytes, p + m.rows * m.cols)
-        });
+        let (layer_bytes, layer_params) =
+            layers.fold((0, 0), |(b, p), (_, m)| (b + m.bytes, p + m.rows * m.cols));
         let embed = matrices.get("model.embed_tokens.weight");
         let (head_name, head) = match matrices.get("lm_head.weight") {
             Some(h) => ("lm_head", h),
