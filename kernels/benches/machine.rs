@@ -96,6 +96,22 @@ impl Limits {
         }
     }
 
+    /// Each figure the better of `self`'s and `other`'s (limits measured before and after a
+    /// benchmark, so that a busy moment of the machine does not lower them).
+    pub(crate) fn max(mut self, other: &Limits) -> Limits {
+        let max = |a: &mut Rate, b: &Rate| {
+            a.one = a.one.max(b.one);
+            a.all = a.all.max(b.all);
+        };
+        max(&mut self.bandwidth, &other.bandwidth);
+        for (p, q) in self.peaks.iter_mut().zip(&other.peaks) {
+            if let (Ok(a), Ok(b)) = (&mut p.rate, &q.rate) {
+                max(a, b);
+            }
+        }
+        self
+    }
+
     /// The best f32 FLOP/s with `threads` threads over the f32 instruction sets.
     pub(crate) fn f32_peak(&self) -> f64 {
         self.peaks[..2]

@@ -26,6 +26,9 @@
 //!   hands the loader bf16 `NativeTensor`s (the same values rounded to bf16);
 //! - `f32`: every matrix dequantized to f32.
 //!
+//! The machine limits are measured before and after the runs (the better of each figure is
+//! kept; see `kernels/benches/machine.rs`), and everything is printed at the end.
+//!
 //! Other environment: `TESSERA_CACHE` (folder holding `SmolLM2-135M-Instruct.Q4_1.gguf`,
 //! default `~/.cache/tessera`; without the file only the machine limits are printed),
 //! `TESSERA_BENCH_REPS` (repetitions, default 3).
@@ -418,6 +421,12 @@ fn report(
         mb(bpt),
         bound
     );
+    let c = model.config();
+    let kv = c.num_layers * DECODE_CTX * c.num_kv_heads * c.head_dim * 2 * 4;
+    println!(
+        "  (not counted: {:.2} MB of f32 K/V read per token at context {DECODE_CTX})",
+        mb(kv)
+    );
     if let Some(t1) = tok_s(1) {
         let pct = 100.0 * t1 / bound;
         println!(
@@ -508,16 +517,16 @@ fn main() {
         rayon::current_num_threads(),
         tessera_kernels::cpu::describe()
     );
-    let limits = machine::Limits::measure();
-    limits.print();
-
+    let before = machine::Limits::measure();
     let Some(path) = gguf_path() else {
+        before.print();
         println!(
             "\n{GGUF} not found in $TESSERA_CACHE or ~/.cache/tessera \
              (scripts/fetch_smollm2.sh fetches it): skipping the engine benchmarks"
         );
         return;
     };
+    let mut results = Vec::new();
     for layout in layouts {
         let t = Instant::now();
         let mut files = ModelFiles::open(&path).unwrap();
@@ -537,12 +546,18 @@ fn main() {
             memory()
         );
         let measured = run_engine(&model, reps);
+        results.push((layout, model, acc, measured));
+    }
+    // Limits before and after, the better of each: a busy moment does not lower them.
+    let limits = before.max(&machine::Limits::measure());
+    limits.print();
+    for (layout, model, acc, measured) in &results {
         report(
             &format!("SmolLM2-135M engine, {layout:?} weights ({})", acc.formats),
-            &model,
-            &acc,
+            model,
+            acc,
             &limits,
-            &measured,
+            measured,
             reps,
         );
     }
