@@ -57,7 +57,7 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
-    /// Measures everything (about 3-5 s).
+    /// Measures everything (about 5 s).
     pub(crate) fn measure() -> Limits {
         let threads = rayon::current_num_threads().max(1);
         let mib: usize = std::env::var("TESSERA_BENCH_BW_MIB")
@@ -222,7 +222,9 @@ fn read_bandwidth(bytes: usize, threads: usize) -> Rate {
     // Touch every page (no zero page: real values); `vec!` of a non-zero value wrote them.
     black_box(&buf);
     let measure = |t: usize| {
-        lockstep(t, 0.4, (t * WINDOW) as f64, &|thread, round| {
+        // All threads undisturbed at once is rarer on a busy machine: more rounds.
+        let secs = if t > 1 { 0.6 } else { 0.3 };
+        lockstep(t, secs, (t * WINDOW) as f64, &|thread, round| {
             let w = (round * t + thread) % windows;
             black_box(kernels::sum(black_box(&buf[w * window..(w + 1) * window])));
         })
@@ -255,9 +257,10 @@ fn peak(threads: usize, k: PeakKernel) -> Result<Rate, String> {
         iters *= 4;
     }
     let measure = |t: usize| {
+        let secs = if t > 1 { 0.6 } else { 0.25 };
         lockstep(
             t,
-            0.25,
+            secs,
             t as f64 * iters as f64 * k.ops_per_iter,
             &|_, _| {
                 black_box((k.run)(iters));

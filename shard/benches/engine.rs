@@ -275,14 +275,25 @@ fn tokens(n: usize, seed: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn prefill(model: &Model, cache: &mut KvCache, prompt: &[u32], table: &[u32]) {
+/// Prefills one sequence; returns the last token's logits.
+fn prefill(model: &Model, cache: &mut KvCache, prompt: &[u32], table: &[u32]) -> Vec<f32> {
     let chunk = SequenceChunk {
         tokens: prompt,
         start_position: 0,
         block_table: table,
         logits: LogitsWanted::Last,
     };
-    black_box(model.forward(&[chunk], cache).unwrap());
+    let out = black_box(model.forward(&[chunk], cache).unwrap());
+    out.last(0).unwrap().to_vec()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+            if x > best.1 { (i, x) } else { best }
+        })
+        .0
 }
 
 /// `steps` greedy decode passes for `tables.len()` sequences whose prompts of `ctx` tokens
@@ -302,14 +313,7 @@ fn decode(model: &Model, cache: &mut KvCache, ctx: usize, steps: usize, tables: 
             .collect();
         let out = model.forward(&chunks, cache).unwrap();
         for (b, l) in last.iter_mut().enumerate() {
-            let row = out.last(b).unwrap();
-            *l = row
-                .iter()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
-                    if v > best.1 { (i, v) } else { best }
-                })
-                .0 as u32;
+            *l = argmax(out.last(b).unwrap()) as u32;
         }
     }
 }
@@ -319,6 +323,8 @@ struct Measured {
     prefill: Vec<(usize, f64)>,
     /// (batch, steps, seconds)
     decode: Vec<(usize, usize, f64)>,
+    /// The last logits of the 128-token prompt (to compare layouts).
+    logits: Vec<f32>,
 }
 
 fn run_engine(model: &Model, reps: usize) -> Measured {
@@ -333,13 +339,16 @@ fn run_engine(model: &Model, reps: usize) -> Measured {
                 .collect()
         })
         .collect();
+    let logits = prefill(model, &mut cache, &tokens(128, 0, vocab), &tables[0]);
     let prefill_times = [128, 512]
         .into_iter()
         .map(|len| {
             let prompt = tokens(len, 0, vocab);
             (
                 len,
-                time_reps(reps, || prefill(model, &mut cache, &prompt, &tables[0])),
+                time_reps(reps, || {
+                    prefill(model, &mut cache, &prompt, &tables[0]);
+                }),
             )
         })
         .collect();
@@ -359,6 +368,7 @@ fn run_engine(model: &Model, reps: usize) -> Measured {
     Measured {
         prefill: prefill_times,
         decode: decode_times,
+        logits,
     }
 }
 
@@ -551,7 +561,23 @@ fn main() {
     // Limits before and after, the better of each: a busy moment does not lower them.
     let limits = before.max(&machine::Limits::measure());
     limits.print();
+    let reference = results.first().map(|r| (r.0, r.3.logits.clone()));
     for (layout, model, acc, measured) in &results {
+        if let Some((first, logits)) = &reference
+            && first != layout
+        {
+            let diff = logits
+                .iter()
+                .zip(&measured.logits)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            println!(
+                "\n{layout:?} vs {first:?} weights, last logits of a 128-token prompt: max |Δ| \
+                 {diff:.3}, top-1 {} vs {}",
+                argmax(&measured.logits),
+                argmax(logits)
+            );
+        }
         report(
             &format!("SmolLM2-135M engine, {layout:?} weights ({})", acc.formats),
             model,
