@@ -1,32 +1,60 @@
-//! Engine and kernel throughput on SmolLM2-135M-Instruct (Q4_1 GGUF; weights stay Q4_1/Q8_0
-//! in memory unless `TESSERA_NATIVE_WEIGHTS=0` loads them as f32).
+//! End-to-end engine throughput on SmolLM2-135M-Instruct (Q4_1 GGUF), next to the machine's
+//! measured limits, with the figures of the "fast CPU kernels" acceptance criteria.
 //!
-//! Run with `cargo bench -p tessera-shard --bench engine`. Plain `std::time` timing: one
-//! warm-up, then repetitions; the median is reported. Environment:
-//! - `TESSERA_CACHE`: folder holding `SmolLM2-135M-Instruct.Q4_1.gguf` (default
-//!   `~/.cache/tessera`); without the file only the kernel benchmarks run.
-//! - `TESSERA_BENCH_REPS`: repetitions of the engine benchmarks (default 3).
-//! - `TESSERA_BENCH_ONLY=kernels|engine`: run one half.
+//! Run with `cargo bench -p tessera-shard --bench engine` (the per-kernel micro-benchmarks
+//! are `cargo bench -p tessera-kernels --bench kernels`). Plain `std::time` timing: one
+//! warm-up, then repetitions; the median is reported. Single process, rayon's pool
+//! (`RAYON_NUM_THREADS`; the machine limits are measured with as many threads).
+//!
+//! For each weight layout it loads the model, then times prefill of 128 and 512 tokens (one
+//! sequence, logits of the last token only) and decode at batch 1, 8 and 16 after prompts of
+//! 128 tokens, and reports:
+//! - bytes of weights read per decoded token: every linear weight of every layer plus the LM
+//!   head (the tied embedding for SmolLM2) in the layout they were loaded in, plus one
+//!   embedding row; the bandwidth bound (measured read bandwidth ÷ those bytes) and decode
+//!   batch 1 as % of it (target ≥ 70%);
+//! - prefill FLOPs: `2·params` of the layers' linear weights per token, the LM head once (only
+//!   the last token's logits), and attention `4·head_dim` per query head and visible
+//!   position (causal); GFLOP/s as % of the measured f32 FMA peak (target ≥ 40%), and of the
+//!   bf16 dot peak for bf16 weights;
+//! - batch 16 over batch 1 decode tokens/s (target ≥ 6x).
+//!
+//! The weight layouts (`TESSERA_BENCH_WEIGHTS`, comma-separated, default `native,bf16`):
+//! - `native`: as `Model::load` keeps the file's matrices (Q4_1 and Q8_0 for this GGUF;
+//!   `TESSERA_NATIVE_WEIGHTS=0` makes that f32);
+//! - `bf16`: every matrix dequantized and stored as bfloat16, through a `WeightSource` that
+//!   hands the loader bf16 `NativeTensor`s (the same values rounded to bf16);
+//! - `f32`: every matrix dequantized to f32.
+//!
+//! The machine limits are measured before and after the runs (the better of each figure is
+//! kept; see `kernels/benches/machine.rs`), and everything is printed at the end.
+//!
+//! Other environment: `TESSERA_CACHE` (folder holding `SmolLM2-135M-Instruct.Q4_1.gguf`,
+//! default `~/.cache/tessera`; without the file only the machine limits are printed),
+//! `TESSERA_BENCH_REPS` (repetitions, default 3).
 
+use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::ops::Range;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use rand::{Rng, SeedableRng};
-use tessera_formats::ModelFiles;
-use tessera_kernels::cpu::{attention, matmul};
+use half::bf16;
+use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
+use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 use tessera_shard::{KvCache, LogitsWanted, Model, SequenceChunk};
+
+#[path = "../../kernels/benches/machine.rs"]
+mod machine;
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const BLOCK: usize = 16;
-
-// SmolLM2-135M shapes.
-const HIDDEN: usize = 576;
-const HEADS: usize = 9;
-const KV_HEADS: usize = 3;
-const HEAD_DIM: usize = 64;
-const INTER: usize = 1536;
-const VOCAB: usize = 49152;
+/// Decode batches; the largest sets the cache size.
+const BATCHES: [usize; 3] = [1, 8, 16];
+/// Prompt length before decoding, and positions each sequence's block table covers.
+const DECODE_CTX: usize = 128;
+const SEQ_CAPACITY: usize = 640;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -51,160 +79,225 @@ fn time_reps(reps: usize, mut f: impl FnMut()) -> f64 {
     median(times)
 }
 
-/// Kernel timing: warm up, then at least 5 repetitions and at least `budget` of runtime.
-fn time_kernel(budget: Duration, mut f: impl FnMut()) -> f64 {
-    f();
-    let start = Instant::now();
-    let mut times = Vec::new();
-    while times.len() < 5 || start.elapsed() < budget {
-        let t = Instant::now();
-        f();
-        times.push(t.elapsed().as_secs_f64());
-    }
-    median(times)
+/// How the bench stores the model's matrices.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Layout {
+    Native,
+    Bf16,
+    F32,
 }
 
-struct Row {
-    name: String,
-    median_ms: f64,
-    rate: String,
-}
-
-fn print_table(title: &str, rows: &[Row]) {
-    println!("\n{title}");
-    println!(
-        "{:<44} {:>12} {:>26}",
-        "benchmark", "median ms", "throughput"
-    );
-    println!("{}", "-".repeat(84));
-    for r in rows {
-        println!("{:<44} {:>12.3} {:>26}", r.name, r.median_ms, r.rate);
-    }
-}
-
-fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
-}
-
-fn kernel_benches() -> Vec<Row> {
-    let budget = Duration::from_millis(400);
-    let mut rows = Vec::new();
-    for (label, k, n) in [
-        ("qkv 576→960", HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM),
-        ("o 576→576", HIDDEN, HIDDEN),
-        ("gate_up 576→3072", HIDDEN, 2 * INTER),
-        ("down 1536→576", INTER, HIDDEN),
-        ("lm_head 576→49152", HIDDEN, VOCAB),
-    ] {
-        let w = random(n * k, 1);
-        for m in [1usize, 8, 128] {
-            if m == 128 && n == VOCAB {
-                continue; // prefill only needs the last row's logits
-            }
-            let x = random(m * k, 2);
-            let mut out = vec![0f32; m * n];
-            let s = time_kernel(budget, || {
-                matmul::linear(black_box(&x), black_box(&w), None, m, k, &mut out);
-                black_box(&out);
-            });
-            let flops = 2.0 * (m * n * k) as f64;
-            let bytes = (n * k * 4) as f64;
-            rows.push(Row {
-                name: format!("linear {label} m={m}"),
-                median_ms: s * 1e3,
-                rate: format!(
-                    "{:6.1} GFLOP/s {:5.1} GB/s",
-                    flops / s / 1e9,
-                    bytes / s / 1e9
-                ),
-            });
+impl Layout {
+    fn parse(s: &str) -> Option<Layout> {
+        match s.trim() {
+            "native" => Some(Layout::Native),
+            "bf16" => Some(Layout::Bf16),
+            "f32" => Some(Layout::F32),
+            _ => None,
         }
     }
-    // Attention, decode-shaped: `batch` sequences of one query row at context `ctx`.
-    let layout = attention::KvLayout {
-        block_size: BLOCK,
-        kv_heads: KV_HEADS,
-        head_dim: HEAD_DIM,
-    };
-    for (batch, ctx, rows_per_seq) in [(1usize, 512usize, 1usize), (8, 512, 1), (1, 512, 512)] {
-        let blocks_per_seq = ctx.div_ceil(BLOCK);
-        let cache_len = batch * blocks_per_seq * BLOCK * layout.slot_width();
-        let ck = random(cache_len, 3);
-        let cv = random(cache_len, 4);
-        let tables: Vec<Vec<u32>> = (0..batch)
-            .map(|b| {
-                (0..blocks_per_seq)
-                    .map(|i| (b * blocks_per_seq + i) as u32)
-                    .collect()
-            })
-            .collect();
-        let seqs: Vec<attention::AttentionSeq<'_>> = tables
-            .iter()
-            .enumerate()
-            .map(|(b, t)| attention::AttentionSeq {
-                first_row: b * rows_per_seq,
-                rows: rows_per_seq,
-                first_position: ctx - rows_per_seq,
-                block_table: t,
-            })
-            .collect();
-        let total_rows = batch * rows_per_seq;
-        let q = random(total_rows * HEADS * HEAD_DIM, 5);
-        let mut out = vec![0f32; total_rows * HEADS * HEAD_DIM];
-        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-        let s = time_kernel(budget, || {
-            attention::paged_attention(
-                layout,
-                &ck,
-                &cv,
-                black_box(&q),
-                HEADS * HEAD_DIM,
-                HEADS,
-                &seqs,
-                scale,
-                None,
-                &mut out,
-            );
-            black_box(&out);
-        });
-        let kind = if rows_per_seq == 1 {
-            format!("decode batch={batch} ctx={ctx}")
-        } else {
-            format!("prefill rows={rows_per_seq}")
-        };
-        // Keys and values each read once per query row and head group.
-        let kv_bytes = (batch * ctx * layout.slot_width() * 2 * 4) as f64;
-        rows.push(Row {
-            name: format!("attention {kind}"),
-            median_ms: s * 1e3,
-            rate: if rows_per_seq == 1 {
-                format!("{:5.1} GB/s of K/V", kv_bytes / s / 1e9)
-            } else {
-                format!("{:8.0} rows/s", total_rows as f64 / s)
-            },
-        });
-    }
-    rows
 }
 
-fn tokens(n: usize, seed: usize) -> Vec<u32> {
+/// One matrix as the loader received it.
+#[derive(Debug, Clone, Copy)]
+struct MatrixInfo {
+    rows: usize,
+    cols: usize,
+    format: WeightFormat,
+    bytes: usize,
+}
+
+/// Wraps the file's weights: records every matrix the loader takes (format and bytes) and,
+/// for the `bf16` and `f32` layouts, converts them.
+struct Recorder {
+    inner: Arc<dyn WeightSource>,
+    path: PathBuf,
+    layout: Layout,
+    matrices: Mutex<BTreeMap<String, MatrixInfo>>,
+}
+
+impl Recorder {
+    fn record(&self, name: &str, info: MatrixInfo) {
+        self.matrices
+            .lock()
+            .unwrap()
+            .entry(name.to_string())
+            .or_insert(info);
+    }
+
+    /// The matrix `name` as f32, dequantized from its native format when it has one.
+    fn dense(&self, name: &str) -> Result<(usize, usize, Vec<f32>), FormatError> {
+        if let Some(t) = self.inner.load_native(name)? {
+            let [rows, cols] = t.shape;
+            let m = WeightMatrix::from_bytes(t.format, rows, cols, &t.bytes)
+                .map_err(|e| FormatError::tensor(&self.path, name, e.to_string()))?;
+            return Ok((rows, cols, m.to_f32()));
+        }
+        let t = self.inner.load_f32(name)?;
+        match t.shape[..] {
+            [rows, cols] => Ok((rows, cols, t.data)),
+            _ => Err(FormatError::tensor(&self.path, name, "not a matrix")),
+        }
+    }
+}
+
+impl WeightSource for Recorder {
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+
+    fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
+        self.inner.shape(name)
+    }
+
+    fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
+        let t = self.inner.load_f32(name)?;
+        if let [rows, cols] = t.shape[..] {
+            self.record(
+                name,
+                MatrixInfo {
+                    rows,
+                    cols,
+                    format: WeightFormat::F32,
+                    bytes: rows * cols * 4,
+                },
+            );
+        }
+        Ok(t)
+    }
+
+    fn load_f32_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        range: Range<usize>,
+    ) -> Result<HostTensor, FormatError> {
+        self.inner.load_f32_slice(name, dim, range)
+    }
+
+    fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
+        let t = match self.layout {
+            Layout::F32 => return Ok(None),
+            Layout::Native => self.inner.load_native(name)?,
+            Layout::Bf16 => {
+                let (rows, cols, data) = self.dense(name)?;
+                let bytes = data
+                    .iter()
+                    .flat_map(|&x| bf16::from_f32(x).to_bits().to_le_bytes())
+                    .collect();
+                Some(NativeTensor {
+                    format: WeightFormat::Bf16,
+                    shape: [rows, cols],
+                    bytes,
+                })
+            }
+        };
+        if let Some(t) = &t {
+            let [rows, cols] = t.shape;
+            self.record(
+                name,
+                MatrixInfo {
+                    rows,
+                    cols,
+                    format: t.format,
+                    bytes: t.bytes.len(),
+                },
+            );
+        }
+        Ok(t)
+    }
+}
+
+/// What one decoded token reads and one prefill computes, from the loaded matrices.
+struct Accounting {
+    /// Bytes of all layers' linear weights, and their parameters.
+    layer_bytes: usize,
+    layer_params: usize,
+    /// Bytes and parameters of the LM head (the embedding when tied).
+    head_bytes: usize,
+    head_params: usize,
+    head_name: &'static str,
+    /// One embedding row.
+    embed_row_bytes: usize,
+    /// `format: count, MB` of every matrix.
+    formats: String,
+}
+
+impl Accounting {
+    fn new(matrices: &BTreeMap<String, MatrixInfo>) -> Accounting {
+        let layers = matrices
+            .iter()
+            .filter(|(n, _)| n.starts_with("model.layers."));
+        let (layer_bytes, layer_params) =
+            layers.fold((0, 0), |(b, p), (_, m)| (b + m.bytes, p + m.rows * m.cols));
+        let embed = matrices.get("model.embed_tokens.weight");
+        let (head_name, head) = match matrices.get("lm_head.weight") {
+            Some(h) => ("lm_head", h),
+            None => ("lm_head = tied embedding", embed.expect("an embedding")),
+        };
+        let mut by_format: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+        for m in matrices.values() {
+            let e = by_format.entry(m.format.name()).or_default();
+            e.0 += 1;
+            e.1 += m.bytes;
+        }
+        Accounting {
+            layer_bytes,
+            layer_params,
+            head_bytes: head.bytes,
+            head_params: head.rows * head.cols,
+            head_name,
+            embed_row_bytes: embed.map_or(0, |e| e.bytes / e.rows.max(1)),
+            formats: by_format
+                .iter()
+                .map(|(f, (n, b))| format!("{n} {f} ({:.1} MB)", *b as f64 / 1e6))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+
+    fn bytes_per_token(&self) -> usize {
+        self.layer_bytes + self.head_bytes + self.embed_row_bytes
+    }
+
+    /// FLOPs of a prefill of `len` tokens that wants the last token's logits.
+    fn prefill_flops(&self, model: &Model, len: usize) -> f64 {
+        let c = model.config();
+        let visible: usize = (1..=len).sum();
+        let attention = c.num_layers * c.num_heads * 4 * c.head_dim * visible;
+        2.0 * (len * self.layer_params + self.head_params) as f64 + attention as f64
+    }
+}
+
+fn tokens(n: usize, seed: usize, vocab: usize) -> Vec<u32> {
     (0..n)
-        .map(|i| ((i * 7919 + seed * 104_729 + 17) % (VOCAB - 1)) as u32 + 1)
+        .map(|i| ((i * 7919 + seed * 104_729 + 17) % (vocab - 1)) as u32 + 1)
         .collect()
 }
 
-fn prefill(model: &Model, cache: &mut KvCache, prompt: &[u32], table: &[u32]) {
+/// Prefills one sequence; returns the last token's logits.
+fn prefill(model: &Model, cache: &mut KvCache, prompt: &[u32], table: &[u32]) -> Vec<f32> {
     let chunk = SequenceChunk {
         tokens: prompt,
         start_position: 0,
         block_table: table,
         logits: LogitsWanted::Last,
     };
-    black_box(model.forward(&[chunk], cache).unwrap());
+    let out = black_box(model.forward(&[chunk], cache).unwrap());
+    out.last(0).unwrap().to_vec()
 }
 
-/// `steps` decode passes for `batch` sequences whose prompts of `ctx` tokens are cached.
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+            if x > best.1 { (i, x) } else { best }
+        })
+        .0
+}
+
+/// `steps` greedy decode passes for `tables.len()` sequences whose prompts of `ctx` tokens
+/// are cached.
 fn decode(model: &Model, cache: &mut KvCache, ctx: usize, steps: usize, tables: &[Vec<u32>]) {
     let mut last: Vec<u32> = (0..tables.len()).map(|b| 1 + b as u32).collect();
     for s in 0..steps {
@@ -220,67 +313,178 @@ fn decode(model: &Model, cache: &mut KvCache, ctx: usize, steps: usize, tables: 
             .collect();
         let out = model.forward(&chunks, cache).unwrap();
         for (b, l) in last.iter_mut().enumerate() {
-            let row = out.last(b).unwrap();
-            *l = row
-                .iter()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
-                    if v > best.1 { (i, v) } else { best }
-                })
-                .0 as u32;
+            *l = argmax(out.last(b).unwrap()) as u32;
         }
     }
 }
 
-fn engine_benches(model: &Model, reps: usize) -> Vec<Row> {
-    let mut rows = Vec::new();
-    let blocks_per_seq = 1024 / BLOCK;
-    let mut cache = model.new_cache(8 * blocks_per_seq, BLOCK);
-    let tables: Vec<Vec<u32>> = (0..8)
+struct Measured {
+    /// (prompt length, seconds)
+    prefill: Vec<(usize, f64)>,
+    /// (batch, steps, seconds)
+    decode: Vec<(usize, usize, f64)>,
+    /// The last logits of the 128-token prompt (to compare layouts).
+    logits: Vec<f32>,
+}
+
+fn run_engine(model: &Model, reps: usize) -> Measured {
+    let vocab = model.config().vocab_size;
+    let max_batch = *BATCHES.iter().max().unwrap();
+    let blocks_per_seq = SEQ_CAPACITY / BLOCK;
+    let mut cache = model.new_cache(max_batch * blocks_per_seq, BLOCK);
+    let tables: Vec<Vec<u32>> = (0..max_batch)
         .map(|b| {
             (0..blocks_per_seq)
                 .map(|i| (b * blocks_per_seq + i) as u32)
                 .collect()
         })
         .collect();
+    let logits = prefill(model, &mut cache, &tokens(128, 0, vocab), &tables[0]);
+    let prefill_times = [128, 512]
+        .into_iter()
+        .map(|len| {
+            let prompt = tokens(len, 0, vocab);
+            (
+                len,
+                time_reps(reps, || {
+                    prefill(model, &mut cache, &prompt, &tables[0]);
+                }),
+            )
+        })
+        .collect();
+    for (b, t) in tables.iter().enumerate() {
+        prefill(model, &mut cache, &tokens(DECODE_CTX, b, vocab), t);
+    }
+    let decode_times = BATCHES
+        .into_iter()
+        .map(|batch| {
+            let steps = if batch == 1 { 64 } else { 32 };
+            let s = time_reps(reps, || {
+                decode(model, &mut cache, DECODE_CTX, steps, &tables[..batch]);
+            });
+            (batch, steps, s)
+        })
+        .collect();
+    Measured {
+        prefill: prefill_times,
+        decode: decode_times,
+        logits,
+    }
+}
 
-    for len in [128, 512] {
-        let prompt = tokens(len, 0);
-        let s = time_reps(reps, || prefill(model, &mut cache, &prompt, &tables[0]));
-        rows.push(Row {
-            name: format!("prefill {len} tokens, 1 sequence"),
-            median_ms: s * 1e3,
-            rate: format!("{:8.1} tokens/s", len as f64 / s),
-        });
+fn verdict(value: f64, target: f64) -> &'static str {
+    if value >= target { "PASS" } else { "FAIL" }
+}
+
+fn report(
+    title: &str,
+    model: &Model,
+    acc: &Accounting,
+    limits: &machine::Limits,
+    m: &Measured,
+    reps: usize,
+) {
+    println!("\n{title}: median of {reps} after 1 warm-up");
+    println!("{:<48} {:>12} {:>14}", "benchmark", "ms", "tokens/s");
+    println!("{}", "-".repeat(76));
+    for &(len, s) in &m.prefill {
+        println!(
+            "{:<48} {:>12.1} {:>14.1}",
+            format!("prefill {len} tokens, 1 sequence"),
+            s * 1e3,
+            len as f64 / s
+        );
+    }
+    for &(batch, steps, s) in &m.decode {
+        println!(
+            "{:<48} {:>12.2} {:>14.1}",
+            format!("decode batch {batch}, ctx {DECODE_CTX}, {steps} steps (ms/step)"),
+            s * 1e3 / steps as f64,
+            (batch * steps) as f64 / s
+        );
     }
 
-    let (ctx, steps) = (128, 128);
-    for (batch, steps) in [(1usize, steps), (8, steps / 2)] {
-        for (b, t) in tables.iter().take(batch).enumerate() {
-            prefill(model, &mut cache, &tokens(ctx, b), t);
+    let tok_s = |batch: usize| {
+        m.decode
+            .iter()
+            .find(|d| d.0 == batch)
+            .map(|&(b, steps, s)| (b * steps) as f64 / s)
+    };
+    let mb = |b: usize| b as f64 / 1e6;
+    let bpt = acc.bytes_per_token();
+    let bound = limits.bandwidth.all / bpt as f64;
+    let n = limits.threads;
+    println!("\nAcceptance figures ({n} threads):");
+    println!("  matrices loaded: {}", acc.formats);
+    println!(
+        "  weights read per decoded token: {:.2} MB = layers {:.2} MB + {} {:.2} MB + \
+         1 embedding row {} B",
+        mb(bpt),
+        mb(acc.layer_bytes),
+        acc.head_name,
+        mb(acc.head_bytes),
+        acc.embed_row_bytes
+    );
+    println!(
+        "  bandwidth bound: {:.1} GB/s ÷ {:.2} MB = {:.1} tokens/s",
+        limits.bandwidth.all / 1e9,
+        mb(bpt),
+        bound
+    );
+    let c = model.config();
+    let kv = c.num_layers * DECODE_CTX * c.num_kv_heads * c.head_dim * 2 * 4;
+    println!(
+        "  (not counted: {:.2} MB of f32 K/V read per token at context {DECODE_CTX})",
+        mb(kv)
+    );
+    if let Some(t1) = tok_s(1) {
+        let pct = 100.0 * t1 / bound;
+        println!(
+            "  decode batch 1: {t1:.1} tokens/s = {pct:.1}% of the bound (≥ 70%: {}); \
+             effective {:.1} GB/s of weights",
+            verdict(pct, 70.0),
+            t1 * bpt as f64 / 1e9
+        );
+    }
+    if let Some(&(len, s)) = m.prefill.iter().find(|p| p.0 == 512) {
+        let flops = acc.prefill_flops(model, len);
+        let rate = flops / s;
+        let pct = 100.0 * rate / limits.f32_peak();
+        println!(
+            "  prefill {len}: {:.2} GFLOP ({:.3} GFLOP/token: linear 2·{:.1}M params, \
+             LM head once, causal attention) in {:.1} ms = {:.1} GFLOP/s",
+            flops / 1e9,
+            flops / 1e9 / len as f64,
+            acc.layer_params as f64 / 1e6,
+            s * 1e3,
+            rate / 1e9
+        );
+        println!(
+            "    = {pct:.1}% of the f32 FMA peak {:.1} GFLOP/s (≥ 40%: {})",
+            limits.f32_peak() / 1e9,
+            verdict(pct, 40.0)
+        );
+        if acc.formats.contains("BF16")
+            && let Some(bf) = limits.bf16_peak()
+        {
+            let pct = 100.0 * rate / bf;
+            println!(
+                "    = {pct:.1}% of the bf16 dot peak {:.1} GFLOP/s (≥ 40%: {})",
+                bf / 1e9,
+                verdict(pct, 40.0)
+            );
         }
-        let s = time_reps(reps, || {
-            decode(model, &mut cache, ctx, steps, &tables[..batch]);
-        });
-        rows.push(Row {
-            name: format!("decode {steps} steps, batch {batch}, ctx {ctx}"),
-            median_ms: s * 1e3 / steps as f64,
-            rate: format!("{:8.1} tokens/s", (batch * steps) as f64 / s),
-        });
     }
-    rows
-}
-
-/// Which weight layout `Model::load` used (see `TESSERA_NATIVE_WEIGHTS`).
-fn weights_kind() -> &'static str {
-    match std::env::var("TESSERA_NATIVE_WEIGHTS") {
-        Ok(v) if v.trim() == "0" => "f32",
-        _ => "native Q4_1/Q8_0",
+    if let (Some(t1), Some(t16)) = (tok_s(1), tok_s(16)) {
+        let ratio = t16 / t1;
+        println!(
+            "  decode batch 16 / batch 1: {t16:.1} / {t1:.1} tokens/s = {ratio:.2}x (≥ 6x: {})",
+            verdict(ratio, 6.0)
+        );
     }
 }
 
-/// The process's resident memory from `/proc/self/status` (Linux): total, anonymous (the
-/// loaded weights) and file-backed (the memory-mapped GGUF pages read while loading).
+/// The process's resident memory from `/proc/self/status` (Linux).
 fn memory() -> String {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |key: &str| {
@@ -291,12 +495,7 @@ fn memory() -> String {
             .and_then(|kb| kb.parse::<f64>().ok())
             .map_or_else(|| "?".to_string(), |kb| format!("{:.0} MB", kb / 1024.0))
     };
-    format!(
-        "RSS {} (anonymous {}, file {})",
-        field("VmRSS:"),
-        field("RssAnon:"),
-        field("RssFile:")
-    )
+    format!("RSS {} (anonymous {})", field("VmRSS:"), field("RssAnon:"))
 }
 
 fn gguf_path() -> Option<PathBuf> {
@@ -313,44 +512,80 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let only = std::env::var("TESSERA_BENCH_ONLY").unwrap_or_default();
+    let layouts: Vec<Layout> = std::env::var("TESSERA_BENCH_WEIGHTS")
+        .unwrap_or_else(|_| "native,bf16".into())
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            Layout::parse(s)
+                .unwrap_or_else(|| panic!("TESSERA_BENCH_WEIGHTS: unknown layout {s:?}"))
+        })
+        .collect();
+    let start = Instant::now();
     println!(
         "tessera engine bench: {} rayon threads, {}",
         rayon::current_num_threads(),
         tessera_kernels::cpu::describe()
     );
-
-    if only != "kernels" {
-        match gguf_path() {
-            None => println!(
-                "\n{GGUF} not found in $TESSERA_CACHE or ~/.cache/tessera \
-                 (scripts/fetch_smollm2.sh fetches it): skipping the engine benchmarks"
-            ),
-            Some(path) => {
-                let t = Instant::now();
-                let files = ModelFiles::open(&path).unwrap();
-                let model = Model::load(&files).unwrap();
-                println!(
-                    "loaded {} in {:.2} s; {}",
-                    path.display(),
-                    t.elapsed().as_secs_f64(),
-                    memory()
-                );
-                let rows = engine_benches(&model, reps);
-                print_table(
-                    &format!(
-                        "SmolLM2-135M engine ({} weights, median of {reps} after 1 warm-up; decode ms are per step)",
-                        weights_kind()
-                    ),
-                    &rows,
-                );
-            }
-        }
+    let before = machine::Limits::measure();
+    let Some(path) = gguf_path() else {
+        before.print();
+        println!(
+            "\n{GGUF} not found in $TESSERA_CACHE or ~/.cache/tessera \
+             (scripts/fetch_smollm2.sh fetches it): skipping the engine benchmarks"
+        );
+        return;
+    };
+    let mut results = Vec::new();
+    for layout in layouts {
+        let t = Instant::now();
+        let mut files = ModelFiles::open(&path).unwrap();
+        let recorder = Arc::new(Recorder {
+            inner: files.weights.clone(),
+            path: path.clone(),
+            layout,
+            matrices: Mutex::new(BTreeMap::new()),
+        });
+        files.weights = recorder.clone();
+        let model = Model::load(&files).unwrap();
+        let acc = Accounting::new(&recorder.matrices.lock().unwrap());
+        println!(
+            "\nloaded {} as {layout:?} in {:.2} s; {}",
+            path.display(),
+            t.elapsed().as_secs_f64(),
+            memory()
+        );
+        let measured = run_engine(&model, reps);
+        results.push((layout, model, acc, measured));
     }
-    if only != "engine" {
-        print_table(
-            "Kernels at SmolLM2 shapes (median; GB/s counts f32 weight or K/V bytes once)",
-            &kernel_benches(),
+    // Limits before and after, the better of each: a busy moment does not lower them.
+    let limits = before.max(&machine::Limits::measure());
+    limits.print();
+    let reference = results.first().map(|r| (r.0, r.3.logits.clone()));
+    for (layout, model, acc, measured) in &results {
+        if let Some((first, logits)) = &reference
+            && first != layout
+        {
+            let diff = logits
+                .iter()
+                .zip(&measured.logits)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            println!(
+                "\n{layout:?} vs {first:?} weights, last logits of a 128-token prompt: max |Δ| \
+                 {diff:.3}, top-1 {} vs {}",
+                argmax(&measured.logits),
+                argmax(logits)
+            );
+        }
+        report(
+            &format!("SmolLM2-135M engine, {layout:?} weights ({})", acc.formats),
+            model,
+            acc,
+            &limits,
+            measured,
+            reps,
         );
     }
+    println!("\n(total {:.1} s)", start.elapsed().as_secs_f64());
 }

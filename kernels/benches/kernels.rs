@@ -1,0 +1,342 @@
+//! Kernel micro-benchmarks at SmolLM2-135M shapes, next to the machine's measured limits.
+//!
+//! Run with `cargo bench -p tessera-kernels --bench kernels`. Plain `std::time` timing: one
+//! warm-up, then at least 3 repetitions and a time budget per row; the median is reported.
+//! The kernels are the dispatched ones (`TESSERA_CPU_KERNELS` picks a level) on rayon's
+//! pool (`RAYON_NUM_THREADS`).
+//!
+//! - **GEMV** (`m = 1`, decode): `linear_weights` per weight format, as GB/s of weight bytes
+//!   read (`WeightMatrix::storage_bytes`) and % of the measured memory read bandwidth with the
+//!   pool's threads. Each call reads a different copy of the matrix, cycling through copies
+//!   that together exceed the last-level cache (`TESSERA_BENCH_COLD_MIB`, default 256), so
+//!   the weights come from DRAM as in a real decode step; the `hot GB/s` column repeats one
+//!   matrix (cache-resident: the kernel's compute limit).
+//! - **GEMM** (`m = 16, 128, 512`: batched decode, prefill): GFLOP/s (`2·m·n·k`) and % of the
+//!   measured f32 FMA peak with the pool's threads (the kernels widen every format to f32).
+//! - **Attention** (`paged_attention`, f32 K/V): prefill of 512 rows and decode at contexts
+//!   512 and 2048, as GFLOP/s (`4·head_dim` per query head and visible position: `q·k` and
+//!   `p·v`; the softmax is not counted); decode also as GB/s of K/V read.
+//!
+//! The machine limits are measured before and after the kernels (the better of each figure
+//! is kept; see `machine.rs`) and printed above the table.
+//!
+//! Environment: `TESSERA_BENCH_FILTER=text` runs only rows whose name contains `text`
+//! (`gemv`, `gemm`, `Q4_1`, `attention`…); `TESSERA_BENCH_BUDGET_MS` (default 150) is the
+//! time per row; `TESSERA_BENCH_BW_MIB` sizes the bandwidth buffer (see `machine.rs`).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use tessera_kernels::cpu::{WeightFormat, WeightMatrix, attention, describe, linear_weights};
+use tessera_kernels::quant::{BlockQ4_1, BlockQ8_0};
+
+#[path = "machine.rs"]
+mod machine;
+
+// SmolLM2-135M shapes.
+const HIDDEN: usize = 576;
+const HEADS: usize = 9;
+const KV_HEADS: usize = 3;
+const HEAD_DIM: usize = 64;
+const INTER: usize = 1536;
+const VOCAB: usize = 49152;
+const BLOCK: usize = 16;
+
+/// The model's linear layers as (label, k = in, n = out); q/k/v and gate/up are fused as
+/// `shard` loads them.
+const SHAPES: [(&str, usize, usize); 5] = [
+    ("qkv 576→960", HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM),
+    ("o 576→576", HIDDEN, HEADS * HEAD_DIM),
+    ("gate_up 576→3072", HIDDEN, 2 * INTER),
+    ("down 1536→576", INTER, HIDDEN),
+    ("lm_head 576→49152", HIDDEN, VOCAB),
+];
+
+/// Every storage format of `WeightMatrix` (add new ones here; `random_matrix` fills any
+/// format it does not know with small finite values).
+const FORMATS: [WeightFormat; 4] = [
+    WeightFormat::F32,
+    WeightFormat::Bf16,
+    WeightFormat::Q8_0,
+    WeightFormat::Q4_1,
+];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Warm up, then at least 3 repetitions and at least `budget`; the median seconds.
+fn time_kernel(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let start = Instant::now();
+    let mut times = Vec::new();
+    while times.len() < 3 || start.elapsed() < budget {
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    median(times)
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+}
+
+/// A random `n × k` matrix of `format` with realistic scales.
+fn random_matrix(format: WeightFormat, n: usize, k: usize, seed: u64) -> WeightMatrix {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let blocks = n * k / format.block_elements();
+    #[allow(unreachable_patterns)]
+    let bytes: Vec<u8> = match format {
+        WeightFormat::F32 => bytemuck::cast_slice(&random(n * k, seed)).to_vec(),
+        WeightFormat::Bf16 => {
+            let v: Vec<bf16> = (0..n * k)
+                .map(|_| bf16::from_f32(rng.random_range(-1.0..1.0)))
+                .collect();
+            bytemuck::cast_slice(&v).to_vec()
+        }
+        WeightFormat::Q8_0 => {
+            let v: Vec<BlockQ8_0> = (0..blocks)
+                .map(|_| BlockQ8_0 {
+                    d: f16::from_f32(rng.random_range(-0.02..0.02)),
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
+            bytemuck::cast_slice(&v).to_vec()
+        }
+        WeightFormat::Q4_1 => {
+            let v: Vec<BlockQ4_1> = (0..blocks)
+                .map(|_| BlockQ4_1 {
+                    d: f16::from_f32(rng.random_range(0.0..0.01)),
+                    m: f16::from_f32(rng.random_range(-0.08..0.0)),
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
+            bytemuck::cast_slice(&v).to_vec()
+        }
+        // A format this file does not know: bytes in 0x10..0x3b keep every f16/bf16/f32
+        // field finite, normal and below 1, whatever the block layout.
+        _ => (0..blocks * format.block_bytes())
+            .map(|_| rng.random_range(0x10..0x3b))
+            .collect(),
+    };
+    WeightMatrix::from_bytes(format, n, k, &bytes).expect("a whole number of blocks")
+}
+
+struct Row {
+    name: String,
+    ms: f64,
+    /// Weight (or K/V) bytes per second, and as a fraction of the bandwidth.
+    gbs: Option<f64>,
+    hot_gbs: Option<f64>,
+    flops: f64,
+}
+
+fn print_table(limits: &machine::Limits, rows: &[Row]) {
+    let (bw, peak) = (limits.bandwidth.all, limits.f32_peak());
+    println!(
+        "\nKernels at SmolLM2-135M shapes ({}, {} threads; median). %BW: of the {}-thread \
+         read bandwidth {:.1} GB/s; %peak: of the {}-thread f32 FMA peak {:.1} GFLOP/s",
+        describe(),
+        limits.threads,
+        limits.threads,
+        bw / 1e9,
+        limits.threads,
+        peak / 1e9,
+    );
+    println!(
+        "{:<40} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6}",
+        "kernel", "ms", "GB/s", "%BW", "hot GB/s", "GFLOP/s", "%peak"
+    );
+    println!("{}", "-".repeat(94));
+    let opt = |v: Option<f64>, w: usize, p: usize| {
+        v.map_or_else(|| format!("{:>w$}", "-"), |v| format!("{v:>w$.p$}"))
+    };
+    for r in rows {
+        println!(
+            "{:<40} {:>9.4} {} {} {} {:>9.1} {:>6.1}",
+            r.name,
+            r.ms,
+            opt(r.gbs.map(|g| g / 1e9), 9, 1),
+            opt(r.gbs.map(|g| 100.0 * g / bw), 6, 1),
+            opt(r.hot_gbs.map(|g| g / 1e9), 9, 1),
+            r.flops / 1e9,
+            100.0 * r.flops / peak,
+        );
+    }
+}
+
+fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for format in FORMATS {
+        for (si, &(label, k, n)) in SHAPES.iter().enumerate() {
+            let names: Vec<(usize, String)> = [1usize, 16, 128, 512]
+                .into_iter()
+                // Prefill only needs the last row's logits.
+                .filter(|&m| m <= 16 || n != VOCAB)
+                .map(|m| {
+                    let kind = if m == 1 { "gemv" } else { "gemm" };
+                    (m, format!("{kind} {} {label} m={m}", format.name()))
+                })
+                .filter(|(_, name)| wanted(name))
+                .collect();
+            if names.is_empty() {
+                continue;
+            }
+            let w = random_matrix(format, n, k, 10 + si as u64);
+            let bytes = w.storage_bytes();
+            for (m, name) in names {
+                let x = random(m * k, 2);
+                let mut out = vec![0f32; m * n];
+                let flop = 2.0 * (m * n * k) as f64;
+                let hot = time_kernel(budget, || {
+                    linear_weights(black_box(&x), black_box(&w), None, m, &mut out);
+                    black_box(&out);
+                });
+                if m > 1 {
+                    rows.push(Row {
+                        name,
+                        ms: hot * 1e3,
+                        gbs: None,
+                        hot_gbs: None,
+                        flops: flop / hot,
+                    });
+                    continue;
+                }
+                // Decode: cycle through copies that do not fit in the caches.
+                let copies: Vec<WeightMatrix> = (0..cold_bytes.div_ceil(bytes).max(2))
+                    .map(|_| w.clone())
+                    .collect();
+                let sweep = time_kernel(budget, || {
+                    for c in &copies {
+                        linear_weights(black_box(&x), black_box(c), None, 1, &mut out);
+                        black_box(&out);
+                    }
+                });
+                let s = sweep / copies.len() as f64;
+                rows.push(Row {
+                    name,
+                    ms: s * 1e3,
+                    gbs: Some(bytes as f64 / s),
+                    hot_gbs: Some(bytes as f64 / hot),
+                    flops: flop / s,
+                });
+            }
+        }
+    }
+    rows
+}
+
+fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+    let layout = attention::KvLayout {
+        block_size: BLOCK,
+        kv_heads: KV_HEADS,
+        head_dim: HEAD_DIM,
+    };
+    let mut rows = Vec::new();
+    // (sequences, context, query rows per sequence)
+    for (batch, ctx, rows_per_seq) in [
+        (1usize, 512usize, 512usize),
+        (1, 512, 1),
+        (1, 2048, 1),
+        (16, 512, 1),
+    ] {
+        let name = if rows_per_seq == 1 {
+            format!("attention decode batch={batch} ctx={ctx}")
+        } else {
+            format!("attention prefill rows={rows_per_seq}")
+        };
+        if !wanted(&name) {
+            continue;
+        }
+        let blocks_per_seq = ctx.div_ceil(BLOCK);
+        let cache_len = batch * blocks_per_seq * BLOCK * layout.slot_width();
+        let ck = random(cache_len, 3);
+        let cv = random(cache_len, 4);
+        let tables: Vec<Vec<u32>> = (0..batch)
+            .map(|b| {
+                (0..blocks_per_seq)
+                    .map(|i| (b * blocks_per_seq + i) as u32)
+                    .collect()
+            })
+            .collect();
+        let seqs: Vec<attention::AttentionSeq<'_>> = tables
+            .iter()
+            .enumerate()
+            .map(|(b, t)| attention::AttentionSeq {
+                first_row: b * rows_per_seq,
+                rows: rows_per_seq,
+                first_position: ctx - rows_per_seq,
+                block_table: t,
+            })
+            .collect();
+        let total_rows = batch * rows_per_seq;
+        let q = random(total_rows * HEADS * HEAD_DIM, 5);
+        let mut out = vec![0f32; total_rows * HEADS * HEAD_DIM];
+        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        let s = time_kernel(budget, || {
+            attention::paged_attention(
+                layout,
+                &ck,
+                &cv,
+                black_box(&q),
+                HEADS * HEAD_DIM,
+                HEADS,
+                &seqs,
+                scale,
+                None,
+                &mut out,
+            );
+            black_box(&out);
+        });
+        // Visible positions summed over the query rows of one sequence.
+        let visible: usize = (ctx - rows_per_seq + 1..=ctx).sum();
+        let flop = (batch * visible * HEADS * 4 * HEAD_DIM) as f64;
+        let kv_bytes = (batch * ctx * layout.slot_width() * 2 * 4) as f64;
+        rows.push(Row {
+            name,
+            ms: s * 1e3,
+            gbs: (rows_per_seq == 1).then_some(kv_bytes / s),
+            hot_gbs: None,
+            flops: flop / s,
+        });
+    }
+    rows
+}
+
+fn main() {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let filter = env("TESSERA_BENCH_FILTER");
+    let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    let budget = Duration::from_millis(
+        env("TESSERA_BENCH_BUDGET_MS")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(150),
+    );
+    let cold_bytes = env("TESSERA_BENCH_COLD_MIB")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(256)
+        << 20;
+    let start = Instant::now();
+    println!(
+        "tessera kernel bench: {}, {} rayon threads",
+        describe(),
+        rayon::current_num_threads()
+    );
+    let before = machine::Limits::measure();
+    let mut rows = linear_rows(budget, cold_bytes, &wanted);
+    rows.extend(attention_rows(budget, &wanted));
+    let limits = before.max(&machine::Limits::measure());
+    limits.print();
+    print_table(&limits, &rows);
+    println!("\n(total {:.1} s)", start.elapsed().as_secs_f64());
+}
