@@ -177,7 +177,19 @@ fn print_table(limits: &machine::Limits, rows: &[Row]) {
 
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    for format in FORMATS {
+    // Q8_0 and Q4_1 twice: multiplied exactly in f32, and repacked for int8 dot products.
+    let variants = FORMATS.into_iter().map(|f| (f, false)).chain(
+        FORMATS
+            .into_iter()
+            .filter(|f| matches!(f, WeightFormat::Q8_0 | WeightFormat::Q4_1))
+            .map(|f| (f, true)),
+    );
+    for (format, int8) in variants {
+        let fname = if int8 {
+            format!("{}-int8", format.name())
+        } else {
+            format.name().to_string()
+        };
         for (si, &(label, k, n)) in SHAPES.iter().enumerate() {
             let names: Vec<(usize, String)> = [1usize, 16, 128, 512]
                 .into_iter()
@@ -185,7 +197,7 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                 .filter(|&m| m <= 16 || n != VOCAB)
                 .map(|m| {
                     let kind = if m == 1 { "gemv" } else { "gemm" };
-                    (m, format!("{kind} {} {label} m={m}", format.name()))
+                    (m, format!("{kind} {fname} {label} m={m}"))
                 })
                 .filter(|(_, name)| wanted(name))
                 .collect();
@@ -193,6 +205,7 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                 continue;
             }
             let w = random_matrix(format, n, k, 10 + si as u64);
+            let w = if int8 { w.into_int8() } else { w };
             let bytes = w.storage_bytes();
             for (m, name) in names {
                 let x = random(m * k, 2);
