@@ -2,3 +2,5 @@
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+mod dequant_avx2;
+mod dequant_avx512;
