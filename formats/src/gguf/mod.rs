@@ -34,7 +34,6 @@ pub use metadata::MetadataValue;
 pub use reader::TensorInfo;
 pub use types::GgmlType;
 
-
 use crate::weights::{NativeTensor, bad_slice, split_at_dim};
 use crate::{Architecture, FormatError, HostTensor, WeightSource};
 
