@@ -382,7 +382,7 @@ mod tests {
                     [range.len(), cols],
                     bytes[range.start * row_bytes..range.end * row_bytes].to_vec(),
                 ),
-                _ if range.start % per == 0 && range.end % per == 0 => {
+                _ if range.start.is_multiple_of(per) && range.end.is_multiple_of(per) => {
                     let (b0, b1) = (range.start / per * block, range.end / per * block);
                     let cut = bytes
                         .chunks_exact(row_bytes)
@@ -472,7 +472,7 @@ mod tests {
                 let w = ModelWeights::load(&c, &src, "mem", part, &heads).unwrap();
                 let l = &w.layers[0];
                 // Columns of o (16 per head) cut Q8_0 blocks on 4 ranks: f32 there.
-                let o_native = c.num_heads * c.head_dim / world % 32 == 0;
+                let o_native = (c.num_heads * c.head_dim / world).is_multiple_of(32);
                 for (what, m, native) in [
                     ("qkv", &l.qkv.weight, true),
                     ("gate_up", &l.gate_up.weight, true),
