@@ -109,6 +109,19 @@ pub trait WeightSource: Send + Sync {
         let _ = name;
         Ok(None)
     }
+    /// Only `range` of dimension `dim` of the matrix, in its storage format: what one
+    /// tensor-parallel rank holds (see [`Self::load_f32_slice`]). `Ok(None)` when the source
+    /// cannot cut it natively (not a native format, or columns that split blocks): use
+    /// [`Self::load_f32_slice`]. This default has none.
+    fn load_native_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        range: Range<usize>,
+    ) -> Result<Option<NativeTensor>, FormatError> {
+        let _ = (name, dim, range);
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! Tensor parallelism at the engine level: N ranks (threads of this process, each with its
 //! own model partition, KV cache and a real shared-memory communicator over /dev/shm) run
 //! the same batches in step. Every rank must produce bit-identical logits and tokens, and
-//! those must match the single-shard engine (greedy tokens identical, logits within 1e-4).
+//! those must match the single-shard engine (greedy tokens identical, logits within 1e-4) in
+//! the exact weight layout. With int8 products (the default for Q8_0/Q4_1) a rank's partial
+//! sums are quantized as on one rank, but float-reassociation noise can move an activation
+//! across a quantization step, so there only the ranks' mutual agreement is exact.
 
 mod common;
 
@@ -14,7 +17,7 @@ use common::{Outcome, Schedule, max_abs_diff, repo_root, run};
 use tessera_formats::ModelFiles;
 use tessera_shard::comm::{Communicator, ShmComm, ShmConfig};
 use tessera_shard::sampling::SamplingParams;
-use tessera_shard::{Engine, EngineError, Model, NewSequence};
+use tessera_shard::{Engine, EngineError, Model, NewSequence, WeightLayout};
 
 /// A segment path no other test (or test process) uses.
 fn segment() -> PathBuf {
@@ -36,6 +39,7 @@ fn on_ranks<T: Send + 'static>(
     files: &Arc<ModelFiles>,
     world: usize,
     config: ShmConfig,
+    layout: WeightLayout,
     f: impl Fn(usize, Model) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
     let path = segment();
@@ -45,7 +49,7 @@ fn on_ranks<T: Send + 'static>(
             let (files, path, config, f) = (files.clone(), path.clone(), config.clone(), f.clone());
             std::thread::spawn(move || {
                 let comm = ShmComm::join(&path, rank, world, config).unwrap();
-                let model = Model::load_sharded(&files, Arc::new(comm)).unwrap();
+                let model = Model::load_sharded_with(&files, Arc::new(comm), layout).unwrap();
                 f(rank, model)
             })
         })
@@ -69,7 +73,8 @@ fn sixteen_prompts(base: &[Vec<u32>]) -> Vec<Vec<u32>> {
 /// Runs the prompts on 1 rank and on each of `worlds`, and checks the agreement.
 fn compare(files: ModelFiles, prompts: &[Vec<u32>], steps: usize, worlds: &[usize], what: &str) {
     let files = Arc::new(files);
-    let single = Model::load(&files).unwrap();
+    let layout = WeightLayout::Exact;
+    let single = Model::load_with(&files, layout).unwrap();
     let cases = [(Schedule::Staggered, 5), (Schedule::Together, 64)];
     let expected: Vec<Vec<Outcome>> = cases
         .iter()
@@ -78,12 +83,18 @@ fn compare(files: ModelFiles, prompts: &[Vec<u32>], steps: usize, worlds: &[usiz
     drop(single);
     for &world in worlds {
         let prompts = prompts.to_vec();
-        let outcomes = on_ranks(&files, world, ShmConfig::default(), move |_, model| {
-            cases
-                .iter()
-                .map(|&(schedule, chunk)| run(&model, &prompts, steps, chunk, schedule))
-                .collect::<Vec<_>>()
-        });
+        let outcomes = on_ranks(
+            &files,
+            world,
+            ShmConfig::default(),
+            layout,
+            move |_, model| {
+                cases
+                    .iter()
+                    .map(|&(schedule, chunk)| run(&model, &prompts, steps, chunk, schedule))
+                    .collect::<Vec<_>>()
+            },
+        );
         for (rank, o) in outcomes.iter().enumerate() {
             assert_eq!(
                 o, &outcomes[0],
@@ -128,20 +139,7 @@ fn fixtures_match_the_single_shard_engine() {
 
 #[test]
 fn smollm2_matches_the_single_shard_engine_on_two_and_three_ranks() {
-    let dir = std::env::var_os("TESSERA_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera")));
-    let Some(path) = dir
-        .map(|d| d.join("SmolLM2-135M-Instruct.Q4_1.gguf"))
-        .filter(|p| p.is_file())
-    else {
-        assert!(
-            std::env::var("TESSERA_REQUIRE_SMOLLM2").map_or(true, |v| v != "1"),
-            "TESSERA_REQUIRE_SMOLLM2=1 but the SmolLM2 GGUF is missing"
-        );
-        eprintln!("skipping: SmolLM2 GGUF not found; fetch it with scripts/fetch_smollm2.sh");
-        return;
-    };
+    let Some(path) = smollm2_path() else { return };
     let golden: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
     )
@@ -154,6 +152,73 @@ fn smollm2_matches_the_single_shard_engine_on_two_and_three_ranks() {
         .collect();
     let files = ModelFiles::open(&path).unwrap();
     compare(files, &sixteen_prompts(&base), 8, &[2, 3], "SmolLM2");
+}
+
+/// The cached SmolLM2 GGUF, or `None` (after saying why) when the test should be skipped.
+fn smollm2_path() -> Option<PathBuf> {
+    let dir = std::env::var_os("TESSERA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera")));
+    let path = dir
+        .map(|d| d.join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .filter(|p| p.is_file());
+    if path.is_none() {
+        assert!(
+            std::env::var("TESSERA_REQUIRE_SMOLLM2").map_or(true, |v| v != "1"),
+            "TESSERA_REQUIRE_SMOLLM2=1 but the SmolLM2 GGUF is missing"
+        );
+        eprintln!("skipping: SmolLM2 GGUF not found; fetch it with scripts/fetch_smollm2.sh");
+    }
+    path
+}
+
+/// SmolLM2 with the default int8 products on 2 ranks: the ranks agree bit for bit, and the
+/// prompt logits stay within activation-quantization noise of one rank's.
+#[test]
+fn smollm2_int8_ranks_agree() {
+    let Some(path) = smollm2_path() else { return };
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
+    )
+    .unwrap();
+    let prompts: Vec<Vec<u32>> = golden["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| serde_json::from_value(p["prompt_ids"].clone()).unwrap())
+        .collect();
+    let files = Arc::new(ModelFiles::open(&path).unwrap());
+    let single = Model::load_with(&files, WeightLayout::Int8).unwrap();
+    let want = run(&single, &prompts, 4, 64, Schedule::Together);
+    drop(single);
+    let p = prompts.clone();
+    let got = on_ranks(
+        &files,
+        2,
+        ShmConfig::default(),
+        WeightLayout::Int8,
+        move |_, m| run(&m, &p, 4, 64, Schedule::Together),
+    );
+    assert_eq!(got[0], got[1], "SmolLM2 int8: the ranks diverged");
+    let (mut worst, mut sum, mut count) = (0f32, 0f64, 0usize);
+    for (g, w) in got[0].iter().zip(&want) {
+        worst = worst.max(max_abs_diff(&g.prompt_logits, &w.prompt_logits));
+        sum += g
+            .prompt_logits
+            .iter()
+            .zip(&w.prompt_logits)
+            .map(|(a, b)| f64::from((a - b).abs()))
+            .sum::<f64>();
+        count += g.prompt_logits.len();
+    }
+    let mean = sum / count as f64;
+    eprintln!("SmolLM2 int8: 2 ranks vs 1 rank: max |logit diff| {worst:e}, mean {mean:e}");
+    // A different summation order moves some activations across a quantization step, and
+    // those moves spread: the difference is that of int8 to exact f32 (`tests/smollm2.rs`).
+    assert!(
+        worst < 4.0 && mean < 0.3,
+        "SmolLM2 int8: 2 ranks differ from 1 by {worst} (mean {mean})"
+    );
 }
 
 fn sequence(id: u64, prompt: &[u32], blocks: Vec<u32>) -> NewSequence {
@@ -185,29 +250,35 @@ fn sampling_picks_the_same_tokens_on_every_rank() {
         .collect();
     let prompts = sixteen_prompts(&base);
     let files = Arc::new(ModelFiles::open(&repo_root().join("fixtures/tiny-llama")).unwrap());
-    let outputs = on_ranks(&files, 2, ShmConfig::default(), move |_, model| {
-        let mut engine = Engine::new(model, 1 + 16 * 10, 16);
-        // Health checks run out of step with the other rank: no collective.
-        engine.health_check().unwrap();
-        let new: Vec<NewSequence> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let blocks = (0..10).map(|b| (1 + i * 10 + b) as u32).collect();
-                sequence(i as u64, p, blocks)
-            })
-            .collect();
-        let mut log = Vec::new();
-        let (out, _, _) = engine
-            .prefill(1, new, None, Vec::new(), Vec::new())
-            .unwrap();
-        log.push(format!("{out:?}"));
-        for _ in 0..12 {
-            let (out, _, _) = engine.decode(&[1], Vec::new(), Vec::new()).unwrap();
+    let outputs = on_ranks(
+        &files,
+        2,
+        ShmConfig::default(),
+        WeightLayout::default(),
+        move |_, model| {
+            let mut engine = Engine::new(model, 1 + 16 * 10, 16);
+            // Health checks run out of step with the other rank: no collective.
+            engine.health_check().unwrap();
+            let new: Vec<NewSequence> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let blocks = (0..10).map(|b| (1 + i * 10 + b) as u32).collect();
+                    sequence(i as u64, p, blocks)
+                })
+                .collect();
+            let mut log = Vec::new();
+            let (out, _, _) = engine
+                .prefill(1, new, None, Vec::new(), Vec::new())
+                .unwrap();
             log.push(format!("{out:?}"));
-        }
-        log
-    });
+            for _ in 0..12 {
+                let (out, _, _) = engine.decode(&[1], Vec::new(), Vec::new()).unwrap();
+                log.push(format!("{out:?}"));
+            }
+            log
+        },
+    );
     assert_eq!(outputs[0], outputs[1], "the ranks sampled different tokens");
 }
 
@@ -247,7 +318,7 @@ fn a_rank_that_stops_answering_fails_the_pass_instead_of_hanging() {
         timeout: Duration::from_millis(500),
         ..ShmConfig::default()
     };
-    let results = on_ranks(&files, 2, config, |rank, model| {
+    let results = on_ranks(&files, 2, config, WeightLayout::default(), |rank, model| {
         if rank == 1 {
             return None; // leaves the group without running the pass
         }

@@ -34,8 +34,6 @@ pub use metadata::MetadataValue;
 pub use reader::TensorInfo;
 pub use types::GgmlType;
 
-use tessera_kernels::cpu::WeightFormat;
-
 use crate::weights::{NativeTensor, bad_slice, split_at_dim};
 use crate::{Architecture, FormatError, HostTensor, WeightSource};
 
@@ -262,20 +260,41 @@ impl WeightSource for GgufFile {
         Ok(HostTensor { shape, data })
     }
 
-    /// `Q8_0`, `Q4_1` and `BF16` matrices as their bytes; permuted q/k rows are moved back
-    /// whole (a row is a whole number of blocks, so this is exact).
+    /// Matrices of every type the kernels multiply directly (F16, BF16, Q8_0, Q4_0, Q4_1,
+    /// Q4_K, Q5_K, Q6_K) as their bytes; permuted q/k rows are moved back whole (a row is a
+    /// whole number of blocks, so this is exact).
     fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
         let info = self.resolve(name)?;
-        let format = match info.ggml_type {
-            GgmlType::Q8_0 => WeightFormat::Q8_0,
-            GgmlType::Q4_1 => WeightFormat::Q4_1,
-            GgmlType::BF16 => WeightFormat::Bf16,
-            _ => return Ok(None),
-        };
-        let (&[cols, rows], Some(row_bytes)) = (info.dims.as_slice(), Self::row_bytes(info)) else {
+        let Some(rows) = info.dims.get(1).copied() else {
             return Ok(None);
         };
-        let mut bytes = self.tensor_bytes(info).to_vec();
+        self.load_native_slice(name, 0, 0..rows)
+    }
+
+    /// Rows are a byte range of the tensor (whole blocks); permuted q/k rows need the range
+    /// to hold whole heads, as in [`Self::load_f32_slice`]. Columns are a byte range of every
+    /// row when they start and end on block boundaries (`None` otherwise).
+    fn load_native_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        range: Range<usize>,
+    ) -> Result<Option<NativeTensor>, FormatError> {
+        let info = self.resolve(name)?;
+        let Some(format) = info.ggml_type.weight_format() else {
+            return Ok(None);
+        };
+        // Rows that are not whole blocks cannot be cut (the reader refuses such files), and
+        // empty rows are not worth it.
+        let row_bytes = Self::row_bytes(info).filter(|&b| b > 0);
+        let (&[cols, rows], Some(row_bytes)) = (info.dims.as_slice(), row_bytes) else {
+            return Ok(None);
+        };
+        let shape = [rows, cols];
+        if split_at_dim(&shape, dim, &range).is_none() {
+            return Err(bad_slice(&self.path, name, &shape, dim, &range));
+        }
+        let bytes = self.tensor_bytes(info);
         if bytes.len() != rows * row_bytes {
             return Err(FormatError::tensor(
                 &self.path,
@@ -283,12 +302,35 @@ impl WeightSource for GgufFile {
                 format!("{} bytes for {rows} rows of {row_bytes}", bytes.len()),
             ));
         }
-        if let Some(n_head) = self.permuted_heads(name, info, rows)? {
-            bytes = names::unpermute_rows(&bytes, rows, n_head);
-        }
+        let heads = self.permuted_heads(name, info, rows)?;
+        let (shape, bytes) = if dim == 0 {
+            let head_rows = heads.map_or(1, |n| rows / n);
+            if !range.start.is_multiple_of(head_rows) || !range.len().is_multiple_of(head_rows) {
+                return Ok(None);
+            }
+            let mut out = bytes[range.start * row_bytes..range.end * row_bytes].to_vec();
+            if heads.is_some() {
+                out = names::unpermute_rows(&out, range.len(), range.len() / head_rows);
+            }
+            ([range.len(), cols], out)
+        } else {
+            let (per, block) = (format.block_elements(), format.block_bytes());
+            if !range.start.is_multiple_of(per) || !range.end.is_multiple_of(per) {
+                return Ok(None);
+            }
+            let (b0, b1) = (range.start / per * block, range.end / per * block);
+            let mut out = Vec::with_capacity(rows * (b1 - b0));
+            for row in bytes.chunks_exact(row_bytes) {
+                out.extend_from_slice(&row[b0..b1]);
+            }
+            if let Some(n_head) = heads {
+                out = names::unpermute_rows(&out, rows, n_head);
+            }
+            ([rows, range.len()], out)
+        };
         Ok(Some(NativeTensor {
             format,
-            shape: [rows, cols],
+            shape,
             bytes,
         }))
     }

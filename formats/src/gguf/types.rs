@@ -1,5 +1,6 @@
 //! ggml tensor types as GGUF numbers them.
 
+use tessera_kernels::cpu::WeightFormat;
 use tessera_kernels::quant::QuantFormat;
 
 /// A ggml tensor type (`ggml_type`), with the ids GGUF files store.
@@ -120,6 +121,22 @@ impl GgmlType {
             Self::Q4K => Some(QuantFormat::Q4K),
             Self::Q5K => Some(QuantFormat::Q5K),
             Self::Q6K => Some(QuantFormat::Q6K),
+            _ => None,
+        }
+    }
+
+    /// The kernels' storage format, for the types whose matrices stay as they are in the
+    /// file (everything Tessera reads except F32, which needs no conversion anyway).
+    pub fn weight_format(self) -> Option<WeightFormat> {
+        match self {
+            Self::F16 => Some(WeightFormat::F16),
+            Self::BF16 => Some(WeightFormat::Bf16),
+            Self::Q8_0 => Some(WeightFormat::Q8_0),
+            Self::Q4_0 => Some(WeightFormat::Q4_0),
+            Self::Q4_1 => Some(WeightFormat::Q4_1),
+            Self::Q4K => Some(WeightFormat::Q4K),
+            Self::Q5K => Some(WeightFormat::Q5K),
+            Self::Q6K => Some(WeightFormat::Q6K),
             _ => None,
         }
     }

@@ -1,19 +1,23 @@
 //! Weight matrices kept in their file's format, multiplied without an f32 copy of the model.
 //!
 //! [`WeightMatrix`] holds a `rows × cols` matrix in the PyTorch `Linear` layout as f32,
-//! bfloat16, or GGUF `Q8_0` / `Q4_1` blocks (each row a whole number of blocks).
+//! bfloat16, f16, or GGUF blocks (`Q8_0`, `Q4_0`, `Q4_1` of 32 values; `Q4_K`, `Q5_K`,
+//! `Q6_K` super-blocks of 256), each row a whole number of blocks.
 //! [`linear_weights`] computes `out = x · wᵀ + b` like [`super::matmul::linear`]: each rayon
 //! task dequantizes a few weight rows at a time into a small per-thread buffer, with the
 //! dispatched level's dequantizer, and hands them to the level's f32 kernel while they are
-//! in cache. Every dequantizer is exact (a 4- or 8-bit quant times an f16 scale fits in an
-//! f32, so `q·d + m` rounds once, fused or not; bfloat16 widens exactly), so an output is
-//! bit-identical to [`super::matmul::linear`] over the dequantized matrix at the same
-//! level, and keeps its reduction order for any batch size.
+//! in cache. Every dequantizer is exact, so an output is bit-identical to
+//! [`super::matmul::linear`] over the dequantized matrix at the same level, and keeps its
+//! reduction order for any batch size. Exact because every product fits an f32's 24-bit
+//! significand: an f16 scale (11 bits) times a quant of at most 8 bits, or times a 6-bit
+//! sub-block scale and a 5-bit quant (`Q4_K`/`Q5_K`), or times an 8-bit sub-block scale and
+//! a 6-bit quant (`Q6_K`, 11 + 7 + 5 bits of magnitude). So `q·d − m` rounds once, fused or
+//! not, `d·s·q` never, and f16 and bfloat16 widen exactly.
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
 
-use half::bf16;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::dispatch::{Kernels, kernels};
@@ -21,7 +25,9 @@ use super::int8::linear_int8_with;
 use super::int8::packed::{PackedKind, PackedMatrix};
 use super::matmul::{SharedOut, linear_with, rows_per_task};
 use crate::quant::{
-    BlockQ4_1, BlockQ8_0, QK8_0, QuantError, dequantize_row_q4_1, dequantize_row_q8_0,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, QK8_0, QuantError,
+    dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q5_k,
+    dequantize_row_q6_k, dequantize_row_q8_0,
 };
 
 /// How a [`WeightMatrix`] stores its values.
@@ -31,18 +37,43 @@ pub enum WeightFormat {
     F32,
     /// bfloat16 (the upper half of an f32).
     Bf16,
+    /// IEEE half precision.
+    F16,
     /// GGUF `Q8_0` blocks: 32 values, f16 scale, 8-bit quants.
     Q8_0,
+    /// GGUF `Q4_0` blocks: 32 values, f16 scale, 4-bit quants offset by 8.
+    Q4_0,
     /// GGUF `Q4_1` blocks: 32 values, f16 scale and minimum, 4-bit quants.
     Q4_1,
+    /// GGUF `Q4_K` super-blocks: 256 values, 6-bit sub-block scales and minimums, 4-bit
+    /// quants.
+    Q4K,
+    /// GGUF `Q5_K` super-blocks: as `Q4_K` with 5-bit quants.
+    Q5K,
+    /// GGUF `Q6_K` super-blocks: 256 values, 8-bit sub-block scales, 6-bit quants.
+    Q6K,
 }
 
 impl WeightFormat {
+    /// Every format, for tests and tables.
+    pub const ALL: [WeightFormat; 9] = [
+        Self::F32,
+        Self::Bf16,
+        Self::F16,
+        Self::Q8_0,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+    ];
+
     /// Values per block (1 for the float formats).
     pub const fn block_elements(self) -> usize {
         match self {
-            Self::F32 | Self::Bf16 => 1,
-            Self::Q8_0 | Self::Q4_1 => QK8_0,
+            Self::F32 | Self::Bf16 | Self::F16 => 1,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 => QK8_0,
+            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
         }
     }
 
@@ -50,19 +81,28 @@ impl WeightFormat {
     pub const fn block_bytes(self) -> usize {
         match self {
             Self::F32 => 4,
-            Self::Bf16 => 2,
+            Self::Bf16 | Self::F16 => 2,
             Self::Q8_0 => size_of::<BlockQ8_0>(),
+            Self::Q4_0 => size_of::<BlockQ4_0>(),
             Self::Q4_1 => size_of::<BlockQ4_1>(),
+            Self::Q4K => size_of::<BlockQ4K>(),
+            Self::Q5K => size_of::<BlockQ5K>(),
+            Self::Q6K => size_of::<BlockQ6K>(),
         }
     }
 
-    /// The name GGUF uses (`Q4_1`, `BF16`).
+    /// The name GGUF uses (`Q4_K`, `BF16`).
     pub const fn name(self) -> &'static str {
         match self {
             Self::F32 => "F32",
             Self::Bf16 => "BF16",
+            Self::F16 => "F16",
             Self::Q8_0 => "Q8_0",
+            Self::Q4_0 => "Q4_0",
             Self::Q4_1 => "Q4_1",
+            Self::Q4K => "Q4_K",
+            Self::Q5K => "Q5_K",
+            Self::Q6K => "Q6_K",
         }
     }
 }
@@ -76,10 +116,27 @@ pub(crate) struct Dequant {
     pub(crate) q4_1: fn(&[BlockQ4_1], &mut [f32]),
     /// `out.len() == src.len()`.
     pub(crate) bf16: fn(&[bf16], &mut [f32]),
+    /// `out.len() == src.len()`.
+    pub(crate) f16: fn(&[f16], &mut [f32]),
+    /// `out.len() == blocks.len() * 32`.
+    pub(crate) q4_0: fn(&[BlockQ4_0], &mut [f32]),
+    /// `out.len() == blocks.len() * 256`.
+    pub(crate) q4_k: fn(&[BlockQ4K], &mut [f32]),
+    /// `out.len() == blocks.len() * 256`.
+    pub(crate) q5_k: fn(&[BlockQ5K], &mut [f32]),
+    /// `out.len() == blocks.len() * 256`.
+    pub(crate) q6_k: fn(&[BlockQ6K], &mut [f32]),
 }
 
 /// bfloat16 to f32, the portable level's (and the reference).
 pub(crate) fn bf16_to_f32_ref(src: &[bf16], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(src) {
+        *o = v.to_f32();
+    }
+}
+
+/// f16 to f32, the portable level's (and the reference).
+pub(crate) fn f16_to_f32_ref(src: &[f16], out: &mut [f32]) {
     for (o, v) in out.iter_mut().zip(src) {
         *o = v.to_f32();
     }
@@ -90,16 +147,26 @@ pub(crate) const PORTABLE_DEQUANT: Dequant = Dequant {
     q8_0: dequantize_row_q8_0,
     q4_1: dequantize_row_q4_1,
     bf16: bf16_to_f32_ref,
+    f16: f16_to_f32_ref,
+    q4_0: dequantize_row_q4_0,
+    q4_k: dequantize_row_q4_k,
+    q5_k: dequantize_row_q5_k,
+    q6_k: dequantize_row_q6_k,
 };
 
 #[derive(Clone)]
 enum Data {
     F32(Vec<f32>),
     Bf16(Vec<bf16>),
+    F16(Vec<f16>),
     Q8_0(Vec<BlockQ8_0>),
+    Q4_0(Vec<BlockQ4_0>),
     Q4_1(Vec<BlockQ4_1>),
     /// `Q8_0` or `Q4_1` repacked for integer dot products (see `cpu::int8`).
     Packed(PackedMatrix),
+    Q4K(Vec<BlockQ4K>),
+    Q5K(Vec<BlockQ5K>),
+    Q6K(Vec<BlockQ6K>),
 }
 
 /// A `rows × cols` weight matrix (PyTorch `Linear` layout: one row per output) in its
@@ -133,7 +200,8 @@ impl WeightMatrix {
     }
 
     /// A matrix from little-endian bytes of `format` (any alignment), row after row; a
-    /// block format needs `cols` to be a whole number of blocks.
+    /// block format needs `cols` to be a whole number of blocks (of 256 values for the
+    /// K-quants).
     pub fn from_bytes(
         format: WeightFormat,
         rows: usize,
@@ -141,8 +209,10 @@ impl WeightMatrix {
         bytes: &[u8],
     ) -> Result<Self, QuantError> {
         let per = format.block_elements();
-        let expected = rows * (cols / per) * format.block_bytes();
-        if !cols.is_multiple_of(per) || bytes.len() != expected {
+        let expected = rows
+            .checked_mul(cols / per)
+            .and_then(|b| b.checked_mul(format.block_bytes()));
+        if !cols.is_multiple_of(per) || expected != Some(bytes.len()) {
             return Err(QuantError::MatrixShape {
                 format: format.name(),
                 rows,
@@ -153,8 +223,13 @@ impl WeightMatrix {
         let data = match format {
             WeightFormat::F32 => Data::F32(collect(bytes)),
             WeightFormat::Bf16 => Data::Bf16(collect(bytes)),
+            WeightFormat::F16 => Data::F16(collect(bytes)),
             WeightFormat::Q8_0 => Data::Q8_0(collect(bytes)),
+            WeightFormat::Q4_0 => Data::Q4_0(collect(bytes)),
             WeightFormat::Q4_1 => Data::Q4_1(collect(bytes)),
+            WeightFormat::Q4K => Data::Q4K(collect(bytes)),
+            WeightFormat::Q5K => Data::Q5K(collect(bytes)),
+            WeightFormat::Q6K => Data::Q6K(collect(bytes)),
         };
         Ok(Self { rows, cols, data })
     }
@@ -174,12 +249,17 @@ impl WeightMatrix {
         match &self.data {
             Data::F32(_) => WeightFormat::F32,
             Data::Bf16(_) => WeightFormat::Bf16,
+            Data::F16(_) => WeightFormat::F16,
             Data::Q8_0(_) => WeightFormat::Q8_0,
+            Data::Q4_0(_) => WeightFormat::Q4_0,
             Data::Q4_1(_) => WeightFormat::Q4_1,
             Data::Packed(p) => match p.kind() {
                 PackedKind::Q8_0 => WeightFormat::Q8_0,
                 PackedKind::Q4_1 => WeightFormat::Q4_1,
             },
+            Data::Q4K(_) => WeightFormat::Q4K,
+            Data::Q5K(_) => WeightFormat::Q5K,
+            Data::Q6K(_) => WeightFormat::Q6K,
         }
     }
 
@@ -206,7 +286,8 @@ impl WeightMatrix {
         self.rows * (self.cols / self.format().block_elements()) * self.format().block_bytes()
     }
 
-    /// Writes rows `start..start + out.len() / cols` as f32 with `dequant`.
+    /// Writes rows `start..start + out.len() / cols` as f32 with `dequant`. Rows are whole
+    /// blocks (checked by [`Self::from_bytes`]), so any row range is a block range.
     fn rows_f32_with(&self, dequant: &Dequant, start: usize, out: &mut [f32]) {
         let (cols, n) = (self.cols, out.len() / self.cols);
         debug_assert!(start + n <= self.rows && out.len() == n * cols);
@@ -215,13 +296,18 @@ impl WeightMatrix {
         match &self.data {
             Data::F32(v) => out.copy_from_slice(&v[b0..b1]),
             Data::Bf16(v) => (dequant.bf16)(&v[b0..b1], out),
+            Data::F16(v) => (dequant.f16)(&v[b0..b1], out),
             Data::Q8_0(v) => (dequant.q8_0)(&v[b0..b1], out),
+            Data::Q4_0(v) => (dequant.q4_0)(&v[b0..b1], out),
             Data::Q4_1(v) => (dequant.q4_1)(&v[b0..b1], out),
             Data::Packed(p) => {
                 for (r, row) in out.chunks_exact_mut(cols).enumerate() {
                     p.row_f32(start + r, row);
                 }
             }
+            Data::Q4K(v) => (dequant.q4_k)(&v[b0..b1], out),
+            Data::Q5K(v) => (dequant.q5_k)(&v[b0..b1], out),
+            Data::Q6K(v) => (dequant.q6_k)(&v[b0..b1], out),
         }
     }
 
@@ -255,47 +341,32 @@ impl WeightMatrix {
         if parts.len() == 1 {
             return parts.into_iter().next().expect("one part");
         }
-        let data = if parts
+        if !parts
             .iter()
             .all(|p| Some(p.format()) == format && !p.is_int8())
         {
-            let mut it = parts.into_iter().map(|p| p.data);
-            let first = it.next();
-            match first {
-                Some(Data::F32(mut v)) => {
-                    it.for_each(|d| v.extend(as_f32(d)));
-                    Data::F32(v)
-                }
-                Some(Data::Bf16(mut v)) => {
-                    it.for_each(|d| {
-                        if let Data::Bf16(w) = d {
-                            v.extend(w)
+            let data = Data::F32(parts.iter().flat_map(|p| p.to_f32()).collect());
+            return WeightMatrix { rows, cols, data };
+        }
+        let mut it = parts.into_iter().map(|p| p.data);
+        // Appends the rest's storage to the first's; every part has the first's variant.
+        macro_rules! stack {
+            ($($variant:ident),*) => {
+                match it.next() {
+                    $(Some(Data::$variant(mut v)) => {
+                        for d in it {
+                            if let Data::$variant(w) = d {
+                                v.extend(w);
+                            }
                         }
-                    });
-                    Data::Bf16(v)
+                        Data::$variant(v)
+                    })*
+                    Some(Data::Packed(_)) => unreachable!("int8 matrices are stacked as f32"),
+                    None => Data::F32(Vec::new()),
                 }
-                Some(Data::Q8_0(mut v)) => {
-                    it.for_each(|d| {
-                        if let Data::Q8_0(w) = d {
-                            v.extend(w)
-                        }
-                    });
-                    Data::Q8_0(v)
-                }
-                Some(Data::Q4_1(mut v)) => {
-                    it.for_each(|d| {
-                        if let Data::Q4_1(w) = d {
-                            v.extend(w)
-                        }
-                    });
-                    Data::Q4_1(v)
-                }
-                Some(Data::Packed(_)) => unreachable!("int8 matrices are stacked as f32"),
-                None => Data::F32(Vec::new()),
-            }
-        } else {
-            Data::F32(parts.iter().flat_map(|p| p.to_f32()).collect())
-        };
+            };
+        }
+        let data = stack!(F32, Bf16, F16, Q8_0, Q4_0, Q4_1, Q4K, Q5K, Q6K);
         WeightMatrix { rows, cols, data }
     }
 }
@@ -308,15 +379,9 @@ fn collect<B: bytemuck::Pod>(bytes: &[u8]) -> Vec<B> {
         .collect()
 }
 
-fn as_f32(d: Data) -> Vec<f32> {
-    match d {
-        Data::F32(v) => v,
-        _ => unreachable!("formats were checked equal"),
-    }
-}
-
 /// Dequantized weights per buffer fill: about 64 KiB of f32, whole register tiles, 8..=64
-/// rows.
+/// rows. Any row count is whole blocks: a row is `k / 32` blocks, or `k / 256` super-blocks
+/// for the K-quants (`from_bytes` checks that `k` divides).
 fn rows_per_fill(k: usize) -> usize {
     ((16 * 1024) / k).clamp(8, 64) / 8 * 8
 }
@@ -402,7 +467,6 @@ pub fn linear_weights_with(
 mod tests {
     use super::*;
     use crate::cpu::dispatch::Level;
-    use half::f16;
     use rand::{Rng, SeedableRng};
 
     fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
@@ -416,63 +480,90 @@ mod tests {
             .collect()
     }
 
-    /// A random matrix of `format` with realistic scales (and a few edge quants).
+    /// Byte offsets of a block's f16 scales, and the range realistic values of each come
+    /// from (values near ±1 after dequantization).
+    fn scale_fields(format: WeightFormat) -> &'static [(usize, f32, f32)] {
+        match format {
+            WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => &[],
+            WeightFormat::Q8_0 => &[(0, -0.02, 0.02)],
+            WeightFormat::Q4_0 => &[(0, -0.15, 0.15)],
+            WeightFormat::Q4_1 => &[(0, 0.0, 0.01), (2, -0.08, 0.0)],
+            WeightFormat::Q4K | WeightFormat::Q5K => &[(0, 0.0, 0.0005), (2, 0.0, 0.0005)],
+            WeightFormat::Q6K => &[(208, -0.0002, 0.0002)],
+        }
+    }
+
+    /// Random bytes of `blocks` blocks of `format`, each scale set by `scale(field)`.
+    fn blocks(
+        rng: &mut impl Rng,
+        format: WeightFormat,
+        blocks: usize,
+        mut scale: impl FnMut(&mut dyn rand::RngCore, (f32, f32)) -> f16,
+    ) -> Vec<u8> {
+        let mut bytes: Vec<u8> = (0..blocks * format.block_bytes())
+            .map(|_| rng.random())
+            .collect();
+        for block in bytes.chunks_exact_mut(format.block_bytes()) {
+            for &(at, lo, hi) in scale_fields(format) {
+                let d = scale(rng, (lo, hi));
+                block[at..at + 2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        bytes
+    }
+
+    /// A random matrix of `format` with realistic scales (and every quant value).
     fn random_matrix(rng: &mut impl Rng, format: WeightFormat, n: usize, k: usize) -> WeightMatrix {
-        let blocks = n * k / format.block_elements();
         let bytes: Vec<u8> = match format {
             WeightFormat::F32 => bytemuck::cast_slice(&random(rng, n * k)).to_vec(),
-            WeightFormat::Bf16 => {
-                let v: Vec<bf16> = (0..n * k)
-                    .map(|_| bf16::from_f32(rng.random_range(-1.0..1.0)))
-                    .collect();
-                bytemuck::cast_slice(&v).to_vec()
-            }
-            WeightFormat::Q8_0 => {
-                let v: Vec<BlockQ8_0> = (0..blocks)
-                    .map(|_| BlockQ8_0 {
-                        d: f16::from_f32(rng.random_range(-0.02..0.02)),
-                        qs: std::array::from_fn(|_| rng.random()),
-                    })
-                    .collect();
-                bytemuck::cast_slice(&v).to_vec()
-            }
-            WeightFormat::Q4_1 => {
-                let v: Vec<BlockQ4_1> = (0..blocks)
-                    .map(|_| BlockQ4_1 {
-                        d: f16::from_f32(rng.random_range(0.0..0.01)),
-                        m: f16::from_f32(rng.random_range(-0.08..0.0)),
-                        qs: std::array::from_fn(|_| rng.random()),
-                    })
-                    .collect();
-                bytemuck::cast_slice(&v).to_vec()
-            }
+            WeightFormat::Bf16 => (0..n * k)
+                .flat_map(|_| bf16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes())
+                .collect(),
+            WeightFormat::F16 => (0..n * k)
+                .flat_map(|_| f16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes())
+                .collect(),
+            _ => blocks(
+                rng,
+                format,
+                n * k / format.block_elements(),
+                |r, (lo, hi)| f16::from_f32(r.random_range(lo..=hi)),
+            ),
         };
         WeightMatrix::from_bytes(format, n, k, &bytes).unwrap()
     }
 
-    const FORMATS: [WeightFormat; 4] = [
-        WeightFormat::F32,
-        WeightFormat::Bf16,
-        WeightFormat::Q8_0,
-        WeightFormat::Q4_1,
-    ];
-
-    /// (m, k, n): k a multiple of 32 for the block formats; n and m not multiples of tiles.
-    const SHAPES: [(usize, usize, usize); 7] = [
-        (1, 32, 1),
-        (1, 64, 13),
-        (3, 96, 19),
-        (7, 576, 67),
-        (5, 160, 300),
-        (13, 1536, 41),
-        (2, 32, 257),
-    ];
+    /// (m, k, n) for a format: `k` whole blocks, odd `m` (33 takes the whole-task fill
+    /// path) and `n` not a multiple of tiles.
+    fn shapes(format: WeightFormat) -> &'static [(usize, usize, usize)] {
+        if format.block_elements() == QK_K {
+            &[
+                (1, 256, 1),
+                (3, 256, 19),
+                (1, 1536, 41),
+                (33, 512, 67),
+                (3, 768, 300),
+                (33, 256, 257),
+                (7, 512, 13),
+            ]
+        } else {
+            &[
+                (1, 32, 1),
+                (1, 64, 13),
+                (3, 96, 19),
+                (7, 576, 67),
+                (5, 160, 300),
+                (13, 1536, 41),
+                (2, 32, 257),
+                (33, 256, 45),
+            ]
+        }
+    }
 
     #[test]
     fn every_level_equals_f32_linear_over_the_dequantized_matrix() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
-        for format in FORMATS {
-            for (m, k, n) in SHAPES {
+        for format in WeightFormat::ALL {
+            for &(m, k, n) in shapes(format) {
                 let w = random_matrix(&mut rng, format, n, k);
                 let dense = w.to_f32();
                 let x = random(&mut rng, m * k);
@@ -504,22 +595,114 @@ mod tests {
         }
     }
 
+    /// Scales that stress exactness: zeros of both signs, the largest f16, normal and
+    /// subnormal minima, and ordinary values of both signs.
+    fn extreme_scale(rng: &mut dyn rand::RngCore) -> f16 {
+        let edge = [
+            f16::ZERO,
+            f16::NEG_ZERO,
+            f16::MAX,
+            f16::MIN,
+            f16::MIN_POSITIVE,
+            f16::from_bits(1),
+            f16::from_bits(0x83FF),
+            f16::ONE,
+        ];
+        match rng.random_range(0..16) {
+            i @ 0..8 => edge[i],
+            _ => f16::from_f32(rng.random_range(-2.0..2.0)),
+        }
+    }
+
+    /// Asserts equal bit patterns, naming the first difference (not megabytes of values).
+    fn same_bits(got: &[f32], want: &[f32], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            panic!(
+                "{what}: value {i} is {:e}, the reference {:e}",
+                got[i], want[i]
+            );
+        }
+    }
+
     #[test]
     fn every_level_dequantizer_equals_the_reference() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
-        for format in [WeightFormat::Bf16, WeightFormat::Q8_0, WeightFormat::Q4_1] {
-            for (rows, cols) in [(1, 32), (3, 64), (5, 576), (2, 96)] {
-                let w = random_matrix(&mut rng, format, rows, cols);
-                let want = w.to_f32();
+        for format in WeightFormat::ALL {
+            let per = format.block_elements().max(32);
+            for (rows, blocks_per_row) in [(1, 1), (3, 2), (5, 18), (2, 3), (40, 4)] {
+                let cols = per * blocks_per_row;
+                let n_blocks = rows * cols / format.block_elements();
+                let mut bytes = match format {
+                    // Random bit patterns, infinities and subnormals included. Not NaNs:
+                    // the bfloat16 reference (`half`) quiets signalling NaNs, the SIMD
+                    // levels keep them as they are (f16 NaNs are covered below).
+                    WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => {
+                        let unit = format.block_bytes();
+                        (0..rows * cols)
+                            .flat_map(|_| {
+                                let mut v: u32 = rng.random();
+                                if (v & 0x7F80_0000) == 0x7F80_0000 && unit == 4 {
+                                    v &= !0x007F_FFFF;
+                                }
+                                if unit == 2
+                                    && (v & 0x7F80) == 0x7F80
+                                    && format == WeightFormat::Bf16
+                                {
+                                    v &= !0x007F;
+                                }
+                                if unit == 2
+                                    && (v & 0x7C00) == 0x7C00
+                                    && format == WeightFormat::F16
+                                {
+                                    v &= !0x03FF;
+                                }
+                                v.to_le_bytes().into_iter().take(unit)
+                            })
+                            .collect()
+                    }
+                    _ => blocks(&mut rng, format, n_blocks, |r, _| extreme_scale(r)),
+                };
+                if scale_fields(format).is_empty() {
+                    // Exactly one block per element; nothing more to pin.
+                } else {
+                    // A block of all-zero and one of all-one quant bits (scales kept).
+                    let bb = format.block_bytes();
+                    let fields = scale_fields(format);
+                    for (b, fill) in [(0, 0x00u8), (n_blocks - 1, 0xFF)] {
+                        for (i, byte) in bytes[b * bb..(b + 1) * bb].iter_mut().enumerate() {
+                            if !fields.iter().any(|&(at, ..)| (at..at + 2).contains(&i)) {
+                                *byte = fill;
+                            }
+                        }
+                    }
+                }
+                let w = WeightMatrix::from_bytes(format, rows, cols, &bytes).unwrap();
+                let mut want = vec![f32::NAN; rows * cols];
+                w.rows_f32_with(&PORTABLE_DEQUANT, 0, &mut want);
                 for kern in levels() {
                     let mut got = vec![f32::NAN; rows * cols];
                     w.rows_f32_with(&kern.dequant, 0, &mut got);
-                    assert_eq!(
-                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        "{kern:?} {format:?} {rows}x{cols}"
-                    );
+                    same_bits(&got, &want, &format!("{kern:?} {format:?} {rows}x{cols}"));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn every_level_converts_every_f16_exactly() {
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(|v| v.to_le_bytes()).collect();
+        // 65536 values as 256 rows; then a ragged tail (not a multiple of any vector).
+        for (rows, cols, bytes) in [(256, 256, &all[..]), (1, 13, &all[1000..1026])] {
+            let w = WeightMatrix::from_bytes(WeightFormat::F16, rows, cols, bytes).unwrap();
+            let want: Vec<f32> = bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect();
+            for kern in levels() {
+                let mut got = vec![0f32; rows * cols];
+                w.rows_f32_with(&kern.dequant, 0, &mut got);
+                same_bits(&got, &want, &format!("{kern:?}"));
             }
         }
     }
@@ -527,8 +710,8 @@ mod tests {
     #[test]
     fn every_level_gives_rows_that_do_not_depend_on_batch() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
-        for format in FORMATS {
-            let (m, k, n) = (7, 576, 45);
+        for format in WeightFormat::ALL {
+            let (m, k, n) = (7, 768, 45);
             let w = random_matrix(&mut rng, format, n, k);
             let x = random(&mut rng, m * k);
             for kern in levels() {
@@ -567,5 +750,35 @@ mod tests {
         ac.row_f32(4, &mut row);
         assert_eq!(row, c.to_f32()[64..]);
         assert!(WeightMatrix::from_bytes(WeightFormat::Q8_0, 1, 48, &[0; 34]).is_err());
+        // K-quants: q, k, v of one format stay in it; a Q6_K v (as llama.cpp's mixes
+        // often have) makes the stack f32.
+        for format in [
+            WeightFormat::F16,
+            WeightFormat::Q4_0,
+            WeightFormat::Q4K,
+            WeightFormat::Q5K,
+            WeightFormat::Q6K,
+        ] {
+            let q = random_matrix(&mut rng, format, 4, 512);
+            let k = random_matrix(&mut rng, format, 2, 512);
+            let v = random_matrix(&mut rng, WeightFormat::Q6K, 2, 512);
+            let qk = WeightMatrix::concat_rows(vec![q.clone(), k.clone(), k.clone()]);
+            let per_row = 512 / format.block_elements() * format.block_bytes();
+            assert_eq!(
+                (qk.format(), qk.rows(), qk.storage_bytes()),
+                (format, 8, 8 * per_row)
+            );
+            assert_eq!(qk.to_f32(), [q.to_f32(), k.to_f32(), k.to_f32()].concat());
+            let qkv = WeightMatrix::concat_rows(vec![q.clone(), k.clone(), v.clone()]);
+            let mixed = format != WeightFormat::Q6K;
+            assert_eq!(qkv.format() == WeightFormat::F32, mixed, "{format:?}");
+            assert_eq!(qkv.to_f32(), [q.to_f32(), k.to_f32(), v.to_f32()].concat());
+            let mut row = vec![0f32; 512];
+            qkv.row_f32(7, &mut row);
+            assert_eq!(row, v.to_f32()[512..]);
+        }
+        // Rows of a K-quant must be whole 256-value super-blocks.
+        let err = WeightMatrix::from_bytes(WeightFormat::Q4K, 1, 96, &[0; 54]).unwrap_err();
+        assert!(err.to_string().contains("Q4_K"), "{err}");
     }
 }

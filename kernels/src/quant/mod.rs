@@ -28,6 +28,7 @@ use rayon::prelude::*;
 
 pub use q4_0::{BlockQ4_0, QK4_0, dequantize_row_q4_0};
 pub use q4_1::{BlockQ4_1, QK4_1, dequantize_row_q4_1};
+pub(crate) use q4_k::scales_mins_k4;
 pub use q4_k::{BlockQ4K, K_SCALE_SIZE, QK_K, dequantize_row_q4_k, get_scale_min_k4};
 pub use q5_k::{BlockQ5K, dequantize_row_q5_k};
 pub use q6_k::{BlockQ6K, dequantize_row_q6_k};

@@ -38,6 +38,30 @@ pub fn get_scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
     }
 }
 
+/// All eight (scale, minimum) pairs at once: bytes `0..8` are the scales, `8..16` the
+/// minimums, equal to [`get_scale_min_k4`] for `j` in `0..8`. The SIMD dequantizers widen
+/// these 16 bytes in one go; ggml's x86 kernels unpack them with the same 32-bit masks.
+#[inline]
+pub(crate) fn scales_mins_k4(q: &[u8; K_SCALE_SIZE]) -> [u8; 16] {
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let scales_lo = w0 & LOW6;
+    let scales_hi = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
+    let mins_lo = w1 & LOW6;
+    let mins_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
+    let mut out = [0u8; 16];
+    for (i, w) in [scales_lo, scales_hi, mins_lo, mins_hi]
+        .into_iter()
+        .enumerate()
+    {
+        out[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
 /// Scalar reference dequantizer, equal to ggml's `dequantize_row_q4_K`.
 /// `out.len()` must be `blocks.len() * 256`.
 pub fn dequantize_row_q4_k(blocks: &[BlockQ4K], out: &mut [f32]) {

@@ -258,3 +258,20 @@ fn half_and_float_rows_convert_at_any_alignment() {
         assert_eq!(out, x);
     }
 }
+
+#[test]
+fn packed_k4_scales_equal_get_scale_min_k4() {
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    let mut cases: Vec<[u8; K_SCALE_SIZE]> = vec![[0; 12], [0xFF; 12]];
+    cases.extend((0..1000).map(|_| std::array::from_fn(|_| rng.random())));
+    for q in cases {
+        let packed = scales_mins_k4(&q);
+        for j in 0..8 {
+            assert_eq!(
+                (packed[j], packed[8 + j]),
+                get_scale_min_k4(j, &q),
+                "{q:?} {j}"
+            );
+        }
+    }
+}

@@ -7,16 +7,19 @@
 //! columns of o_proj and down_proj (row-parallel: their partial products are summed across
 //! ranks, and their biases are added by rank 0 only).
 //!
-//! Matrices stay in their file's format (GGUF `Q8_0`, `Q4_1`, `BF16`; see
-//! [`WeightSource::load_native`]) when a rank loads them whole, that is with one rank, and
-//! are multiplied directly by `tessera_kernels::cpu::weights`. Sliced matrices (tensor
-//! parallelism) and every other format are loaded as f32. [`WeightLayout`] chooses how:
-//! by default `Q8_0` and `Q4_1` matrices are repacked for integer dot products with 8-bit
-//! activations (`tessera_kernels::cpu::int8`, as llama.cpp computes them).
+//! Matrices stay in their file's format (GGUF `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`,
+//! `Q4_K`, `Q5_K`, `Q6_K`; see [`WeightSource::load_native`]) and are multiplied directly by
+//! `tessera_kernels::cpu::weights`. Under tensor parallelism so are a rank's rows (a byte
+//! range of whole blocks, [`WeightSource::load_native_slice`]) and its columns when they
+//! start and end on block boundaries; other slices, and every other format, are loaded as
+//! f32. A fused projection whose parts differ in format (llama.cpp's mixes often quantize v
+//! differently from q and k) is stacked as f32. [`WeightLayout`] chooses how they are
+//! multiplied: by default `Q8_0` and `Q4_1` matrices are repacked for integer dot products
+//! with 8-bit activations (`tessera_kernels::cpu::int8`, as llama.cpp computes them).
 
 use std::ops::Range;
 
-use tessera_formats::{ModelConfig, WeightSource};
+use tessera_formats::{ModelConfig, NativeTensor, WeightSource};
 use tessera_kernels::cpu::WeightMatrix;
 
 use crate::EngineError;
@@ -150,8 +153,8 @@ impl Loader<'_> {
         Ok(self.source.load_f32_slice(name, dim, range)?.data)
     }
 
-    /// The matrix `name` (full shape `shape`): in its file's format when this rank loads
-    /// all of it and the source has it natively, otherwise `part` of it as f32.
+    /// The matrix `name` (full shape `shape`): `part` of it in its file's format when the
+    /// source can cut it so, otherwise as f32.
     fn matrix(
         &self,
         name: &str,
@@ -164,10 +167,9 @@ impl Loader<'_> {
             Part::Columns(c) => (shape[0], c.len()),
         };
         if self.native
-            && (rows, cols) == (shape[0], shape[1])
-            && let Some(t) = self.source.load_native(name)?
+            && let Some(t) = self.native_part(name, shape, &part)?
         {
-            if t.shape != shape {
+            if t.shape != [rows, cols] {
                 return Err(self.error(format!(
                     "tensor {name:?} has shape {:?}, the config implies {shape:?}",
                     t.shape
@@ -181,6 +183,27 @@ impl Loader<'_> {
             cols,
             self.part(name, &shape, part)?,
         ))
+    }
+
+    /// `part` of the matrix `name` in its storage format, if the source has one for it.
+    fn native_part(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        part: &Part,
+    ) -> Result<Option<NativeTensor>, EngineError> {
+        let (dim, range) = match part {
+            Part::Rows(r) if r.len() != shape[0] => (0, r.clone()),
+            Part::Columns(c) if c.len() != shape[1] => (1, c.clone()),
+            _ => return Ok(self.source.load_native(name)?),
+        };
+        let found = self.source.shape(name)?;
+        if found != shape {
+            return Err(self.error(format!(
+                "tensor {name:?} has shape {found:?}, the config implies {shape:?}"
+            )));
+        }
+        Ok(self.source.load_native_slice(name, dim, range)?)
     }
 
     fn optional(
@@ -268,7 +291,7 @@ impl ModelWeights {
             source,
             model,
             partition,
-            native: partition.world_size == 1 && layout != WeightLayout::F32,
+            native: layout != WeightLayout::F32,
             int8: layout == WeightLayout::Int8,
         };
         let (h, hd) = (config.hidden_size, config.head_dim);
@@ -325,5 +348,222 @@ impl ModelWeights {
             final_norm: l.tensor("model.norm.weight", &[h])?,
             lm_head,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use half::f16;
+    use tessera_formats::{Architecture, FormatError, HostTensor};
+    use tessera_kernels::cpu::WeightFormat;
+    use tessera_kernels::quant::{QuantFormat, dequantize};
+
+    use super::*;
+
+    /// Matrices as `Q8_0` blocks and vectors as f32, cut natively like a GGUF file: rows as
+    /// byte ranges, columns on block boundaries only.
+    struct Blocks(HashMap<String, (Vec<usize>, Vec<u8>)>);
+
+    const Q: QuantFormat = QuantFormat::Q8_0;
+
+    impl Blocks {
+        fn get(&self, name: &str) -> Result<&(Vec<usize>, Vec<u8>), FormatError> {
+            self.0
+                .get(name)
+                .ok_or_else(|| FormatError::tensor("mem", name, "missing"))
+        }
+    }
+
+    impl WeightSource for Blocks {
+        fn contains(&self, name: &str) -> bool {
+            self.0.contains_key(name)
+        }
+
+        fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
+            Ok(self.get(name)?.0.clone())
+        }
+
+        fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
+            let (shape, bytes) = self.get(name)?;
+            let mut data = vec![0f32; shape.iter().product()];
+            if shape.len() == 2 {
+                dequantize(Q, bytes, &mut data).expect("whole blocks");
+            } else {
+                data = bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+            }
+            Ok(HostTensor {
+                shape: shape.clone(),
+                data,
+            })
+        }
+
+        fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
+            let rows = self.get(name)?.0[0];
+            self.load_native_slice(name, 0, 0..rows)
+        }
+
+        fn load_native_slice(
+            &self,
+            name: &str,
+            dim: usize,
+            range: Range<usize>,
+        ) -> Result<Option<NativeTensor>, FormatError> {
+            let (shape, bytes) = self.get(name)?;
+            let &[rows, cols] = shape.as_slice() else {
+                return Ok(None);
+            };
+            let (per, block) = (Q.block_elements(), Q.block_bytes());
+            let row_bytes = cols / per * block;
+            let (shape, bytes) = match dim {
+                0 => (
+                    [range.len(), cols],
+                    bytes[range.start * row_bytes..range.end * row_bytes].to_vec(),
+                ),
+                _ if range.start.is_multiple_of(per) && range.end.is_multiple_of(per) => {
+                    let (b0, b1) = (range.start / per * block, range.end / per * block);
+                    let cut = bytes
+                        .chunks_exact(row_bytes)
+                        .flat_map(|r| r[b0..b1].to_vec())
+                        .collect();
+                    ([rows, range.len()], cut)
+                }
+                _ => return Ok(None),
+            };
+            Ok(Some(NativeTensor {
+                format: WeightFormat::Q8_0,
+                shape,
+                bytes,
+            }))
+        }
+    }
+
+    fn config() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Llama,
+            vocab_size: 96,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_layers: 1,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            rms_norm_eps: 1e-5,
+            rope_theta: 1e4,
+            rope_scaling: None,
+            max_position_embeddings: 64,
+            tie_word_embeddings: false,
+            sliding_window: None,
+            attention_bias: false,
+            dtype: None,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+        }
+    }
+
+    fn source(c: &ModelConfig) -> Blocks {
+        let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let mut seed = 1u32;
+        let mut matrix = |rows: usize, cols: usize| {
+            let mut bytes = Vec::new();
+            for _ in 0..rows * cols / 32 {
+                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                bytes.extend(f16::from_f32(0.01 + (seed >> 20) as f32 * 1e-6).to_le_bytes());
+                bytes.extend((0..32).map(|j| (seed >> 8).wrapping_add(j * 37) as u8));
+            }
+            (vec![rows, cols], bytes)
+        };
+        let p = "model.layers.0";
+        let mut t: HashMap<String, (Vec<usize>, Vec<u8>)> = [
+            (format!("{p}.self_attn.q_proj.weight"), matrix(q, h)),
+            (format!("{p}.self_attn.k_proj.weight"), matrix(kv, h)),
+            (format!("{p}.self_attn.v_proj.weight"), matrix(kv, h)),
+            (format!("{p}.self_attn.o_proj.weight"), matrix(h, q)),
+            (format!("{p}.mlp.gate_proj.weight"), matrix(i, h)),
+            (format!("{p}.mlp.up_proj.weight"), matrix(i, h)),
+            (format!("{p}.mlp.down_proj.weight"), matrix(h, i)),
+            ("model.embed_tokens.weight".into(), matrix(v, h)),
+            ("lm_head.weight".into(), matrix(v, h)),
+        ]
+        .into_iter()
+        .collect();
+        let ones: Vec<u8> = (0..h).flat_map(|_| 1f32.to_le_bytes()).collect();
+        for norm in [
+            format!("{p}.input_layernorm.weight"),
+            format!("{p}.post_attention_layernorm.weight"),
+            "model.norm.weight".into(),
+        ] {
+            t.insert(norm, (vec![h], ones.clone()));
+        }
+        Blocks(t)
+    }
+
+    #[test]
+    fn ranks_keep_block_aligned_parts_native_and_equal_to_f32_slices() {
+        let c = config();
+        let src = source(&c);
+        for (world, layout) in [1, 2, 4]
+            .into_iter()
+            .flat_map(|w| [(w, WeightLayout::Exact), (w, WeightLayout::Int8)])
+        {
+            for rank in 0..world {
+                let part = Partition::new(rank, world);
+                let heads = part.heads(&c);
+                let w = ModelWeights::load(&c, &src, "mem", part, &heads, layout).unwrap();
+                let l = &w.layers[0];
+                // Columns of o (16 per head) cut Q8_0 blocks on 4 ranks: f32 there.
+                let o_native = (c.num_heads * c.head_dim / world).is_multiple_of(32);
+                for (what, m, native) in [
+                    ("qkv", &l.qkv.weight, true),
+                    ("gate_up", &l.gate_up.weight, true),
+                    ("o", &l.o.weight, o_native),
+                    ("down", &l.down.weight, true),
+                    ("embed", &w.embed, true),
+                    ("lm_head", w.lm_head.as_ref().unwrap(), true),
+                ] {
+                    let want = if native {
+                        WeightFormat::Q8_0
+                    } else {
+                        WeightFormat::F32
+                    };
+                    assert_eq!(m.format(), want, "{what} rank {rank} of {world}");
+                }
+                // Values: as the f32 slices of the dequantized matrices.
+                let full = |n: &str| src.load_f32(n).unwrap();
+                let p = "model.layers.0";
+                let hd = c.head_dim;
+                let q_rows = heads.q.start * hd..heads.q.end * hd;
+                let kv_rows = heads.kv.start * hd..heads.kv.end * hd;
+                let qkv: Vec<f32> = [
+                    ("q_proj", q_rows.clone()),
+                    ("k_proj", kv_rows.clone()),
+                    ("v_proj", kv_rows),
+                ]
+                .into_iter()
+                .flat_map(|(n, r)| {
+                    full(&format!("{p}.self_attn.{n}.weight"))
+                        .slice(0, r)
+                        .unwrap()
+                        .data
+                })
+                .collect();
+                assert_eq!(l.qkv.weight.to_f32(), qkv, "rank {rank} of {world}");
+                let o = full(&format!("{p}.self_attn.o_proj.weight"));
+                assert_eq!(l.o.weight.to_f32(), o.slice(1, q_rows).unwrap().data);
+                let inter = part.split(c.intermediate_size);
+                let down = full(&format!("{p}.mlp.down_proj.weight"));
+                assert_eq!(l.down.weight.to_f32(), down.slice(1, inter).unwrap().data);
+                let embed = full("model.embed_tokens.weight");
+                assert_eq!(
+                    w.embed.to_f32(),
+                    embed.slice(0, w.vocab.clone()).unwrap().data
+                );
+            }
+        }
     }
 }

@@ -30,6 +30,11 @@ pub(crate) static KERNELS: Kernels = Kernels {
         q8_0: dequant_q8_0,
         q4_1: dequant_q4_1,
         bf16: dequant_bf16,
+        f16: super::dequant_avx2::f16,
+        q4_0: super::dequant_avx2::q4_0,
+        q4_k: super::dequant_avx2::q4_k,
+        q5_k: super::dequant_avx2::q5_k,
+        q6_k: super::dequant_avx2::q6_k,
     },
 };
 

@@ -29,6 +29,11 @@ pub(crate) static KERNELS: Kernels = Kernels {
         q8_0: dequant_q8_0,
         q4_1: dequant_q4_1,
         bf16: dequant_bf16,
+        f16: super::dequant_avx512::f16,
+        q4_0: super::dequant_avx512::q4_0,
+        q4_k: super::dequant_avx512::q4_k,
+        q5_k: super::dequant_avx512::q5_k,
+        q6_k: super::dequant_avx512::q6_k,
     },
 };
 

@@ -2,4 +2,6 @@
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+mod dequant_avx2;
+mod dequant_avx512;
 pub(crate) mod int8;

@@ -1,0 +1,225 @@
+//! AVX-512 F dequantizers of f16, `Q4_0` and the K-quants (`Q4_K`, `Q5_K`, `Q6_K`), for the
+//! level's `Dequant` table (see `avx512.rs`).
+//!
+//! Each writes the portable reference's values bit for bit: the products are exact (see
+//! `cpu::weights`), so a fused `q·d − m` rounds like the reference's multiply-then-subtract,
+//! and the K-quants' sub-block scales are widened and multiplied by the super-block scale
+//! sixteen at a time, as the reference does one at a time. Only AVX-512 F instructions are
+//! used (no BW), as that is all the level detects.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+use crate::quant::{BlockQ4_0, BlockQ4K, BlockQ5K, BlockQ6K, QK_K, scales_mins_k4};
+
+/// Sixteen bytes at `p`, zero-extended to 32-bit lanes.
+///
+/// # Safety
+/// `p` must be readable for 16 bytes.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn u8x16(p: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees 16 readable bytes.
+    unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast::<__m128i>())) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn f16_avx512(src: &[f16], out: &mut [f32]) {
+    assert_eq!(out.len(), src.len(), "one value per f16");
+    let n = src.len();
+    let full = n - n % 16;
+    let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
+    // SAFETY: every load reads 16 values below `full <= n` of `src`, every store 16 of `out`.
+    unsafe {
+        let mut i = 0;
+        while i < full {
+            let v = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(i).cast::<__m256i>()));
+            _mm512_storeu_ps(op.add(i), v);
+            i += 16;
+        }
+    }
+    crate::cpu::weights::f16_to_f32_ref(&src[full..], &mut out[full..]);
+}
+
+pub(super) fn f16(src: &[f16], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { f16_avx512(src, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn q4_0_avx512(blocks: &[BlockQ4_0], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    let op = out.as_mut_ptr();
+    let (low, eight) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(8));
+    for (i, b) in blocks.iter().enumerate() {
+        let d = _mm512_set1_ps(b.d.to_f32());
+        // SAFETY: `qs` holds 16 bytes; `out` holds 32 values at i * 32.
+        unsafe {
+            let q = u8x16(b.qs.as_ptr());
+            let lo = _mm512_sub_epi32(_mm512_and_si512(q, low), eight);
+            let hi = _mm512_sub_epi32(_mm512_srli_epi32::<4>(q), eight);
+            _mm512_storeu_ps(op.add(i * 32), _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+            _mm512_storeu_ps(
+                op.add(i * 32 + 16),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d),
+            );
+        }
+    }
+}
+
+pub(super) fn q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { q4_0_avx512(blocks, out) }
+}
+
+/// A `Q4_K`/`Q5_K` block's eight effective scales `d·sc[j]` (lanes 0..8) and minimums
+/// `dmin·m[j]` (lanes 8..16).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn k4_scales(d: f16, dmin: f16, scales: &[u8; 12]) -> [f32; 16] {
+    let packed = scales_mins_k4(scales);
+    let supers = _mm512_mask_blend_ps(
+        0xFF00,
+        _mm512_set1_ps(d.to_f32()),
+        _mm512_set1_ps(dmin.to_f32()),
+    );
+    let mut out = [0f32; 16];
+    // SAFETY: `packed` holds 16 bytes, `out` 16 values.
+    unsafe {
+        let v = _mm512_cvtepi32_ps(u8x16(packed.as_ptr()));
+        _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(v, supers));
+    }
+    out
+}
+
+#[target_feature(enable = "avx512f")]
+fn q4_k_avx512(blocks: &[BlockQ4K], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * QK_K, "256 values per block");
+    let low = _mm512_set1_epi32(0x0F);
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let s = k4_scales(b.d, b.dmin, &b.scales);
+        let yp = y.as_mut_ptr();
+        // Group g: bytes 32g.. of `qs`; low nibbles are sub-block 2g, high ones 2g + 1.
+        for g in 0..4 {
+            let (d1, m1) = (_mm512_set1_ps(s[2 * g]), _mm512_set1_ps(s[8 + 2 * g]));
+            let (d2, m2) = (_mm512_set1_ps(s[2 * g + 1]), _mm512_set1_ps(s[9 + 2 * g]));
+            for h in 0..2 {
+                // SAFETY: bytes 32g + 16h.. (16 of the 128 in `qs`); values 64g + 16h.. and
+                // 64g + 32 + 16h.. (16 each) of this block's 256 in `y`.
+                unsafe {
+                    let q = u8x16(b.qs.as_ptr().add(32 * g + 16 * h));
+                    let lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, low));
+                    let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(q));
+                    _mm512_storeu_ps(yp.add(64 * g + 16 * h), _mm512_fmsub_ps(lo, d1, m1));
+                    _mm512_storeu_ps(yp.add(64 * g + 32 + 16 * h), _mm512_fmsub_ps(hi, d2, m2));
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn q4_k(blocks: &[BlockQ4K], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { q4_k_avx512(blocks, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn q5_k_avx512(blocks: &[BlockQ5K], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * QK_K, "256 values per block");
+    let (low, one) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(1));
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let s = k4_scales(b.d, b.dmin, &b.scales);
+        let yp = y.as_mut_ptr();
+        // SAFETY: `qh` holds 32 bytes.
+        let qh = unsafe { [u8x16(b.qh.as_ptr()), u8x16(b.qh.as_ptr().add(16))] };
+        for g in 0..4 {
+            let (d1, m1) = (_mm512_set1_ps(s[2 * g]), _mm512_set1_ps(s[8 + 2 * g]));
+            let (d2, m2) = (_mm512_set1_ps(s[2 * g + 1]), _mm512_set1_ps(s[9 + 2 * g]));
+            // Bit 2g of `qh[l]` is the fifth bit of value 64g + l, bit 2g + 1 of 64g + 32 + l.
+            let (sh1, sh2) = (
+                _mm_cvtsi32_si128(2 * g as i32),
+                _mm_cvtsi32_si128(2 * g as i32 + 1),
+            );
+            for (h, qh) in qh.iter().enumerate() {
+                let h1 = _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srl_epi32(*qh, sh1), one));
+                let h2 = _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srl_epi32(*qh, sh2), one));
+                // SAFETY: bytes 32g + 16h.. (16 of the 128 in `qs`); values 64g + 16h.. and
+                // 64g + 32 + 16h.. (16 each) of this block's 256 in `y`.
+                unsafe {
+                    let q = u8x16(b.qs.as_ptr().add(32 * g + 16 * h));
+                    let lo = _mm512_or_si512(_mm512_and_si512(q, low), h1);
+                    let hi = _mm512_or_si512(_mm512_srli_epi32::<4>(q), h2);
+                    let (lo, hi) = (_mm512_cvtepi32_ps(lo), _mm512_cvtepi32_ps(hi));
+                    _mm512_storeu_ps(yp.add(64 * g + 16 * h), _mm512_fmsub_ps(lo, d1, m1));
+                    _mm512_storeu_ps(yp.add(64 * g + 32 + 16 * h), _mm512_fmsub_ps(hi, d2, m2));
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn q5_k(blocks: &[BlockQ5K], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { q5_k_avx512(blocks, out) }
+}
+
+/// A `Q6_K` quant: 4 low bits `ql` and the 2 high bits `(qh >> shift) & 3`, minus 32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn q6_quant(ql: __m512i, qh: __m512i, shift: i32) -> __m512 {
+    let bits = _mm512_and_si512(
+        _mm512_srl_epi32(qh, _mm_cvtsi32_si128(shift)),
+        _mm512_set1_epi32(3),
+    );
+    let q = _mm512_or_si512(ql, _mm512_slli_epi32::<4>(bits));
+    _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)))
+}
+
+#[target_feature(enable = "avx512f")]
+fn q6_k_avx512(blocks: &[BlockQ6K], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * QK_K, "256 values per block");
+    let low = _mm512_set1_epi32(0x0F);
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        // Effective sub-block scales d·sc[j], sixteen at once.
+        let mut s = [0f32; 16];
+        // SAFETY: `scales` holds 16 bytes, `s` 16 values.
+        unsafe {
+            let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.scales.as_ptr().cast::<__m128i>()));
+            let v = _mm512_mul_ps(_mm512_set1_ps(b.d.to_f32()), _mm512_cvtepi32_ps(sc));
+            _mm512_storeu_ps(s.as_mut_ptr(), v);
+        }
+        let yp = y.as_mut_ptr();
+        // Halves of 128 values; in each, the 16-value chunk c (l = 16c..) feeds values l,
+        // l + 32, l + 64 and l + 96, with scales c, c + 2, c + 4 and c + 6 of the half's 8.
+        for half in 0..2 {
+            for c in 0..2 {
+                let l = 16 * c;
+                // SAFETY: bytes 64·half + l.. and 64·half + l + 32.. (16 each) of the 128 in
+                // `ql`, 32·half + l.. of the 64 in `qh`; values 128·half + l + 32t.. (16 each,
+                // t < 4) of this block's 256 in `y`.
+                unsafe {
+                    let a = u8x16(b.ql.as_ptr().add(64 * half + l));
+                    let a32 = u8x16(b.ql.as_ptr().add(64 * half + l + 32));
+                    let qh = u8x16(b.qh.as_ptr().add(32 * half + l));
+                    let q = [
+                        q6_quant(_mm512_and_si512(a, low), qh, 0),
+                        q6_quant(_mm512_and_si512(a32, low), qh, 2),
+                        q6_quant(_mm512_srli_epi32::<4>(a), qh, 4),
+                        q6_quant(_mm512_srli_epi32::<4>(a32), qh, 6),
+                    ];
+                    for (t, q) in q.into_iter().enumerate() {
+                        let d = _mm512_set1_ps(s[8 * half + c + 2 * t]);
+                        _mm512_storeu_ps(yp.add(128 * half + l + 32 * t), _mm512_mul_ps(d, q));
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn q6_k(blocks: &[BlockQ6K], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { q6_k_avx512(blocks, out) }
+}
