@@ -1,0 +1,211 @@
+//! AVX-512 F tile kernels of attention (see `attention::tile` for what each computes).
+//!
+//! Scores keep one key per lane (a 16-key tile is one register), so a score is a plain
+//! chain of fused multiply-adds over the head dimension; `p · V` keeps the head dimension in
+//! lanes. Only reached through `avx512::KERNELS`, handed out after `avx512f` was detected,
+//! which is what makes the safe wrappers sound.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use crate::cpu::attention::tile::{EXP2_COEFFS, EXP2_MIN, KEY_TILE, TileOps};
+
+pub(crate) const OPS: TileOps = TileOps {
+    scores,
+    softmax,
+    pv,
+};
+
+const _: () = assert!(KEY_TILE == 16);
+
+/// Query vectors per register block of `scores`.
+const QB: usize = 8;
+
+/// The fixed tree `l + 8`, `l + 4`, `l + 2`, `l + 1`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn hsum(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let s8 = _mm256_add_ps(lo, hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+    _mm_cvtss_f32(s1)
+}
+
+/// `2^x` for `x <= 0`, lane-wise as `tile::exp2_portable` but with fused multiply-adds.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn exp2(x: __m512) -> __m512 {
+    let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(EXP2_MIN));
+    let x = _mm512_max_ps(x, _mm512_set1_ps(EXP2_MIN));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    let mut p = _mm512_set1_ps(EXP2_COEFFS[7]);
+    for &c in EXP2_COEFFS[..7].iter().rev() {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+    }
+    _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n))
+}
+
+/// Scores of `N` query vectors against one transposed key tile.
+///
+/// # Safety
+/// `q` holds `N * hd` values, `kt` `hd * 16`, `out` is writable for `N * 16`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scores_block<const N: usize>(q: *const f32, kt: *const f32, hd: usize, out: *mut f32) {
+    let mut acc = [_mm512_setzero_ps(); N];
+    // SAFETY: reads `q[i * hd + d]` (i < N, d < hd) and `kt[d * 16..d * 16 + 16]`; writes
+    // `out[i * 16..i * 16 + 16]`, all within the caller's guarantee.
+    unsafe {
+        for d in 0..hd {
+            let k = _mm512_loadu_ps(kt.add(d * KEY_TILE));
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(i * hd + d)), k, *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(i * KEY_TILE), *a);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn scores_avx512(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    let n = out.len() / KEY_TILE;
+    assert!(q.len() >= n * hd && kt.len() >= hd * KEY_TILE);
+    let (qp, kp, op) = (q.as_ptr(), kt.as_ptr(), out.as_mut_ptr());
+    let mut i = 0;
+    // SAFETY: each block covers vectors i..i + N < n, which the asserts above guarantee.
+    unsafe {
+        while i + QB <= n {
+            scores_block::<QB>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE));
+            i += QB;
+        }
+        match n - i {
+            0 => {}
+            1 => scores_block::<1>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            2 => scores_block::<2>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            3 => scores_block::<3>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            4 => scores_block::<4>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            5 => scores_block::<5>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            6 => scores_block::<6>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            _ => scores_block::<7>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+        }
+    }
+}
+
+fn scores(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { scores_avx512(q, kt, hd, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn softmax_avx512(
+    s: &mut [f32],
+    lo: usize,
+    hi: usize,
+    m: &mut [f32],
+    l: &mut [f32],
+    corr: &mut [f32],
+) {
+    assert!(lo <= hi && hi < KEY_TILE);
+    let heads = m.len();
+    assert!(s.len() >= heads * KEY_TILE && l.len() >= heads && corr.len() >= heads);
+    let valid = (((1u32 << (hi + 1)) - 1) & !((1u32 << lo) - 1)) as __mmask16;
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    for g in 0..heads {
+        let sp = s[g * KEY_TILE..].as_mut_ptr();
+        // SAFETY: `s` holds 16 scores per head (asserted above).
+        let v = unsafe { _mm512_mask_loadu_ps(neg_inf, valid, sp) };
+        let m_new = m[g].max(_mm512_reduce_max_ps(v));
+        let p = exp2(_mm512_sub_ps(v, _mm512_set1_ps(m_new)));
+        let c = _mm_cvtss_f32(_mm512_castps512_ps128(exp2(_mm512_set1_ps(m[g] - m_new))));
+        l[g] = l[g] * c + hsum(p);
+        m[g] = m_new;
+        corr[g] = c;
+        // SAFETY: as the load.
+        unsafe { _mm512_storeu_ps(sp, p) };
+    }
+}
+
+fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], corr: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { softmax_avx512(s, lo, hi, m, l, corr) }
+}
+
+/// `p · V` for `N` heads of one row, 16 lanes of the head dimension at a time.
+///
+/// # Safety
+/// `p` holds `N * 16` values, `corr` `N`, `v` `(hi + 1) * hd`, `o` is writable for `N * hd`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn pv_block<const N: usize>(
+    p: *const f32,
+    corr: *const f32,
+    v: *const f32,
+    hd: usize,
+    lo: usize,
+    hi: usize,
+    o: *mut f32,
+) {
+    let mut c = 0;
+    // SAFETY: every access is below the bounds the caller guarantees; the tail is masked.
+    unsafe {
+        while c < hd {
+            let mask: __mmask16 = if hd - c >= 16 {
+                0xFFFF
+            } else {
+                ((1u32 << (hd - c)) - 1) as __mmask16
+            };
+            let mut acc = [_mm512_setzero_ps(); N];
+            for (n, a) in acc.iter_mut().enumerate() {
+                let x = _mm512_maskz_loadu_ps(mask, o.add(n * hd + c));
+                *a = _mm512_mul_ps(x, _mm512_set1_ps(*corr.add(n)));
+            }
+            for j in lo..=hi {
+                let vj = _mm512_maskz_loadu_ps(mask, v.add(j * hd + c));
+                for (n, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(n * KEY_TILE + j)), vj, *a);
+                }
+            }
+            for (n, a) in acc.iter().enumerate() {
+                _mm512_mask_storeu_ps(o.add(n * hd + c), mask, *a);
+            }
+            c += 16;
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn pv_avx512(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]) {
+    let heads = corr.len();
+    assert!(lo <= hi && hi < KEY_TILE);
+    assert!(p.len() >= heads * KEY_TILE && v.len() >= (hi + 1) * hd && o.len() >= heads * hd);
+    let mut g = 0;
+    // SAFETY: blocks cover heads g..g + N <= heads, within the asserted lengths.
+    unsafe {
+        while g < heads {
+            let (pp, cp, op) = (
+                p.as_ptr().add(g * KEY_TILE),
+                corr.as_ptr().add(g),
+                o.as_mut_ptr().add(g * hd),
+            );
+            let vp = v.as_ptr();
+            match heads - g {
+                1 => pv_block::<1>(pp, cp, vp, hd, lo, hi, op),
+                2 => pv_block::<2>(pp, cp, vp, hd, lo, hi, op),
+                3 => pv_block::<3>(pp, cp, vp, hd, lo, hi, op),
+                _ => pv_block::<4>(pp, cp, vp, hd, lo, hi, op),
+            }
+            g += 4;
+        }
+    }
+}
+
+fn pv(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { pv_avx512(p, corr, v, hd, lo, hi, o) }
+}

@@ -1,0 +1,164 @@
+//! The per-level inner kernels of tiled attention, and their portable reference.
+//!
+//! The driver (`flash`) hands them one key tile of [`KEY_TILE`] consecutive positions at a
+//! time. Every output element is computed by a fixed sequence of operations that depends only
+//! on the query vector and the absolute key positions, never on how many other query vectors
+//! share the call: that is what keeps a row's result independent of batching.
+//!
+//! Scores live in the log2 domain (the driver folds `log2(e)` into the scaled query), so the
+//! softmax uses `exp2`.
+
+/// Key positions per tile; tiles are aligned to multiples of it. One AVX-512 register of
+/// scores (two AVX2 ones).
+pub(crate) const KEY_TILE: usize = 16;
+
+/// One level's tile kernels.
+#[derive(Clone, Copy)]
+pub(crate) struct TileOps {
+    /// `out[i * KEY_TILE + j] = Σ_d q[i * hd + d] · kt[d * KEY_TILE + j]`, `d` ascending from
+    /// zero, for every query vector `i` of `q` (`out.len() / KEY_TILE` of them). `kt` is the
+    /// key tile transposed (`[hd][KEY_TILE]`).
+    pub(crate) scores: fn(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]),
+    /// Online-softmax step of one row's heads (`m.len()` of them): lanes `lo..=hi` of each
+    /// head's scores `s[g * KEY_TILE..]` are valid, the others masked. Updates the running
+    /// max `m[g]` and sum `l[g]`, replaces the scores by `p = exp2(s - m_new)` (0 when
+    /// masked) and stores the factor `corr[g] = exp2(m_old - m_new)` the accumulator needs.
+    pub(crate) softmax:
+        fn(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], corr: &mut [f32]),
+    /// `o[g] = o[g] · corr[g] + Σ_{j = lo..=hi} p[g * KEY_TILE + j] · v[j * hd..]`, `j`
+    /// ascending, for each head `g` of one row (`corr.len()` of them); `o` is `[heads][hd]`.
+    pub(crate) pv:
+        fn(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]),
+}
+
+/// The portable level: plain Rust, multiply then add (no fused multiply-add).
+pub(crate) const PORTABLE: TileOps = TileOps {
+    scores: scores_portable,
+    softmax: softmax_portable,
+    pv: pv_portable,
+};
+
+/// Taylor coefficients of `2^f = e^(f ln 2)`, degree 7: below 1e-8 relative error on
+/// `[-0.5, 0.5]`, under the f32 rounding the evaluation adds.
+pub(crate) const EXP2_COEFFS: [f32; 8] = [
+    1.0,
+    0.693_147_2,
+    0.240_226_5,
+    0.055_504_11,
+    0.009_618_129,
+    0.001_333_355_8,
+    0.000_154_035_3,
+    0.000_015_252_734,
+];
+
+/// Below this, `exp2` returns 0 (the result would be subnormal; next to the row maximum,
+/// whose weight is 1, it is negligible). `-inf`, the masked score, lands here too.
+pub(crate) const EXP2_MIN: f32 = -126.0;
+
+/// `2^x` for `x <= 0` by range reduction `x = n + f` (`n` the nearest integer) and the
+/// polynomial; `exp2(0)` is exactly 1.
+#[inline]
+pub(crate) fn exp2_portable(x: f32) -> f32 {
+    if !(x >= EXP2_MIN) {
+        return 0.0;
+    }
+    let n = x.round_ties_even();
+    let f = x - n;
+    let mut p = EXP2_COEFFS[7];
+    for c in EXP2_COEFFS[..7].iter().rev() {
+        p = p * f + c;
+    }
+    // `n` is in -126..=0 here (or small and positive for callers outside the contract), so
+    // `n + 127` is a valid biased exponent.
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// Sum of 16 lanes in the tree order the SIMD levels use: `l + 8`, `l + 4`, `l + 2`, `l + 1`.
+#[inline]
+pub(crate) fn sum16_portable(v: &[f32; KEY_TILE]) -> f32 {
+    let mut a = *v;
+    let mut w = KEY_TILE / 2;
+    while w > 0 {
+        for i in 0..w {
+            a[i] += a[i + w];
+        }
+        w /= 2;
+    }
+    a[0]
+}
+
+fn scores_portable(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    debug_assert_eq!(kt.len(), hd * KEY_TILE);
+    for (qi, o) in q.chunks_exact(hd).zip(out.chunks_exact_mut(KEY_TILE)) {
+        let mut acc = [0f32; KEY_TILE];
+        for (&qd, k) in qi.iter().zip(kt.chunks_exact(KEY_TILE)) {
+            for (a, &kd) in acc.iter_mut().zip(k) {
+                *a += qd * kd;
+            }
+        }
+        o.copy_from_slice(&acc);
+    }
+}
+
+fn softmax_portable(
+    s: &mut [f32],
+    lo: usize,
+    hi: usize,
+    m: &mut [f32],
+    l: &mut [f32],
+    corr: &mut [f32],
+) {
+    for (g, sg) in s.chunks_exact_mut(KEY_TILE).enumerate().take(m.len()) {
+        let mut v = [f32::NEG_INFINITY; KEY_TILE];
+        v[lo..=hi].copy_from_slice(&sg[lo..=hi]);
+        let tile_max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m_new = m[g].max(tile_max);
+        let mut p = [0f32; KEY_TILE];
+        for (pj, &sj) in p.iter_mut().zip(&v) {
+            *pj = exp2_portable(sj - m_new);
+        }
+        let c = exp2_portable(m[g] - m_new);
+        l[g] = l[g] * c + sum16_portable(&p);
+        m[g] = m_new;
+        corr[g] = c;
+        sg.copy_from_slice(&p);
+    }
+}
+
+fn pv_portable(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]) {
+    for ((og, &c), pg) in o
+        .chunks_exact_mut(hd)
+        .zip(corr)
+        .zip(p.chunks_exact(KEY_TILE))
+    {
+        for x in og.iter_mut() {
+            *x *= c;
+        }
+        for (j, &pj) in pg.iter().enumerate().take(hi + 1).skip(lo) {
+            for (x, &vd) in og.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+                *x += pj * vd;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp2_is_accurate_and_exact_at_the_ends() {
+        assert_eq!(exp2_portable(0.0), 1.0);
+        assert_eq!(exp2_portable(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp2_portable(-200.0), 0.0);
+        let mut worst = 0f64;
+        let mut x = -125.0f32;
+        while x <= 0.0 {
+            let want = (x as f64).exp2();
+            let rel = ((exp2_portable(x) as f64 - want) / want).abs();
+            worst = worst.max(rel);
+            x += 0.0137;
+        }
+        assert!(worst < 3e-7, "max relative error {worst}");
+    }
+}
