@@ -127,12 +127,13 @@ impl State {
     }
 }
 
-/// Per-item buffers: the scaled queries, one K tile transposed, one V tile, the scores.
+/// Per-item buffers: the scaled queries, one K tile (and transposed), one V tile, the scores.
 struct Scratch {
     q: Vec<f32>,
+    /// Keys as loaded (`[KEY_TILE][hd]`), then transposed into `kt`.
+    ks: Vec<f32>,
     kt: Vec<f32>,
     vt: Vec<f32>,
-    row: Vec<f32>,
     scores: Vec<f32>,
     corr: Vec<f32>,
 }
@@ -244,9 +245,9 @@ fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> State {
     let n = (t.r1 - t.r0) * g;
     let mut scratch = Scratch {
         q: Vec::with_capacity(n * hd),
+        ks: vec![0.0; KEY_TILE * hd],
         kt: vec![0.0; hd * KEY_TILE],
         vt: vec![0.0; KEY_TILE * hd],
-        row: vec![0.0; hd],
         scores: vec![0.0; n * KEY_TILE],
         corr: vec![0.0; g],
     };
@@ -306,16 +307,18 @@ fn attend_partition<T: KvElem>(
                 let slot = s.block_table[p / bs] as usize * bs + p % bs;
                 let off = slot * w + t.kv_head * hd;
                 let j = p - tile;
-                T::load(ctx.kernels, &ctx.cache_k[off..off + hd], &mut sc.row);
-                for (d, &k) in sc.row.iter().enumerate() {
-                    sc.kt[d * KEY_TILE + j] = k;
-                }
+                T::load(
+                    ctx.kernels,
+                    &ctx.cache_k[off..off + hd],
+                    &mut sc.ks[j * hd..(j + 1) * hd],
+                );
                 T::load(
                     ctx.kernels,
                     &ctx.cache_v[off..off + hd],
                     &mut sc.vt[j * hd..(j + 1) * hd],
                 );
             }
+            (ctx.ops.transpose)(&sc.ks, hd, &mut sc.kt);
             let (qa, qb) = ((ra - t.r0) * g, (rb - t.r0) * g);
             let scores = &mut sc.scores[..(qb - qa) * KEY_TILE];
             (ctx.ops.scores)(&sc.q[qa * hd..qb * hd], &sc.kt, hd, scores);

@@ -207,4 +207,6 @@ pub(crate) fn attend_head(
 }
 
 #[cfg(test)]
+mod perf;
+#[cfg(test)]
 mod tests;

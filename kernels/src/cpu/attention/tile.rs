@@ -29,6 +29,9 @@ pub(crate) struct TileOps {
     /// ascending, for each head `g` of one row (`corr.len()` of them); `o` is `[heads][hd]`.
     pub(crate) pv:
         fn(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]),
+    /// `dst[d * KEY_TILE + j] = src[j * hd + d]`: a `[KEY_TILE][hd]` key tile into the
+    /// layout `scores` reads. Exact data movement, so levels agree.
+    pub(crate) transpose: fn(src: &[f32], hd: usize, dst: &mut [f32]),
 }
 
 /// The portable level: plain Rust, multiply then add (no fused multiply-add).
@@ -36,6 +39,7 @@ pub(crate) const PORTABLE: TileOps = TileOps {
     scores: scores_portable,
     softmax: softmax_portable,
     pv: pv_portable,
+    transpose: transpose_portable,
 };
 
 /// Taylor coefficients of `2^f = e^(f ln 2)`, degree 7: below 1e-8 relative error on
@@ -142,6 +146,14 @@ fn pv_portable(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usi
     }
 }
 
+pub(crate) fn transpose_portable(src: &[f32], hd: usize, dst: &mut [f32]) {
+    for (j, row) in src.chunks_exact(hd).enumerate().take(KEY_TILE) {
+        for (d, &x) in row.iter().enumerate() {
+            dst[d * KEY_TILE + j] = x;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +172,25 @@ mod tests {
             x += 0.0137;
         }
         assert!(worst < 3e-7, "max relative error {worst}");
+    }
+
+    #[test]
+    fn every_level_transposes_key_tiles() {
+        for hd in [1usize, 8, 20, 64, 80, 130] {
+            let src: Vec<f32> = (0..KEY_TILE * hd).map(|i| i as f32).collect();
+            let mut want = vec![0f32; hd * KEY_TILE];
+            transpose_portable(&src, hd, &mut want);
+            for (d, w) in want.chunks_exact(KEY_TILE).enumerate() {
+                for (j, &x) in w.iter().enumerate() {
+                    assert_eq!(x, (j * hd + d) as f32);
+                }
+            }
+            for level in crate::cpu::Level::available() {
+                let ops = crate::cpu::Kernels::for_level(level).unwrap().attention;
+                let mut got = vec![f32::NAN; hd * KEY_TILE];
+                (ops.transpose)(&src, hd, &mut got);
+                assert_eq!(got, want, "{level:?} hd {hd}");
+            }
+        }
     }
 }
