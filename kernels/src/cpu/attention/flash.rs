@@ -25,7 +25,7 @@ pub(crate) const PARTITION: usize = 256;
 /// Query rows per work item.
 pub(crate) const QUERY_TILE: usize = 32;
 
-const _: () = assert!(PARTITION % KEY_TILE == 0);
+const _: () = assert!(PARTITION.is_multiple_of(KEY_TILE));
 
 /// Everything a work item reads.
 struct Ctx<'a, T> {
@@ -155,7 +155,7 @@ pub(crate) fn flash_attention<T: KvElem>(
 ) {
     let hd = layout.head_dim;
     assert!(
-        layout.kv_heads > 0 && num_heads % layout.kv_heads == 0,
+        layout.kv_heads > 0 && num_heads.is_multiple_of(layout.kv_heads),
         "{num_heads} query heads cannot share {} KV heads",
         layout.kv_heads
     );

@@ -23,16 +23,22 @@ pub(crate) struct TileOps {
     /// head's scores `s[g * KEY_TILE..]` are valid, the others masked. Updates the running
     /// max `m[g]` and sum `l[g]`, replaces the scores by `p = exp2(s - m_new)` (0 when
     /// masked) and stores the factor `corr[g] = exp2(m_old - m_new)` the accumulator needs.
-    pub(crate) softmax:
-        fn(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], corr: &mut [f32]),
+    pub(crate) softmax: SoftmaxFn,
     /// `o[g] = o[g] · corr[g] + Σ_{j = lo..=hi} p[g * KEY_TILE + j] · v[j * hd..]`, `j`
     /// ascending, for each head `g` of one row (`corr.len()` of them); `o` is `[heads][hd]`.
-    pub(crate) pv:
-        fn(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]),
+    pub(crate) pv: PvFn,
     /// `dst[d * KEY_TILE + j] = src[j * hd + d]`: a `[KEY_TILE][hd]` key tile into the
     /// layout `scores` reads. Exact data movement, so levels agree.
     pub(crate) transpose: fn(src: &[f32], hd: usize, dst: &mut [f32]),
 }
+
+/// See [`TileOps::softmax`].
+pub(crate) type SoftmaxFn =
+    fn(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], corr: &mut [f32]);
+
+/// See [`TileOps::pv`].
+pub(crate) type PvFn =
+    fn(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]);
 
 /// The portable level: plain Rust, multiply then add (no fused multiply-add).
 pub(crate) const PORTABLE: TileOps = TileOps {
@@ -46,7 +52,7 @@ pub(crate) const PORTABLE: TileOps = TileOps {
 /// `[-0.5, 0.5]`, under the f32 rounding the evaluation adds.
 pub(crate) const EXP2_COEFFS: [f32; 8] = [
     1.0,
-    0.693_147_2,
+    std::f32::consts::LN_2,
     0.240_226_5,
     0.055_504_11,
     0.009_618_129,
@@ -63,7 +69,8 @@ pub(crate) const EXP2_MIN: f32 = -126.0;
 /// polynomial; `exp2(0)` is exactly 1.
 #[inline]
 pub(crate) fn exp2_portable(x: f32) -> f32 {
-    if !(x >= EXP2_MIN) {
+    // Also catches NaN (never produced by the driver).
+    if x.is_nan() || x < EXP2_MIN {
         return 0.0;
     }
     let n = x.round_ties_even();
