@@ -30,16 +30,19 @@ fn bf16_kv_logits_stay_close_to_f32_kv() {
         let model = model.with_kv_dtype(KvDtype::Bfloat16);
         let bf16_kv = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
         let (mut worst, mut vs_golden, mut scale) = (0f32, 0f32, 0f32);
+        let mut f32_vs_golden = 0f32;
         let mut same_tokens = 0;
         for ((a, b), p) in f32_kv.iter().zip(&bf16_kv).zip(&golden.prompts) {
             worst = worst.max(max_abs_diff(&a.prompt_logits, &b.prompt_logits));
             vs_golden = vs_golden.max(max_abs_diff(&b.prompt_logits, &p.last_logits));
+            f32_vs_golden = f32_vs_golden.max(max_abs_diff(&a.prompt_logits, &p.last_logits));
             scale = scale.max(a.prompt_logits.iter().fold(0f32, |m, x| m.max(x.abs())));
             same_tokens += usize::from(a.tokens == b.tokens);
         }
         eprintln!(
             "{name}: bf16 KV max |logit diff| {worst:e} vs f32 KV, {vs_golden:e} vs goldens \
-             (max |logit| {scale}); greedy tokens identical for {same_tokens}/{} prompts",
+             (max |logit| {scale}; f32 KV vs goldens {f32_vs_golden:e}); greedy tokens identical \
+             for {same_tokens}/{} prompts",
             prompts.len()
         );
         assert!(
@@ -72,4 +75,15 @@ fn bf16_kv_results_do_not_depend_on_batching_or_chunking() {
             }
         }
     }
+}
+
+/// The memory budget buys twice the blocks with a bf16 cache.
+#[test]
+fn bf16_blocks_take_half_the_bytes() {
+    use tessera_shard::Engine;
+    let (model, _) = load_fixture("tiny-llama");
+    let f32_bytes = Engine::new(model, 2, 16).block_bytes();
+    let (model, _) = load_fixture("tiny-llama");
+    let engine = Engine::new(model.with_kv_dtype(KvDtype::Bfloat16), 2, 16);
+    assert_eq!(engine.block_bytes() * 2, f32_bytes);
 }

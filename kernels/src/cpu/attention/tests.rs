@@ -468,3 +468,52 @@ fn write_kv_rounds_to_nearest_even() {
     assert_eq!(cv[0].to_f32(), -2.5);
     assert_eq!(cv[1].to_f32(), 7.0);
 }
+
+/// The rayon pool's size changes how work is spread, never a result.
+#[test]
+fn results_do_not_depend_on_thread_count() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let (hd, kv_heads, group, ctx) = (64, 3, 3, 3 * PARTITION + 10);
+    let heads = kv_heads * group;
+    let layout = KvLayout {
+        block_size: 16,
+        kv_heads,
+        head_dim: hd,
+    };
+    let k = random(&mut rng, ctx * kv_heads * hd, 2.0);
+    let v = random(&mut rng, ctx * kv_heads * hd, 1.0);
+    let q = random(&mut rng, 100 * heads * hd, 2.0);
+    let c: Paged<bf16> = paged(&mut rng, layout, &k, &v);
+    for level in Level::available() {
+        let kern = Kernels::for_level(level).unwrap();
+        let on = |threads: usize, rows: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| {
+                    attend(
+                        kern,
+                        &c,
+                        &q[..rows * heads * hd],
+                        heads,
+                        ctx - rows,
+                        rows,
+                        None,
+                    )
+                })
+        };
+        for rows in [1, 100] {
+            let one = on(1, rows);
+            for threads in [2, 5] {
+                let many = on(threads, rows);
+                assert!(
+                    one.iter()
+                        .zip(&many)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{level:?} {rows} rows on {threads} threads"
+                );
+            }
+        }
+    }
+}
