@@ -16,7 +16,7 @@
 use rayon::prelude::*;
 
 use super::kv::KvElem;
-use super::tile::{KEY_TILE, TileOps};
+use super::tile::{KEY_TILE, Rows, TileOps};
 use super::{AttentionSeq, KvLayout};
 use crate::cpu::dispatch::Kernels;
 
@@ -292,6 +292,10 @@ fn attend_partition<T: KvElem>(
     if key_lo > key_hi {
         return;
     }
+    // Aligned tiles never straddle blocks when blocks are whole tiles.
+    let in_place = T::as_f32(ctx.cache_k)
+        .zip(T::as_f32(ctx.cache_v))
+        .filter(|_| bs.is_multiple_of(KEY_TILE));
     let mut tile = key_lo / KEY_TILE * KEY_TILE;
     while tile <= key_hi {
         let tile_end = tile + KEY_TILE - 1;
@@ -303,22 +307,45 @@ fn attend_partition<T: KvElem>(
             rb += 1;
         }
         if ra < rb {
-            for p in ks..=ke {
-                let slot = s.block_table[p / bs] as usize * bs + p % bs;
-                let off = slot * w + t.kv_head * hd;
-                let j = p - tile;
-                T::load(
-                    ctx.kernels,
-                    &ctx.cache_k[off..off + hd],
-                    &mut sc.ks[j * hd..(j + 1) * hd],
-                );
-                T::load(
-                    ctx.kernels,
-                    &ctx.cache_v[off..off + hd],
-                    &mut sc.vt[j * hd..(j + 1) * hd],
-                );
-            }
-            (ctx.ops.transpose)(&sc.ks, hd, &mut sc.kt);
+            let (krows, vrows) = match in_place {
+                // f32 pages, and the tile inside one block: read K/V where they are.
+                Some((ck, cv)) => {
+                    let slot = s.block_table[tile / bs] as usize * bs + tile % bs;
+                    let base = slot * w + t.kv_head * hd;
+                    let len = (KEY_TILE - 1) * w + hd;
+                    let rows = |data| Rows {
+                        data,
+                        stride: w,
+                        width: hd,
+                    };
+                    (rows(&ck[base..base + len]), rows(&cv[base..base + len]))
+                }
+                // Otherwise gather (and widen) the tile's keys into the staging buffers.
+                None => {
+                    for p in ks..=ke {
+                        let slot = s.block_table[p / bs] as usize * bs + p % bs;
+                        let off = slot * w + t.kv_head * hd;
+                        let j = p - tile;
+                        T::load(
+                            ctx.kernels,
+                            &ctx.cache_k[off..off + hd],
+                            &mut sc.ks[j * hd..(j + 1) * hd],
+                        );
+                        T::load(
+                            ctx.kernels,
+                            &ctx.cache_v[off..off + hd],
+                            &mut sc.vt[j * hd..(j + 1) * hd],
+                        );
+                    }
+                    let rows = |data| Rows {
+                        data,
+                        stride: hd,
+                        width: hd,
+                    };
+                    (rows(&sc.ks[..]), rows(&sc.vt[..]))
+                }
+            };
+            (ctx.ops.transpose)(krows, &mut sc.kt);
             let (qa, qb) = ((ra - t.r0) * g, (rb - t.r0) * g);
             let scores = &mut sc.scores[..(qb - qa) * KEY_TILE];
             (ctx.ops.scores)(&sc.q[qa * hd..qb * hd], &sc.kt, hd, scores);
@@ -340,8 +367,7 @@ fn attend_partition<T: KvElem>(
                 (ctx.ops.pv)(
                     sr,
                     &sc.corr,
-                    &sc.vt,
-                    hd,
+                    vrows,
                     lo,
                     hi,
                     &mut state.acc[v0 * hd..(v0 + g) * hd],

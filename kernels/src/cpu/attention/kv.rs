@@ -12,6 +12,8 @@ pub trait KvElem: Copy + Default + Send + Sync + 'static + private::Sealed {
     fn store(src: &[f32], dst: &mut [Self]);
     /// Widens cache elements to f32 with `kernels`' level.
     fn load(kernels: &Kernels, src: &[Self], dst: &mut [f32]);
+    /// The elements as f32, when they are (then kernels read the cache in place).
+    fn as_f32(src: &[Self]) -> Option<&[f32]>;
 }
 
 impl KvElem for f32 {
@@ -23,6 +25,11 @@ impl KvElem for f32 {
     #[inline]
     fn load(_: &Kernels, src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+
+    #[inline]
+    fn as_f32(src: &[f32]) -> Option<&[f32]> {
+        Some(src)
     }
 }
 
@@ -39,6 +46,11 @@ impl KvElem for bf16 {
     #[inline]
     fn load(kernels: &Kernels, src: &[bf16], dst: &mut [f32]) {
         (kernels.dequant.bf16)(src, dst);
+    }
+
+    #[inline]
+    fn as_f32(_: &[bf16]) -> Option<&[f32]> {
+        None
     }
 }
 

@@ -24,12 +24,13 @@ pub(crate) struct TileOps {
     /// max `m[g]` and sum `l[g]`, replaces the scores by `p = exp2(s - m_new)` (0 when
     /// masked) and stores the factor `corr[g] = exp2(m_old - m_new)` the accumulator needs.
     pub(crate) softmax: SoftmaxFn,
-    /// `o[g] = o[g] · corr[g] + Σ_{j = lo..=hi} p[g * KEY_TILE + j] · v[j * hd..]`, `j`
-    /// ascending, for each head `g` of one row (`corr.len()` of them); `o` is `[heads][hd]`.
+    /// `o[g] = o[g] · corr[g] + Σ_{j = lo..=hi} p[g * KEY_TILE + j] · v.row(j)`, `j`
+    /// ascending, for each head `g` of one row (`corr.len()` of them); `o` is
+    /// `[heads][v.width]`.
     pub(crate) pv: PvFn,
-    /// `dst[d * KEY_TILE + j] = src[j * hd + d]`: a `[KEY_TILE][hd]` key tile into the
-    /// layout `scores` reads. Exact data movement, so levels agree.
-    pub(crate) transpose: fn(src: &[f32], hd: usize, dst: &mut [f32]),
+    /// `dst[d * KEY_TILE + j] = src.row(j)[d]`: a key tile into the `[hd][KEY_TILE]` layout
+    /// `scores` reads. Exact data movement, so levels agree.
+    pub(crate) transpose: fn(src: Rows<'_>, dst: &mut [f32]),
 }
 
 /// See [`TileOps::softmax`].
@@ -38,7 +39,30 @@ pub(crate) type SoftmaxFn =
 
 /// See [`TileOps::pv`].
 pub(crate) type PvFn =
-    fn(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]);
+    fn(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]);
+
+/// Up to `KEY_TILE` rows of `width` values, `stride` apart: a tile read in place from the
+/// cache (stride: a slot) or from a staging buffer (stride: `width`).
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) stride: usize,
+    pub(crate) width: usize,
+}
+
+impl Rows<'_> {
+    /// Row `j`.
+    #[inline]
+    pub(crate) fn row(&self, j: usize) -> &[f32] {
+        &self.data[j * self.stride..j * self.stride + self.width]
+    }
+
+    /// Whether rows `0..=last` are all inside `data` (what the SIMD kernels check).
+    #[inline]
+    pub(crate) fn holds(&self, last: usize) -> bool {
+        self.width <= self.stride && self.data.len() >= last * self.stride + self.width
+    }
+}
 
 /// The portable level: plain Rust, multiply then add (no fused multiply-add).
 pub(crate) const PORTABLE: TileOps = TileOps {
@@ -136,9 +160,9 @@ fn softmax_portable(
     }
 }
 
-fn pv_portable(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]) {
+fn pv_portable(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
     for ((og, &c), pg) in o
-        .chunks_exact_mut(hd)
+        .chunks_exact_mut(v.width)
         .zip(corr)
         .zip(p.chunks_exact(KEY_TILE))
     {
@@ -146,16 +170,16 @@ fn pv_portable(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usi
             *x *= c;
         }
         for (j, &pj) in pg.iter().enumerate().take(hi + 1).skip(lo) {
-            for (x, &vd) in og.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+            for (x, &vd) in og.iter_mut().zip(v.row(j)) {
                 *x += pj * vd;
             }
         }
     }
 }
 
-pub(crate) fn transpose_portable(src: &[f32], hd: usize, dst: &mut [f32]) {
-    for (j, row) in src.chunks_exact(hd).enumerate().take(KEY_TILE) {
-        for (d, &x) in row.iter().enumerate() {
+pub(crate) fn transpose_portable(src: Rows<'_>, dst: &mut [f32]) {
+    for j in 0..KEY_TILE {
+        for (d, &x) in src.row(j).iter().enumerate() {
             dst[d * KEY_TILE + j] = x;
         }
     }
@@ -183,20 +207,33 @@ mod tests {
 
     #[test]
     fn every_level_transposes_key_tiles() {
-        for hd in [1usize, 8, 20, 64, 80, 130] {
-            let src: Vec<f32> = (0..KEY_TILE * hd).map(|i| i as f32).collect();
+        for (hd, extra) in [
+            (1usize, 0usize),
+            (8, 0),
+            (20, 3),
+            (64, 128),
+            (80, 0),
+            (130, 1),
+        ] {
+            let stride = hd + extra;
+            let data: Vec<f32> = (0..KEY_TILE * stride).map(|i| i as f32).collect();
+            let src = Rows {
+                data: &data[..(KEY_TILE - 1) * stride + hd],
+                stride,
+                width: hd,
+            };
             let mut want = vec![0f32; hd * KEY_TILE];
-            transpose_portable(&src, hd, &mut want);
+            transpose_portable(src, &mut want);
             for (d, w) in want.chunks_exact(KEY_TILE).enumerate() {
                 for (j, &x) in w.iter().enumerate() {
-                    assert_eq!(x, (j * hd + d) as f32);
+                    assert_eq!(x, (j * stride + d) as f32);
                 }
             }
             for level in crate::cpu::Level::available() {
                 let ops = crate::cpu::Kernels::for_level(level).unwrap().attention;
                 let mut got = vec![f32::NAN; hd * KEY_TILE];
-                (ops.transpose)(&src, hd, &mut got);
-                assert_eq!(got, want, "{level:?} hd {hd}");
+                (ops.transpose)(src, &mut got);
+                assert_eq!(got, want, "{level:?} hd {hd} stride {stride}");
             }
         }
     }

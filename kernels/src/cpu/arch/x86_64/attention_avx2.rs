@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::attention::tile::{EXP2_COEFFS, EXP2_MIN, KEY_TILE, TileOps};
+use crate::cpu::attention::tile::{EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps};
 
 pub(crate) const OPS: TileOps = TileOps {
     scores,
@@ -186,13 +186,15 @@ fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], co
 /// `p · V` for `N` heads of one row, 8 lanes of the head dimension at a time.
 ///
 /// # Safety
-/// `p` holds `N * 16` values, `corr` `N`, `v` `(hi + 1) * hd`, `o` is writable for `N * hd`.
+/// `p` holds `N * 16` values, `corr` `N`, `v` rows `lo..=hi` of `hd` values `stride` apart,
+/// `o` is writable for `N * hd`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn pv_block<const N: usize>(
     p: *const f32,
     corr: *const f32,
     v: *const f32,
+    stride: usize,
     hd: usize,
     lo: usize,
     hi: usize,
@@ -209,7 +211,7 @@ unsafe fn pv_block<const N: usize>(
                 *a = _mm256_mul_ps(x, _mm256_set1_ps(*corr.add(n)));
             }
             for j in lo..=hi {
-                let vj = _mm256_maskload_ps(v.add(j * hd + c), mask);
+                let vj = _mm256_maskload_ps(v.add(j * stride + c), mask);
                 for (n, a) in acc.iter_mut().enumerate() {
                     *a = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(n * KEY_TILE + j)), vj, *a);
                 }
@@ -223,10 +225,10 @@ unsafe fn pv_block<const N: usize>(
 }
 
 #[target_feature(enable = "avx2,fma")]
-fn pv_avx2(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]) {
-    let heads = corr.len();
-    assert!(lo <= hi && hi < KEY_TILE);
-    assert!(p.len() >= heads * KEY_TILE && v.len() >= (hi + 1) * hd && o.len() >= heads * hd);
+fn pv_avx2(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+    let (heads, hd, stride) = (corr.len(), v.width, v.stride);
+    assert!(lo <= hi && hi < KEY_TILE && v.holds(hi));
+    assert!(p.len() >= heads * KEY_TILE && o.len() >= heads * hd);
     let mut g = 0;
     // SAFETY: blocks cover heads g..g + N <= heads, within the asserted lengths.
     unsafe {
@@ -236,21 +238,21 @@ fn pv_avx2(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, 
                 corr.as_ptr().add(g),
                 o.as_mut_ptr().add(g * hd),
             );
-            let vp = v.as_ptr();
+            let vp = v.data.as_ptr();
             match heads - g {
-                1 => pv_block::<1>(pp, cp, vp, hd, lo, hi, op),
-                2 => pv_block::<2>(pp, cp, vp, hd, lo, hi, op),
-                3 => pv_block::<3>(pp, cp, vp, hd, lo, hi, op),
-                _ => pv_block::<4>(pp, cp, vp, hd, lo, hi, op),
+                1 => pv_block::<1>(pp, cp, vp, stride, hd, lo, hi, op),
+                2 => pv_block::<2>(pp, cp, vp, stride, hd, lo, hi, op),
+                3 => pv_block::<3>(pp, cp, vp, stride, hd, lo, hi, op),
+                _ => pv_block::<4>(pp, cp, vp, stride, hd, lo, hi, op),
             }
             g += 4;
         }
     }
 }
 
-fn pv(p: &[f32], corr: &[f32], v: &[f32], hd: usize, lo: usize, hi: usize, o: &mut [f32]) {
+fn pv(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
     // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
-    unsafe { pv_avx2(p, corr, v, hd, lo, hi, o) }
+    unsafe { pv_avx2(p, corr, v, lo, hi, o) }
 }
 
 /// Transposes an 8 × 8 block in registers: `r[i]` lane `j` becomes `r[j]` lane `i`.
@@ -284,10 +286,11 @@ fn transpose8(r: &mut [__m256; 8]) {
 }
 
 #[target_feature(enable = "avx2")]
-fn transpose_avx2(src: &[f32], hd: usize, dst: &mut [f32]) {
-    assert!(src.len() >= KEY_TILE * hd && dst.len() >= hd * KEY_TILE);
+fn transpose_avx2(src: Rows<'_>, dst: &mut [f32]) {
+    let (hd, stride) = (src.width, src.stride);
+    assert!(src.holds(KEY_TILE - 1) && dst.len() >= hd * KEY_TILE);
     let full = hd - hd % 8;
-    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let (sp, dp) = (src.data.as_ptr(), dst.as_mut_ptr());
     let mut c = 0;
     while c < full {
         for half in 0..2 {
@@ -296,7 +299,7 @@ fn transpose_avx2(src: &[f32], hd: usize, dst: &mut [f32]) {
             // c..c + 8 of dst, lanes half * 8..half * 8 + 8.
             unsafe {
                 for (j, v) in r.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(sp.add((half * 8 + j) * hd + c));
+                    *v = _mm256_loadu_ps(sp.add((half * 8 + j) * stride + c));
                 }
                 transpose8(&mut r);
                 for (i, v) in r.iter().enumerate() {
@@ -308,12 +311,12 @@ fn transpose_avx2(src: &[f32], hd: usize, dst: &mut [f32]) {
     }
     for j in 0..KEY_TILE {
         for d in full..hd {
-            dst[d * KEY_TILE + j] = src[j * hd + d];
+            dst[d * KEY_TILE + j] = src.data[j * stride + d];
         }
     }
 }
 
-fn transpose(src: &[f32], hd: usize, dst: &mut [f32]) {
+fn transpose(src: Rows<'_>, dst: &mut [f32]) {
     // SAFETY: avx2 was detected (see avx2::KERNELS).
-    unsafe { transpose_avx2(src, hd, dst) }
+    unsafe { transpose_avx2(src, dst) }
 }
