@@ -321,6 +321,36 @@ fn attend_partition<T: KvElem>(
                     (rows(&ck[base..base + len]), rows(&cv[base..base + len]))
                 }
                 // Otherwise gather (and widen) the tile's keys into the staging buffers.
+                None if bs.is_multiple_of(KEY_TILE) => {
+                    // The tile's keys are one block's slots, one slot apart.
+                    let slot = s.block_table[ks / bs] as usize * bs + ks % bs;
+                    let base = slot * w + t.kv_head * hd;
+                    let (n, j0) = (ke - ks + 1, ks - tile);
+                    let len = (n - 1) * w + hd;
+                    let (ck, cv) = (ctx.cache_k, ctx.cache_v);
+                    T::load_rows(
+                        ctx.kernels,
+                        &ck[base..base + len],
+                        w,
+                        hd,
+                        n,
+                        &mut sc.ks[j0 * hd..],
+                    );
+                    T::load_rows(
+                        ctx.kernels,
+                        &cv[base..base + len],
+                        w,
+                        hd,
+                        n,
+                        &mut sc.vt[j0 * hd..],
+                    );
+                    let rows = |data| Rows {
+                        data,
+                        stride: hd,
+                        width: hd,
+                    };
+                    (rows(&sc.ks[..]), rows(&sc.vt[..]))
+                }
                 None => {
                     for p in ks..=ke {
                         let slot = s.block_table[p / bs] as usize * bs + p % bs;

@@ -14,6 +14,23 @@ pub trait KvElem: Copy + Default + Send + Sync + 'static + private::Sealed {
     fn load(kernels: &Kernels, src: &[Self], dst: &mut [f32]);
     /// The elements as f32, when they are (then kernels read the cache in place).
     fn as_f32(src: &[Self]) -> Option<&[f32]>;
+    /// Widens `rows` rows of `width` elements, `stride` apart, into consecutive rows of `dst`.
+    fn load_rows(
+        kernels: &Kernels,
+        src: &[Self],
+        stride: usize,
+        width: usize,
+        rows: usize,
+        dst: &mut [f32],
+    ) {
+        for j in 0..rows {
+            Self::load(
+                kernels,
+                &src[j * stride..j * stride + width],
+                &mut dst[j * width..(j + 1) * width],
+            );
+        }
+    }
 }
 
 impl KvElem for f32 {
@@ -51,6 +68,19 @@ impl KvElem for bf16 {
     #[inline]
     fn as_f32(_: &[bf16]) -> Option<&[f32]> {
         None
+    }
+
+    #[inline]
+    fn load_rows(
+        kernels: &Kernels,
+        src: &[bf16],
+        stride: usize,
+        width: usize,
+        rows: usize,
+        dst: &mut [f32],
+    ) {
+        // One call per tile rather than per row.
+        (kernels.attention.widen_bf16)(src, stride, width, rows, dst);
     }
 }
 

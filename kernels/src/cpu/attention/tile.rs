@@ -31,7 +31,14 @@ pub(crate) struct TileOps {
     /// `dst[d * KEY_TILE + j] = src.row(j)[d]`: a key tile into the `[hd][KEY_TILE]` layout
     /// `scores` reads. Exact data movement, so levels agree.
     pub(crate) transpose: fn(src: Rows<'_>, dst: &mut [f32]),
+    /// Widens `rows` rows of `width` bf16 values, `stride` apart in `src`, into consecutive
+    /// rows of `dst` (exact).
+    pub(crate) widen_bf16: WidenFn,
 }
+
+/// See [`TileOps::widen_bf16`].
+pub(crate) type WidenFn =
+    fn(src: &[half::bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]);
 
 /// See [`TileOps::softmax`].
 pub(crate) type SoftmaxFn =
@@ -70,6 +77,7 @@ pub(crate) const PORTABLE: TileOps = TileOps {
     softmax: softmax_portable,
     pv: pv_portable,
     transpose: transpose_portable,
+    widen_bf16: widen_bf16_portable,
 };
 
 /// Taylor coefficients of `2^f = e^(f ln 2)`, degree 7: below 1e-8 relative error on
@@ -177,6 +185,24 @@ fn pv_portable(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &m
     }
 }
 
+pub(crate) fn widen_bf16_portable(
+    src: &[half::bf16],
+    stride: usize,
+    width: usize,
+    rows: usize,
+    dst: &mut [f32],
+) {
+    for j in 0..rows {
+        let (s, d) = (
+            &src[j * stride..j * stride + width],
+            &mut dst[j * width..(j + 1) * width],
+        );
+        for (o, v) in d.iter_mut().zip(s) {
+            *o = v.to_f32();
+        }
+    }
+}
+
 pub(crate) fn transpose_portable(src: Rows<'_>, dst: &mut [f32]) {
     for j in 0..KEY_TILE {
         for (d, &x) in src.row(j).iter().enumerate() {
@@ -203,6 +229,29 @@ mod tests {
             x += 0.0137;
         }
         assert!(worst < 3e-7, "max relative error {worst}");
+    }
+
+    #[test]
+    fn every_level_widens_bf16_rows() {
+        for (width, stride, rows) in [
+            (8usize, 8usize, 3usize),
+            (20, 60, 16),
+            (64, 192, 5),
+            (80, 80, 1),
+        ] {
+            let src: Vec<half::bf16> = (0..rows * stride)
+                .map(|i| half::bf16::from_f32(i as f32 * 0.37 - 100.0))
+                .collect();
+            let src = &src[..(rows - 1) * stride + width];
+            let mut want = vec![0f32; rows * width];
+            widen_bf16_portable(src, stride, width, rows, &mut want);
+            for level in crate::cpu::Level::available() {
+                let ops = crate::cpu::Kernels::for_level(level).unwrap().attention;
+                let mut got = vec![f32::NAN; rows * width];
+                (ops.widen_bf16)(src, stride, width, rows, &mut got);
+                assert_eq!(got, want, "{level:?} width {width}");
+            }
+        }
     }
 
     #[test]

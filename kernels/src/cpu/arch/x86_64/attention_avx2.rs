@@ -8,6 +8,8 @@
 
 use std::arch::x86_64::*;
 
+use half::bf16;
+
 use crate::cpu::attention::tile::{EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps};
 
 pub(crate) const OPS: TileOps = TileOps {
@@ -15,6 +17,7 @@ pub(crate) const OPS: TileOps = TileOps {
     softmax,
     pv,
     transpose,
+    widen_bf16,
 };
 
 const _: () = assert!(KEY_TILE == 16);
@@ -319,4 +322,39 @@ fn transpose_avx2(src: Rows<'_>, dst: &mut [f32]) {
 fn transpose(src: Rows<'_>, dst: &mut [f32]) {
     // SAFETY: avx2 was detected (see avx2::KERNELS).
     unsafe { transpose_avx2(src, dst) }
+}
+
+#[target_feature(enable = "avx2")]
+fn widen_bf16_avx2(src: &[bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]) {
+    if rows == 0 {
+        return;
+    }
+    assert!(width <= stride && src.len() >= (rows - 1) * stride + width);
+    assert!(dst.len() >= rows * width);
+    let full = width - width % 8;
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    for j in 0..rows {
+        let mut c = 0;
+        // SAFETY: columns c..c + 8 <= width of row j, within both slices (asserted).
+        unsafe {
+            while c < full {
+                let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                    sp.add(j * stride + c).cast::<__m128i>(),
+                ));
+                _mm256_storeu_ps(
+                    dp.add(j * width + c),
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)),
+                );
+                c += 8;
+            }
+        }
+        for c in full..width {
+            dst[j * width + c] = src[j * stride + c].to_f32();
+        }
+    }
+}
+
+fn widen_bf16(src: &[bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]) {
+    // SAFETY: avx2 was detected (see avx2::KERNELS).
+    unsafe { widen_bf16_avx2(src, stride, width, rows, dst) }
 }

@@ -8,6 +8,8 @@
 
 use std::arch::x86_64::*;
 
+use half::bf16;
+
 use crate::cpu::attention::tile::{EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps};
 
 pub(crate) const OPS: TileOps = TileOps {
@@ -15,6 +17,7 @@ pub(crate) const OPS: TileOps = TileOps {
     softmax,
     pv,
     transpose,
+    widen_bf16,
 };
 
 const _: () = assert!(KEY_TILE == 16);
@@ -282,4 +285,39 @@ fn transpose_avx512(src: Rows<'_>, dst: &mut [f32]) {
 fn transpose(src: Rows<'_>, dst: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
     unsafe { transpose_avx512(src, dst) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn widen_bf16_avx512(src: &[bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]) {
+    if rows == 0 {
+        return;
+    }
+    assert!(width <= stride && src.len() >= (rows - 1) * stride + width);
+    assert!(dst.len() >= rows * width);
+    let full = width - width % 16;
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    for j in 0..rows {
+        let mut c = 0;
+        // SAFETY: columns c..c + 16 <= width of row j, within both slices (asserted).
+        unsafe {
+            while c < full {
+                let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                    sp.add(j * stride + c).cast::<__m256i>(),
+                ));
+                _mm512_storeu_ps(
+                    dp.add(j * width + c),
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)),
+                );
+                c += 16;
+            }
+        }
+        for c in full..width {
+            dst[j * width + c] = src[j * stride + c].to_f32();
+        }
+    }
+}
+
+fn widen_bf16(src: &[bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { widen_bf16_avx512(src, stride, width, rows, dst) }
 }
