@@ -193,6 +193,7 @@ fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], co
 /// `o` is writable for `N * hd`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
+#[allow(clippy::too_many_arguments)]
 unsafe fn pv_block<const N: usize>(
     p: *const f32,
     corr: *const f32,
