@@ -73,6 +73,11 @@ impl ModelFiles {
         }
     }
 
+    /// Whether the model is a GGUF file (rather than a Hugging Face directory).
+    pub fn is_gguf(&self) -> bool {
+        matches!(self.source, Source::Gguf(_))
+    }
+
     /// A short name for the model: its directory or file name without extension.
     pub fn name(&self) -> String {
         let stem = if self.path.is_dir() {

@@ -56,8 +56,9 @@ pub(crate) struct Args {
     #[arg(long, env = "MASTER_PORT", default_value_t = 29500)]
     pub(crate) master_port: u16,
 
-    /// Data type of weights and activations. When omitted, the shard picks its default
-    /// (float32 on CPU today).
+    /// Element type of the KV cache: `auto` (bfloat16 for bf16 or GGUF-quantized weights,
+    /// float32 otherwise), `float32`, or `bfloat16` (half the memory per token). Activations
+    /// are float32. When omitted, the shard picks `auto`.
     #[arg(long, env = "DTYPE", value_enum)]
     pub(crate) dtype: Option<Dtype>,
 
@@ -226,27 +227,27 @@ impl Args {
     }
 }
 
-/// Data type of weights and activations, as the shard spells it.
+/// KV-cache element type, as the shard spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Dtype {
+    /// The shard decides from the model's weights.
+    #[value(name = "auto")]
+    Auto,
     /// 32-bit IEEE float.
     #[value(name = "float32")]
     Float32,
     /// bfloat16.
     #[value(name = "bfloat16")]
     Bfloat16,
-    /// 16-bit IEEE float.
-    #[value(name = "float16")]
-    Float16,
 }
 
 impl Dtype {
     /// The flag value passed to the shard.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
+            Dtype::Auto => "auto",
             Dtype::Float32 => "float32",
             Dtype::Bfloat16 => "bfloat16",
-            Dtype::Float16 => "float16",
         }
     }
 }
@@ -461,6 +462,7 @@ mod tests {
             ("API_KEY", "sekret"),
             ("PREFIX_CACHING", "false"),
             ("TESSERA_HOSTNAME", "127.0.0.1"),
+            ("DTYPE", "bfloat16"),
         ];
         let args = parse_with_env(&[], &env).expect("env parse");
         assert_eq!(args.model_id, Some(PathBuf::from("/m")));
@@ -470,6 +472,7 @@ mod tests {
         assert_eq!(args.api_key.as_ref().map(Secret::expose), Some("sekret"));
         assert!(!args.prefix_caching);
         assert_eq!(args.hostname, "127.0.0.1");
+        assert_eq!(args.dtype, Some(Dtype::Bfloat16));
 
         let args = parse_with_env(&["--port", "1234"], &env).expect("env parse");
         assert_eq!(args.port, 1234, "a flag wins over the environment");
@@ -505,6 +508,12 @@ mod tests {
         assert!(parse(&["--memory-fraction", "1.5"]).is_err());
         assert!(parse(&["--memory-fraction", "0"]).is_err());
         assert!(parse(&["--dtype", "int8"]).is_err());
+        // The CPU shard stores the KV cache in float32 or bfloat16 only.
+        assert!(parse(&["--dtype", "float16"]).is_err());
+        assert_eq!(
+            parse(&["--dtype", "auto"]).unwrap().dtype,
+            Some(Dtype::Auto)
+        );
         assert!(parse(&["--kv-cache-memory", "lots"]).is_err());
         assert!(parse(&["--block-size", "0"]).is_err());
     }

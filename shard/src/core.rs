@@ -215,7 +215,8 @@ impl Engine {
     /// Bytes one KV block takes, for the model and its draft together.
     pub fn block_bytes(&self) -> usize {
         let bs = self.block_size();
-        let one = |m: &Model| KvCache::block_bytes(m.config().num_layers, m.kv_layout(bs));
+        let one =
+            |m: &Model| KvCache::block_bytes(m.config().num_layers, m.kv_layout(bs), m.kv_dtype());
         one(&self.model) + self.draft.as_ref().map_or(0, |d| one(&d.model))
     }
 

@@ -1,31 +1,124 @@
-//! The paged KV cache: per layer, K and V pages of `[num_blocks, block_size, kv_heads, head_dim]`.
+//! The paged KV cache: per layer, K and V pages of `[num_blocks, block_size, kv_heads, head_dim]`,
+//! in f32 or bf16.
 
+use half::bf16;
+use tessera_formats::{DType, ModelFiles};
 use tessera_kernels::cpu::attention::KvLayout;
+
+/// Element type of the KV cache. Activations stay f32 either way; bf16 halves the cache's
+/// memory (keys and values are rounded to nearest-even when written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// 32-bit float: exactly the values the model computed.
+    #[default]
+    Float32,
+    /// bfloat16.
+    Bfloat16,
+}
+
+impl KvDtype {
+    /// Parses `float32` or `bfloat16` (`auto` is resolved by [`KvDtype::auto`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "float32" => Some(Self::Float32),
+            "bfloat16" => Some(Self::Bfloat16),
+            _ => None,
+        }
+    }
+
+    /// The name `--dtype` spells.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Float32 => "float32",
+            Self::Bfloat16 => "bfloat16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Self::Float32 => std::mem::size_of::<f32>(),
+            Self::Bfloat16 => std::mem::size_of::<bf16>(),
+        }
+    }
+
+    /// The default for a model: bf16 when its weights are bf16 or GGUF-quantized (they already
+    /// carry less precision than the cache would lose), f32 for f32/f16 weights.
+    pub fn auto(files: &ModelFiles) -> Self {
+        match files.config.dtype {
+            Some(DType::BF16) => Self::Bfloat16,
+            None if files.is_gguf() => Self::Bfloat16,
+            _ => Self::Float32,
+        }
+    }
+}
+
+/// Every layer's K and V pages, in one element type.
+pub(crate) enum KvPages {
+    F32(Vec<(Vec<f32>, Vec<f32>)>),
+    Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
+}
 
 /// K and V pages for every layer. Which blocks belong to which sequence is decided by the
 /// caller (the router's block allocator); the cache only stores.
 pub struct KvCache {
     pub(crate) layout: KvLayout,
     pub(crate) num_blocks: usize,
-    pub(crate) layers: Vec<(Vec<f32>, Vec<f32>)>,
+    pub(crate) pages: KvPages,
 }
 
 impl KvCache {
-    /// Allocates `num_blocks` zeroed blocks for each of `num_layers` layers.
+    /// Allocates `num_blocks` zeroed f32 blocks for each of `num_layers` layers.
     pub fn new(num_layers: usize, num_blocks: usize, layout: KvLayout) -> Self {
+        Self::with_dtype(num_layers, num_blocks, layout, KvDtype::Float32)
+    }
+
+    /// Allocates `num_blocks` zeroed blocks of `dtype` for each of `num_layers` layers.
+    pub fn with_dtype(
+        num_layers: usize,
+        num_blocks: usize,
+        layout: KvLayout,
+        dtype: KvDtype,
+    ) -> Self {
         let len = num_blocks * layout.block_size * layout.slot_width();
+        let pages = match dtype {
+            KvDtype::Float32 => KvPages::F32(
+                (0..num_layers)
+                    .map(|_| (vec![0.0; len], vec![0.0; len]))
+                    .collect(),
+            ),
+            KvDtype::Bfloat16 => KvPages::Bf16(
+                (0..num_layers)
+                    .map(|_| (vec![bf16::ZERO; len], vec![bf16::ZERO; len]))
+                    .collect(),
+            ),
+        };
         Self {
             layout,
             num_blocks,
-            layers: (0..num_layers)
-                .map(|_| (vec![0.0; len], vec![0.0; len]))
-                .collect(),
+            pages,
         }
     }
 
     /// Bytes one block takes across all layers (K and V).
-    pub fn block_bytes(num_layers: usize, layout: KvLayout) -> usize {
-        2 * num_layers * layout.block_size * layout.slot_width() * std::mem::size_of::<f32>()
+    pub fn block_bytes(num_layers: usize, layout: KvLayout, dtype: KvDtype) -> usize {
+        2 * num_layers * layout.block_size * layout.slot_width() * dtype.size()
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> KvDtype {
+        match self.pages {
+            KvPages::F32(_) => KvDtype::Float32,
+            KvPages::Bf16(_) => KvDtype::Bfloat16,
+        }
+    }
+
+    /// Number of layers.
+    pub fn num_layers(&self) -> usize {
+        match &self.pages {
+            KvPages::F32(l) => l.len(),
+            KvPages::Bf16(l) => l.len(),
+        }
     }
 
     /// Number of blocks.
@@ -36,5 +129,38 @@ impl KvCache {
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.layout.block_size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_bytes_follow_the_element_size() {
+        let layout = KvLayout {
+            block_size: 16,
+            kv_heads: 3,
+            head_dim: 64,
+        };
+        let f32_bytes = KvCache::block_bytes(30, layout, KvDtype::Float32);
+        assert_eq!(f32_bytes, 2 * 30 * 16 * 3 * 64 * 4);
+        assert_eq!(
+            KvCache::block_bytes(30, layout, KvDtype::Bfloat16) * 2,
+            f32_bytes
+        );
+        let c = KvCache::with_dtype(2, 5, layout, KvDtype::Bfloat16);
+        assert_eq!(
+            (c.dtype(), c.num_layers(), c.num_blocks()),
+            (KvDtype::Bfloat16, 2, 5)
+        );
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for d in [KvDtype::Float32, KvDtype::Bfloat16] {
+            assert_eq!(KvDtype::from_name(d.name()), Some(d));
+        }
+        assert_eq!(KvDtype::from_name("float16"), None);
     }
 }

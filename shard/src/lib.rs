@@ -24,5 +24,5 @@ pub mod telemetry;
 
 pub use core::{Engine, NewSequence, StepOutput, StepTimings};
 pub use error::EngineError;
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvDtype};
 pub use model::{ForwardOutput, LogitsWanted, Model, SequenceChunk, WeightLayout};

@@ -11,7 +11,7 @@ use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig
 use tessera_shard::service::{ShardInfo, ShardService};
 use tessera_shard::speculative::{SpeculationConfig, Speculator};
 use tessera_shard::telemetry::{self, TelemetryConfig};
-use tessera_shard::{Engine, Model};
+use tessera_shard::{Engine, KvDtype, Model};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
@@ -45,8 +45,10 @@ struct Args {
     /// within milliseconds; this bounds a stuck one).
     #[arg(long, env = "TESSERA_COMM_TIMEOUT", default_value_t = 60)]
     comm_timeout: u64,
-    /// Compute and KV-cache dtype.
-    #[arg(long, default_value = "float32")]
+    /// KV-cache element type: `float32`, `bfloat16` (half the memory per token), or `auto`
+    /// (bfloat16 for bf16 or GGUF-quantized weights, float32 otherwise). Activations are
+    /// float32 either way.
+    #[arg(long, default_value = "auto")]
     dtype: String,
     /// Bytes the KV cache may use on CPU (suffixes K, M, G accepted).
     #[arg(long, default_value = "1G", value_parser = parse_bytes)]
@@ -123,11 +125,9 @@ async fn main() -> anyhow::Result<()> {
     if speculator == Speculator::Draft && args.speculate > 0 && args.draft_model_id.is_none() {
         bail!("--speculator draft needs --draft-model-id (a model sharing this model's tokenizer)");
     }
-    if args.dtype != "float32" {
-        bail!(
-            "--dtype {}: the CPU backend computes in float32 for now; use --dtype float32",
-            args.dtype
-        );
+    let dtype = args.dtype.trim();
+    if dtype != "auto" && KvDtype::from_name(dtype).is_none() {
+        bail!("--dtype {dtype:?}: unknown; use auto, float32 or bfloat16");
     }
     if args.block_size == 0 {
         bail!("--block-size must be at least 1");
@@ -139,8 +139,10 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = partition.check(&files.config) {
         bail!("--num-shard {}: {e}", args.world_size);
     }
+    let kv_dtype = KvDtype::from_name(dtype).unwrap_or_else(|| KvDtype::auto(&files));
+    tracing::info!(kv_dtype = kv_dtype.name(), "KV cache element type");
     let comm = communicator(&args)?;
-    let model = Model::load_sharded(&files, comm)?;
+    let model = Model::load_sharded(&files, comm)?.with_kv_dtype(kv_dtype);
     // Unmap the model files: this rank keeps only its slices.
     drop(files);
     // A minimal cache until Warmup sizes it from the memory budget.
@@ -151,10 +153,10 @@ async fn main() -> anyhow::Result<()> {
     if let (Speculator::Draft, Some(path)) = (speculator, &args.draft_model_id) {
         let draft = ModelFiles::open(path)?;
         tracing::info!(draft = %path.display(), "loading the draft model");
-        engine = engine.with_draft(Model::load(&draft)?)?;
+        engine = engine.with_draft(Model::load(&draft)?.with_kv_dtype(kv_dtype))?;
     }
     let info = ShardInfo {
-        dtype: args.dtype.clone(),
+        dtype: kv_dtype.name().into(),
         rank: args.rank,
         world_size: args.world_size,
         socket_paths: (0..args.world_size)

@@ -15,7 +15,7 @@ use crate::sampling::{SampledToken, SamplingParams};
 /// Facts about this shard that `Info` and `ServiceDiscovery` report.
 #[derive(Debug, Clone)]
 pub struct ShardInfo {
-    /// Compute dtype name.
+    /// KV-cache dtype name (`float32` or `bfloat16`; activations are float32).
     pub dtype: String,
     /// This process's rank.
     pub rank: u32,

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use common::{Schedule, repo_root, run};
 use serde::Deserialize;
 use tessera_formats::ModelFiles;
-use tessera_shard::{LogitsWanted, Model, SequenceChunk, WeightLayout};
+use tessera_shard::{KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -56,13 +56,22 @@ fn gguf_path() -> Option<PathBuf> {
     }
 }
 
+/// With both KV-cache element types: `--dtype auto` picks bfloat16 for this Q4_1 model.
 #[test]
 fn greedy_tokens_match_transformers() {
     let Some(path) = gguf_path() else { return };
     let files = ModelFiles::open(&path).unwrap();
+    assert_eq!(KvDtype::auto(&files), KvDtype::Bfloat16);
     // Exact f32 arithmetic on the dequantized weights, as transformers computed the goldens
     // (the default int8 products are compared with it below).
-    let model = Model::load_with(&files, WeightLayout::Exact).unwrap();
+    let mut model = Model::load_with(&files, WeightLayout::Exact).unwrap();
+    for kv_dtype in [KvDtype::Float32, KvDtype::Bfloat16] {
+        model = model.with_kv_dtype(kv_dtype);
+        greedy_tokens_match(&files, &model, kv_dtype);
+    }
+}
+
+fn greedy_tokens_match(files: &ModelFiles, model: &Model, kv_dtype: KvDtype) {
     let golden: Golden = serde_json::from_str(
         &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
     )
@@ -82,13 +91,13 @@ fn greedy_tokens_match_transformers() {
         .chain([golden.chat.greedy_ids.len()])
         .max()
         .unwrap();
-    let outcomes = run(&model, &prompts, steps, 64, Schedule::Together);
+    let outcomes = run(model, &prompts, steps, 64, Schedule::Together);
 
     for (p, o) in golden.prompts.iter().zip(&outcomes) {
         assert_eq!(
             &o.tokens[..p.greedy_ids.len()],
             &p.greedy_ids[..],
-            "{:?}: greedy tokens differ from transformers'",
+            "{kv_dtype:?} KV {:?}: greedy tokens differ from transformers'",
             p.text
         );
     }
@@ -98,7 +107,7 @@ fn greedy_tokens_match_transformers() {
     assert_eq!(
         &chat.tokens[..n],
         &golden.chat.greedy_ids[..],
-        "chat: greedy tokens differ from transformers'"
+        "{kv_dtype:?} KV chat: greedy tokens differ from transformers'"
     );
     let text = files
         .tokenizer()
@@ -129,12 +138,18 @@ fn speculative_greedy_tokens_match_transformers() {
         .map(|p| p.prompt_ids.clone())
         .collect();
     let params = vec![SamplingParams::default(); prompts.len()];
+    // The KV-cache element type the server picks for this model (`--dtype auto`).
+    let kv_dtype = KvDtype::auto(&files);
+    let load = || {
+        Model::load_with(&files, WeightLayout::Exact)
+            .unwrap()
+            .with_kv_dtype(kv_dtype)
+    };
     for (speculator, depth) in [
         (Speculator::Ngram, 2),
         (Speculator::Ngram, 5),
         (Speculator::Draft, 3),
     ] {
-        let load = || Model::load_with(&files, WeightLayout::Exact).unwrap();
         let mut engine = Engine::new(load(), 1 + 16 * 64, 16)
             .with_speculation(SpeculationConfig { depth, speculator });
         if speculator == Speculator::Draft {

@@ -18,11 +18,12 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use tessera_formats::{ModelConfig, ModelFiles};
+use tessera_kernels::cpu::attention::KvElem;
 use tessera_kernels::cpu::{activation, attention, linear_weights, norm, rope as rope_kernel};
 
 use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvDtype, KvPages};
 pub use weights::WeightLayout;
 use weights::{Linear, ModelWeights};
 
@@ -83,6 +84,7 @@ pub struct Model {
     comm: Arc<dyn Communicator>,
     partition: Partition,
     heads: HeadSplit,
+    kv_dtype: KvDtype,
 }
 
 impl Model {
@@ -135,6 +137,7 @@ impl Model {
             comm,
             partition,
             heads,
+            kv_dtype: KvDtype::Float32,
         })
     }
 
@@ -170,18 +173,31 @@ impl Model {
         }
     }
 
+    /// Stores keys and values as `dtype` in the caches [`Model::new_cache`] makes (f32 unless
+    /// set).
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = dtype;
+        self
+    }
+
+    /// Element type of the caches [`Model::new_cache`] makes.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
     /// A cache of `num_blocks` blocks of `block_size` tokens for this model.
     pub fn new_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
-        KvCache::new(
+        KvCache::with_dtype(
             self.config.num_layers,
             num_blocks,
             self.kv_layout(block_size),
+            self.kv_dtype,
         )
     }
 
     fn check(&self, chunks: &[SequenceChunk<'_>], cache: &KvCache) -> Result<(), EngineError> {
         if cache.layout != self.kv_layout(cache.layout.block_size)
-            || cache.layers.len() != self.config.num_layers
+            || cache.num_layers() != self.config.num_layers
         {
             return Err(EngineError::InvalidBatch(
                 "the KV cache was made for another model".into(),
@@ -309,29 +325,21 @@ impl Model {
             linear(&normed, &layer.qkv, t, &mut qkv);
             rope_kernel::apply_rope(&mut qkv, qkv_width, 0, nh, hd, &cos, &sin);
             rope_kernel::apply_rope(&mut qkv, qkv_width, nh * hd, nkv, hd, &cos, &sin);
-            let (ck, cv) = &mut cache.layers[li];
-            attention::write_kv(
-                cache.layout,
-                ck,
-                cv,
-                &qkv,
+            let step = AttentionStep {
+                layout: cache.layout,
+                qkv: &qkv,
                 qkv_width,
-                nh * hd,
-                (nh + nkv) * hd,
-                &slots,
-            );
-            attention::paged_attention(
-                cache.layout,
-                ck,
-                cv,
-                &qkv,
-                qkv_width,
-                nh,
-                &seqs,
+                heads: nh,
+                kv_heads: nkv,
+                slots: &slots,
+                seqs: &seqs,
                 scale,
-                cfg.sliding_window,
-                &mut attn,
-            );
+                window: cfg.sliding_window,
+            };
+            match &mut cache.pages {
+                KvPages::F32(layers) => step.run(&mut layers[li], &mut attn),
+                KvPages::Bf16(layers) => step.run(&mut layers[li], &mut attn),
+            }
             linear(&attn, &layer.o, t, &mut proj);
             self.all_reduce(&mut proj)?;
             norm::add_rms_norm(
@@ -401,6 +409,48 @@ impl Model {
             column += n;
         }
         Ok(logits)
+    }
+}
+
+/// One layer's cache write and attention, for either cache element type.
+struct AttentionStep<'a> {
+    layout: attention::KvLayout,
+    qkv: &'a [f32],
+    qkv_width: usize,
+    heads: usize,
+    kv_heads: usize,
+    slots: &'a [usize],
+    seqs: &'a [attention::AttentionSeq<'a>],
+    scale: f32,
+    window: Option<usize>,
+}
+
+impl AttentionStep<'_> {
+    /// Writes the new tokens' K/V (converted to `T`) and attends over the cache.
+    fn run<T: KvElem>(&self, (ck, cv): &mut (Vec<T>, Vec<T>), out: &mut [f32]) {
+        let hd = self.layout.head_dim;
+        attention::write_kv(
+            self.layout,
+            ck,
+            cv,
+            self.qkv,
+            self.qkv_width,
+            self.heads * hd,
+            (self.heads + self.kv_heads) * hd,
+            self.slots,
+        );
+        attention::paged_attention(
+            self.layout,
+            ck,
+            cv,
+            self.qkv,
+            self.qkv_width,
+            self.heads,
+            self.seqs,
+            self.scale,
+            self.window,
+            out,
+        );
     }
 }
 

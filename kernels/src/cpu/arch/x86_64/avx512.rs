@@ -25,6 +25,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     dot,
     axpy,
     attend,
+    attention: super::attention_avx512::OPS,
     dequant: Dequant {
         q8_0: dequant_q8_0,
         q4_1: dequant_q4_1,

@@ -1,5 +1,7 @@
 //! x86-64 levels: AVX-512 F and AVX2 + FMA.
 
+mod attention_avx2;
+mod attention_avx512;
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 mod dequant_avx2;

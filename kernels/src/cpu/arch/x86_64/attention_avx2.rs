@@ -1,0 +1,361 @@
+//! AVX2 + FMA tile kernels of attention (see `attention::tile` for what each computes).
+//!
+//! A 16-key tile of scores is two registers (keys in lanes), so a score is a plain chain of
+//! fused multiply-adds over the head dimension; `p · V` keeps the head dimension in lanes.
+//! Only reached through `avx2::KERNELS`, handed out after `avx2` and `fma` were detected,
+//! which is what makes the safe wrappers sound.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use half::bf16;
+
+use crate::cpu::attention::tile::{EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps};
+
+pub(crate) const OPS: TileOps = TileOps {
+    scores,
+    softmax,
+    pv,
+    transpose,
+    widen_bf16,
+};
+
+const _: () = assert!(KEY_TILE == 16);
+
+/// Query vectors per register block of `scores` (two accumulators each).
+const QB: usize = 6;
+
+/// A mask selecting lanes `0..n` (`n` clamped to 0..=8) for `maskload`/`maskstore`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn lanes_below(n: usize) -> __m256i {
+    let n = n.min(8) as i32;
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+/// The fixed tree: `l + 8`, `l + 4`, `l + 2`, `l + 1`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hsum(lo: __m256, hi: __m256) -> f32 {
+    let s8 = _mm256_add_ps(lo, hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+    _mm_cvtss_f32(s1)
+}
+
+/// Largest lane (exact, so the order does not matter).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn hmax(lo: __m256, hi: __m256) -> f32 {
+    let s8 = _mm256_max_ps(lo, hi);
+    let s4 = _mm_max_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_max_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_max_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+    _mm_cvtss_f32(s1)
+}
+
+/// `2^x` for `x <= 0`, lane-wise as `tile::exp2_portable` but with fused multiply-adds.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp2(x: __m256) -> __m256 {
+    let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(EXP2_MIN));
+    let x = _mm256_max_ps(x, _mm256_set1_ps(EXP2_MIN));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm256_sub_ps(x, n);
+    let mut p = _mm256_set1_ps(EXP2_COEFFS[7]);
+    for &c in EXP2_COEFFS[..7].iter().rev() {
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+    }
+    // 2^n from the biased exponent; n >= -126 keeps it a normal number.
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep)
+}
+
+/// Scores of `N` query vectors against one transposed key tile.
+///
+/// # Safety
+/// `q` holds `N * hd` values, `kt` `hd * 16`, `out` is writable for `N * 16`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn scores_block<const N: usize>(q: *const f32, kt: *const f32, hd: usize, out: *mut f32) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    // SAFETY: reads `q[i * hd + d]` (i < N, d < hd) and `kt[d * 16..d * 16 + 16]`; writes
+    // `out[i * 16..i * 16 + 16]`, all within the caller's guarantee.
+    unsafe {
+        for d in 0..hd {
+            let k0 = _mm256_loadu_ps(kt.add(d * KEY_TILE));
+            let k1 = _mm256_loadu_ps(kt.add(d * KEY_TILE + 8));
+            for (i, a) in acc.iter_mut().enumerate() {
+                let qv = _mm256_set1_ps(*q.add(i * hd + d));
+                a[0] = _mm256_fmadd_ps(qv, k0, a[0]);
+                a[1] = _mm256_fmadd_ps(qv, k1, a[1]);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.add(i * KEY_TILE), a[0]);
+            _mm256_storeu_ps(out.add(i * KEY_TILE + 8), a[1]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn scores_avx2(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    let n = out.len() / KEY_TILE;
+    assert!(q.len() >= n * hd && kt.len() >= hd * KEY_TILE);
+    let (qp, kp, op) = (q.as_ptr(), kt.as_ptr(), out.as_mut_ptr());
+    let mut i = 0;
+    // SAFETY: each block covers vectors i..i + N < n, which the asserts above guarantee.
+    unsafe {
+        while i + QB <= n {
+            scores_block::<QB>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE));
+            i += QB;
+        }
+        match n - i {
+            0 => {}
+            1 => scores_block::<1>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            2 => scores_block::<2>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            3 => scores_block::<3>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            4 => scores_block::<4>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            _ => scores_block::<5>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+        }
+    }
+}
+
+fn scores(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
+    unsafe { scores_avx2(q, kt, hd, out) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn softmax_avx2(
+    s: &mut [f32],
+    lo: usize,
+    hi: usize,
+    m: &mut [f32],
+    l: &mut [f32],
+    corr: &mut [f32],
+) {
+    assert!(lo <= hi && hi < KEY_TILE);
+    let heads = m.len();
+    assert!(s.len() >= heads * KEY_TILE && l.len() >= heads && corr.len() >= heads);
+    let idx0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let idx1 = _mm256_add_epi32(idx0, _mm256_set1_epi32(8));
+    // Lane j is valid when lo <= j <= hi, i.e. j > lo - 1 and hi + 1 > j.
+    let (lo_m1, hi_p1) = (
+        _mm256_set1_epi32(lo as i32 - 1),
+        _mm256_set1_epi32(hi as i32 + 1),
+    );
+    let valid = |idx: __m256i| {
+        _mm256_castsi256_ps(_mm256_and_si256(
+            _mm256_cmpgt_epi32(idx, lo_m1),
+            _mm256_cmpgt_epi32(hi_p1, idx),
+        ))
+    };
+    let (v0, v1) = (valid(idx0), valid(idx1));
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    for g in 0..heads {
+        let sp = s[g * KEY_TILE..].as_mut_ptr();
+        // SAFETY: `s` holds 16 scores per head (asserted above).
+        let (a, b) = unsafe { (_mm256_loadu_ps(sp), _mm256_loadu_ps(sp.add(8))) };
+        let a = _mm256_blendv_ps(neg_inf, a, v0);
+        let b = _mm256_blendv_ps(neg_inf, b, v1);
+        let m_new = m[g].max(hmax(a, b));
+        let mv = _mm256_set1_ps(m_new);
+        let (pa, pb) = (exp2(_mm256_sub_ps(a, mv)), exp2(_mm256_sub_ps(b, mv)));
+        let c = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m[g] - m_new)));
+        l[g] = l[g] * c + hsum(pa, pb);
+        m[g] = m_new;
+        corr[g] = c;
+        // SAFETY: as the load.
+        unsafe {
+            _mm256_storeu_ps(sp, pa);
+            _mm256_storeu_ps(sp.add(8), pb);
+        }
+    }
+}
+
+fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], corr: &mut [f32]) {
+    // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
+    unsafe { softmax_avx2(s, lo, hi, m, l, corr) }
+}
+
+/// `p · V` for `N` heads of one row, 8 lanes of the head dimension at a time.
+///
+/// # Safety
+/// `p` holds `N * 16` values, `corr` `N`, `v` rows `lo..=hi` of `hd` values `stride` apart,
+/// `o` is writable for `N * hd`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_block<const N: usize>(
+    p: *const f32,
+    corr: *const f32,
+    v: *const f32,
+    stride: usize,
+    hd: usize,
+    lo: usize,
+    hi: usize,
+    o: *mut f32,
+) {
+    let mut c = 0;
+    // SAFETY: every access is below the bounds the caller guarantees; the tail is masked.
+    unsafe {
+        while c < hd {
+            let mask = lanes_below(hd - c);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for (n, a) in acc.iter_mut().enumerate() {
+                let x = _mm256_maskload_ps(o.add(n * hd + c), mask);
+                *a = _mm256_mul_ps(x, _mm256_set1_ps(*corr.add(n)));
+            }
+            for j in lo..=hi {
+                let vj = _mm256_maskload_ps(v.add(j * stride + c), mask);
+                for (n, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(n * KEY_TILE + j)), vj, *a);
+                }
+            }
+            for (n, a) in acc.iter().enumerate() {
+                _mm256_maskstore_ps(o.add(n * hd + c), mask, *a);
+            }
+            c += 8;
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn pv_avx2(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+    let (heads, hd, stride) = (corr.len(), v.width, v.stride);
+    assert!(lo <= hi && hi < KEY_TILE && v.holds(hi));
+    assert!(p.len() >= heads * KEY_TILE && o.len() >= heads * hd);
+    let mut g = 0;
+    // SAFETY: blocks cover heads g..g + N <= heads, within the asserted lengths.
+    unsafe {
+        while g < heads {
+            let (pp, cp, op) = (
+                p.as_ptr().add(g * KEY_TILE),
+                corr.as_ptr().add(g),
+                o.as_mut_ptr().add(g * hd),
+            );
+            let vp = v.data.as_ptr();
+            match heads - g {
+                1 => pv_block::<1>(pp, cp, vp, stride, hd, lo, hi, op),
+                2 => pv_block::<2>(pp, cp, vp, stride, hd, lo, hi, op),
+                3 => pv_block::<3>(pp, cp, vp, stride, hd, lo, hi, op),
+                _ => pv_block::<4>(pp, cp, vp, stride, hd, lo, hi, op),
+            }
+            g += 4;
+        }
+    }
+}
+
+fn pv(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+    // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
+    unsafe { pv_avx2(p, corr, v, lo, hi, o) }
+}
+
+/// Transposes an 8 × 8 block in registers: `r[i]` lane `j` becomes `r[j]` lane `i`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn transpose8(r: &mut [__m256; 8]) {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    r[0] = _mm256_permute2f128_ps::<0x20>(u0, u4);
+    r[1] = _mm256_permute2f128_ps::<0x20>(u1, u5);
+    r[2] = _mm256_permute2f128_ps::<0x20>(u2, u6);
+    r[3] = _mm256_permute2f128_ps::<0x20>(u3, u7);
+    r[4] = _mm256_permute2f128_ps::<0x31>(u0, u4);
+    r[5] = _mm256_permute2f128_ps::<0x31>(u1, u5);
+    r[6] = _mm256_permute2f128_ps::<0x31>(u2, u6);
+    r[7] = _mm256_permute2f128_ps::<0x31>(u3, u7);
+}
+
+#[target_feature(enable = "avx2")]
+fn transpose_avx2(src: Rows<'_>, dst: &mut [f32]) {
+    let (hd, stride) = (src.width, src.stride);
+    assert!(src.holds(KEY_TILE - 1) && dst.len() >= hd * KEY_TILE);
+    let full = hd - hd % 8;
+    let (sp, dp) = (src.data.as_ptr(), dst.as_mut_ptr());
+    let mut c = 0;
+    while c < full {
+        for half in 0..2 {
+            let mut r = [_mm256_setzero_ps(); 8];
+            // SAFETY: rows half * 8 + j < 16 and columns c..c + 8 <= hd of src; rows
+            // c..c + 8 of dst, lanes half * 8..half * 8 + 8.
+            unsafe {
+                for (j, v) in r.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(sp.add((half * 8 + j) * stride + c));
+                }
+                transpose8(&mut r);
+                for (i, v) in r.iter().enumerate() {
+                    _mm256_storeu_ps(dp.add((c + i) * KEY_TILE + half * 8), *v);
+                }
+            }
+        }
+        c += 8;
+    }
+    for j in 0..KEY_TILE {
+        for d in full..hd {
+            dst[d * KEY_TILE + j] = src.data[j * stride + d];
+        }
+    }
+}
+
+fn transpose(src: Rows<'_>, dst: &mut [f32]) {
+    // SAFETY: avx2 was detected (see avx2::KERNELS).
+    unsafe { transpose_avx2(src, dst) }
+}
+
+#[target_feature(enable = "avx2")]
+fn widen_bf16_avx2(src: &[bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]) {
+    if rows == 0 {
+        return;
+    }
+    assert!(width <= stride && src.len() >= (rows - 1) * stride + width);
+    assert!(dst.len() >= rows * width);
+    let full = width - width % 8;
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    for j in 0..rows {
+        let mut c = 0;
+        // SAFETY: columns c..c + 8 <= width of row j, within both slices (asserted).
+        unsafe {
+            while c < full {
+                let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                    sp.add(j * stride + c).cast::<__m128i>(),
+                ));
+                _mm256_storeu_ps(
+                    dp.add(j * width + c),
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)),
+                );
+                c += 8;
+            }
+        }
+        for c in full..width {
+            dst[j * width + c] = src[j * stride + c].to_f32();
+        }
+    }
+}
+
+fn widen_bf16(src: &[bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]) {
+    // SAFETY: avx2 was detected (see avx2::KERNELS).
+    unsafe { widen_bf16_avx2(src, stride, width, rows, dst) }
+}

@@ -1,0 +1,324 @@
+//! AVX-512 F tile kernels of attention (see `attention::tile` for what each computes).
+//!
+//! Scores keep one key per lane (a 16-key tile is one register), so a score is a plain
+//! chain of fused multiply-adds over the head dimension; `p · V` keeps the head dimension in
+//! lanes. Only reached through `avx512::KERNELS`, handed out after `avx512f` was detected,
+//! which is what makes the safe wrappers sound.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use half::bf16;
+
+use crate::cpu::attention::tile::{EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps};
+
+pub(crate) const OPS: TileOps = TileOps {
+    scores,
+    softmax,
+    pv,
+    transpose,
+    widen_bf16,
+};
+
+const _: () = assert!(KEY_TILE == 16);
+
+/// Query vectors per register block of `scores`.
+const QB: usize = 8;
+
+/// The fixed tree `l + 8`, `l + 4`, `l + 2`, `l + 1`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn hsum(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let s8 = _mm256_add_ps(lo, hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+    _mm_cvtss_f32(s1)
+}
+
+/// `2^x` for `x <= 0`, lane-wise as `tile::exp2_portable` but with fused multiply-adds.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn exp2(x: __m512) -> __m512 {
+    let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(EXP2_MIN));
+    let x = _mm512_max_ps(x, _mm512_set1_ps(EXP2_MIN));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let f = _mm512_sub_ps(x, n);
+    let mut p = _mm512_set1_ps(EXP2_COEFFS[7]);
+    for &c in EXP2_COEFFS[..7].iter().rev() {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+    }
+    _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n))
+}
+
+/// Scores of `N` query vectors against one transposed key tile.
+///
+/// # Safety
+/// `q` holds `N * hd` values, `kt` `hd * 16`, `out` is writable for `N * 16`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scores_block<const N: usize>(q: *const f32, kt: *const f32, hd: usize, out: *mut f32) {
+    let mut acc = [_mm512_setzero_ps(); N];
+    // SAFETY: reads `q[i * hd + d]` (i < N, d < hd) and `kt[d * 16..d * 16 + 16]`; writes
+    // `out[i * 16..i * 16 + 16]`, all within the caller's guarantee.
+    unsafe {
+        for d in 0..hd {
+            let k = _mm512_loadu_ps(kt.add(d * KEY_TILE));
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(i * hd + d)), k, *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(i * KEY_TILE), *a);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn scores_avx512(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    let n = out.len() / KEY_TILE;
+    assert!(q.len() >= n * hd && kt.len() >= hd * KEY_TILE);
+    let (qp, kp, op) = (q.as_ptr(), kt.as_ptr(), out.as_mut_ptr());
+    let mut i = 0;
+    // SAFETY: each block covers vectors i..i + N < n, which the asserts above guarantee.
+    unsafe {
+        while i + QB <= n {
+            scores_block::<QB>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE));
+            i += QB;
+        }
+        match n - i {
+            0 => {}
+            1 => scores_block::<1>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            2 => scores_block::<2>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            3 => scores_block::<3>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            4 => scores_block::<4>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            5 => scores_block::<5>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            6 => scores_block::<6>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+            _ => scores_block::<7>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
+        }
+    }
+}
+
+fn scores(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { scores_avx512(q, kt, hd, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn softmax_avx512(
+    s: &mut [f32],
+    lo: usize,
+    hi: usize,
+    m: &mut [f32],
+    l: &mut [f32],
+    corr: &mut [f32],
+) {
+    assert!(lo <= hi && hi < KEY_TILE);
+    let heads = m.len();
+    assert!(s.len() >= heads * KEY_TILE && l.len() >= heads && corr.len() >= heads);
+    let valid = (((1u32 << (hi + 1)) - 1) & !((1u32 << lo) - 1)) as __mmask16;
+    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    for g in 0..heads {
+        let sp = s[g * KEY_TILE..].as_mut_ptr();
+        // SAFETY: `s` holds 16 scores per head (asserted above).
+        let v = unsafe { _mm512_mask_loadu_ps(neg_inf, valid, sp) };
+        let m_new = m[g].max(_mm512_reduce_max_ps(v));
+        let p = exp2(_mm512_sub_ps(v, _mm512_set1_ps(m_new)));
+        let c = _mm_cvtss_f32(_mm512_castps512_ps128(exp2(_mm512_set1_ps(m[g] - m_new))));
+        l[g] = l[g] * c + hsum(p);
+        m[g] = m_new;
+        corr[g] = c;
+        // SAFETY: as the load.
+        unsafe { _mm512_storeu_ps(sp, p) };
+    }
+}
+
+fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], corr: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { softmax_avx512(s, lo, hi, m, l, corr) }
+}
+
+/// `p · V` for `N` heads of one row, 16 lanes of the head dimension at a time.
+///
+/// # Safety
+/// `p` holds `N * 16` values, `corr` `N`, `v` rows `lo..=hi` of `hd` values `stride` apart,
+/// `o` is writable for `N * hd`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_block<const N: usize>(
+    p: *const f32,
+    corr: *const f32,
+    v: *const f32,
+    stride: usize,
+    hd: usize,
+    lo: usize,
+    hi: usize,
+    o: *mut f32,
+) {
+    let mut c = 0;
+    // SAFETY: every access is below the bounds the caller guarantees; the tail is masked.
+    unsafe {
+        while c < hd {
+            let mask: __mmask16 = if hd - c >= 16 {
+                0xFFFF
+            } else {
+                ((1u32 << (hd - c)) - 1) as __mmask16
+            };
+            let mut acc = [_mm512_setzero_ps(); N];
+            for (n, a) in acc.iter_mut().enumerate() {
+                let x = _mm512_maskz_loadu_ps(mask, o.add(n * hd + c));
+                *a = _mm512_mul_ps(x, _mm512_set1_ps(*corr.add(n)));
+            }
+            for j in lo..=hi {
+                let vj = _mm512_maskz_loadu_ps(mask, v.add(j * stride + c));
+                for (n, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(n * KEY_TILE + j)), vj, *a);
+                }
+            }
+            for (n, a) in acc.iter().enumerate() {
+                _mm512_mask_storeu_ps(o.add(n * hd + c), mask, *a);
+            }
+            c += 16;
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn pv_avx512(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+    let (heads, hd, stride) = (corr.len(), v.width, v.stride);
+    assert!(lo <= hi && hi < KEY_TILE && v.holds(hi));
+    assert!(p.len() >= heads * KEY_TILE && o.len() >= heads * hd);
+    let mut g = 0;
+    // SAFETY: blocks cover heads g..g + N <= heads, within the asserted lengths.
+    unsafe {
+        while g < heads {
+            let (pp, cp, op) = (
+                p.as_ptr().add(g * KEY_TILE),
+                corr.as_ptr().add(g),
+                o.as_mut_ptr().add(g * hd),
+            );
+            let vp = v.data.as_ptr();
+            match heads - g {
+                1 => pv_block::<1>(pp, cp, vp, stride, hd, lo, hi, op),
+                2 => pv_block::<2>(pp, cp, vp, stride, hd, lo, hi, op),
+                3 => pv_block::<3>(pp, cp, vp, stride, hd, lo, hi, op),
+                _ => pv_block::<4>(pp, cp, vp, stride, hd, lo, hi, op),
+            }
+            g += 4;
+        }
+    }
+}
+
+fn pv(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { pv_avx512(p, corr, v, lo, hi, o) }
+}
+
+/// Transposes a 16 × 16 block in registers: `r[i]` lane `j` becomes `r[j]` lane `i`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: &mut [__m512; 16]) {
+    let lo = |a: __m512, b: __m512| _mm512_unpacklo_ps(a, b);
+    let hi = |a: __m512, b: __m512| _mm512_unpackhi_ps(a, b);
+    let lo64 = |a: __m512, b: __m512| {
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+    };
+    let hi64 = |a: __m512, b: __m512| {
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+    };
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = lo(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = hi(r[2 * i], r[2 * i + 1]);
+    }
+    // Rows 4k..4k+4 now hold 2×2 interleaves; pair them into 4-wide groups per 128 bits.
+    for k in 0..4 {
+        let b = 4 * k;
+        r[b] = lo64(t[b], t[b + 2]);
+        r[b + 1] = hi64(t[b], t[b + 2]);
+        r[b + 2] = lo64(t[b + 1], t[b + 3]);
+        r[b + 3] = hi64(t[b + 1], t[b + 3]);
+    }
+    // Then 128-bit lanes: first across row groups 0/1 and 2/3, then across halves.
+    for k in 0..4 {
+        t[k] = _mm512_shuffle_f32x4::<0x88>(r[k], r[k + 4]);
+        t[k + 4] = _mm512_shuffle_f32x4::<0xdd>(r[k], r[k + 4]);
+        t[k + 8] = _mm512_shuffle_f32x4::<0x88>(r[k + 8], r[k + 12]);
+        t[k + 12] = _mm512_shuffle_f32x4::<0xdd>(r[k + 8], r[k + 12]);
+    }
+    for k in 0..8 {
+        r[k] = _mm512_shuffle_f32x4::<0x88>(t[k], t[k + 8]);
+        r[k + 8] = _mm512_shuffle_f32x4::<0xdd>(t[k], t[k + 8]);
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn transpose_avx512(src: Rows<'_>, dst: &mut [f32]) {
+    let (hd, stride) = (src.width, src.stride);
+    assert!(src.holds(KEY_TILE - 1) && dst.len() >= hd * KEY_TILE);
+    let full = hd - hd % 16;
+    let (sp, dp) = (src.data.as_ptr(), dst.as_mut_ptr());
+    let mut c = 0;
+    while c < full {
+        let mut r = [_mm512_setzero_ps(); 16];
+        // SAFETY: rows j < 16 and columns c..c + 16 <= hd of src; rows c..c + 16 of dst.
+        unsafe {
+            for (j, v) in r.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(sp.add(j * stride + c));
+            }
+            transpose16(&mut r);
+            for (i, v) in r.iter().enumerate() {
+                _mm512_storeu_ps(dp.add((c + i) * KEY_TILE), *v);
+            }
+        }
+        c += 16;
+    }
+    for j in 0..KEY_TILE {
+        for d in full..hd {
+            dst[d * KEY_TILE + j] = src.data[j * stride + d];
+        }
+    }
+}
+
+fn transpose(src: Rows<'_>, dst: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { transpose_avx512(src, dst) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn widen_bf16_avx512(src: &[bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]) {
+    if rows == 0 {
+        return;
+    }
+    assert!(width <= stride && src.len() >= (rows - 1) * stride + width);
+    assert!(dst.len() >= rows * width);
+    let full = width - width % 16;
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    for j in 0..rows {
+        let mut c = 0;
+        // SAFETY: columns c..c + 16 <= width of row j, within both slices (asserted).
+        unsafe {
+            while c < full {
+                let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                    sp.add(j * stride + c).cast::<__m256i>(),
+                ));
+                _mm512_storeu_ps(
+                    dp.add(j * width + c),
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)),
+                );
+                c += 16;
+            }
+        }
+        for c in full..width {
+            dst[j * width + c] = src[j * stride + c].to_f32();
+        }
+    }
+}
+
+fn widen_bf16(src: &[bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { widen_bf16_avx512(src, stride, width, rows, dst) }
+}

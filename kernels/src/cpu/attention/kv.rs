@@ -1,0 +1,119 @@
+//! Element types of the KV cache, and writing new tokens' K/V into their slots.
+
+use half::bf16;
+
+use super::KvLayout;
+use crate::cpu::dispatch::Kernels;
+
+/// A KV-cache element type: `f32`, or `bf16` (half the memory; keys and values are rounded to
+/// nearest-even when written and widened back to f32 in the attention kernels).
+pub trait KvElem: Copy + Default + Send + Sync + 'static + private::Sealed {
+    /// Converts one row of activations into cache elements.
+    fn store(src: &[f32], dst: &mut [Self]);
+    /// Widens cache elements to f32 with `kernels`' level.
+    fn load(kernels: &Kernels, src: &[Self], dst: &mut [f32]);
+    /// The elements as f32, when they are (then kernels read the cache in place).
+    fn as_f32(src: &[Self]) -> Option<&[f32]>;
+    /// Widens `rows` rows of `width` elements, `stride` apart, into consecutive rows of `dst`.
+    fn load_rows(
+        kernels: &Kernels,
+        src: &[Self],
+        stride: usize,
+        width: usize,
+        rows: usize,
+        dst: &mut [f32],
+    ) {
+        for j in 0..rows {
+            Self::load(
+                kernels,
+                &src[j * stride..j * stride + width],
+                &mut dst[j * width..(j + 1) * width],
+            );
+        }
+    }
+}
+
+impl KvElem for f32 {
+    #[inline]
+    fn store(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    #[inline]
+    fn load(_: &Kernels, src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    #[inline]
+    fn as_f32(src: &[f32]) -> Option<&[f32]> {
+        Some(src)
+    }
+}
+
+impl KvElem for bf16 {
+    #[inline]
+    fn store(src: &[f32], dst: &mut [bf16]) {
+        debug_assert_eq!(src.len(), dst.len());
+        for (d, &s) in dst.iter_mut().zip(src) {
+            // Round to nearest, ties to even (NaN stays NaN).
+            *d = bf16::from_f32(s);
+        }
+    }
+
+    #[inline]
+    fn load(kernels: &Kernels, src: &[bf16], dst: &mut [f32]) {
+        (kernels.dequant.bf16)(src, dst);
+    }
+
+    #[inline]
+    fn as_f32(_: &[bf16]) -> Option<&[f32]> {
+        None
+    }
+
+    #[inline]
+    fn load_rows(
+        kernels: &Kernels,
+        src: &[bf16],
+        stride: usize,
+        width: usize,
+        rows: usize,
+        dst: &mut [f32],
+    ) {
+        // One call per tile rather than per row.
+        (kernels.attention.widen_bf16)(src, stride, width, rows, dst);
+    }
+}
+
+mod private {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// Copies each token's K and V rows into its cache slot, converting them to the cache's
+/// element type. `src` rows are read at `row_stride` intervals, K at `offset_k` and V at
+/// `offset_v` (they can live inside a fused qkv buffer).
+#[allow(clippy::too_many_arguments)]
+pub fn write_kv<T: KvElem>(
+    layout: KvLayout,
+    cache_k: &mut [T],
+    cache_v: &mut [T],
+    src: &[f32],
+    row_stride: usize,
+    offset_k: usize,
+    offset_v: usize,
+    slot_mapping: &[usize],
+) {
+    let w = layout.slot_width();
+    for (t, &slot) in slot_mapping.iter().enumerate() {
+        let row = &src[t * row_stride..(t + 1) * row_stride];
+        T::store(
+            &row[offset_k..offset_k + w],
+            &mut cache_k[slot * w..(slot + 1) * w],
+        );
+        T::store(
+            &row[offset_v..offset_v + w],
+            &mut cache_v[slot * w..(slot + 1) * w],
+        );
+    }
+}

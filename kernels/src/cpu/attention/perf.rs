@@ -1,0 +1,178 @@
+//! Timings of the tiled kernel against the previous one, side by side (ignored by default):
+//! `cargo test --release -p tessera-kernels --lib attention::perf -- --ignored --nocapture`.
+//! SmolLM2-135M shapes: 9 query heads, 3 KV heads, head_dim 64, blocks of 16.
+
+use std::time::Instant;
+
+use half::bf16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+
+const HEADS: usize = 9;
+const KV_HEADS: usize = 3;
+const HD: usize = 64;
+const BLOCK: usize = 16;
+
+/// Fastest and median seconds of `reps` runs after one warm-up (on a shared machine the
+/// fastest is the least disturbed).
+fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
+    f();
+    let mut t: Vec<f64> = (0..reps)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    (t[0], t[reps / 2])
+}
+
+struct Case {
+    layout: KvLayout,
+    ck: Vec<f32>,
+    cv: Vec<f32>,
+    ck16: Vec<bf16>,
+    cv16: Vec<bf16>,
+    tables: Vec<Vec<u32>>,
+}
+
+fn case(batch: usize, ctx: usize) -> Case {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let layout = KvLayout {
+        block_size: BLOCK,
+        kv_heads: KV_HEADS,
+        head_dim: HD,
+    };
+    let per = ctx.div_ceil(BLOCK);
+    let len = batch * per * BLOCK * layout.slot_width();
+    let ck: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let cv: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let tables = (0..batch)
+        .map(|b| ((b * per) as u32..((b + 1) * per) as u32).collect())
+        .collect();
+    Case {
+        layout,
+        ck16: ck.iter().map(|&x| bf16::from_f32(x)).collect(),
+        cv16: cv.iter().map(|&x| bf16::from_f32(x)).collect(),
+        ck,
+        cv,
+        tables,
+    }
+}
+
+/// `batch` sequences of `rows` query rows ending at position `ctx - 1`.
+fn run(c: &Case, ctx: usize, rows: usize, label: &str, flops: f64, bytes: f64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let seqs: Vec<AttentionSeq<'_>> = c
+        .tables
+        .iter()
+        .enumerate()
+        .map(|(b, t)| AttentionSeq {
+            first_row: b * rows,
+            rows,
+            first_position: ctx - rows,
+            block_table: t,
+        })
+        .collect();
+    let total = seqs.len() * rows;
+    let q: Vec<f32> = (0..total * HEADS * HD)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let mut out = vec![0f32; total * HEADS * HD];
+    let scale = 1.0 / (HD as f32).sqrt();
+    let reps = 31;
+    let k = kernels();
+    let mut line = format!("{label:<24}");
+    let mut report = |name: &str, (s, median): (f64, f64), bytes: f64| {
+        line += &format!(
+            " | {name} {:7.3} ms (median {:7.3}) {:6.2} GFLOP/s {:6.2} GB/s",
+            s * 1e3,
+            median * 1e3,
+            flops / s / 1e9,
+            bytes / s / 1e9
+        );
+    };
+    let naive = time(reps, || {
+        paged_attention_naive(
+            k,
+            c.layout,
+            &c.ck,
+            &c.cv,
+            &q,
+            HEADS * HD,
+            HEADS,
+            &seqs,
+            scale,
+            None,
+            &mut out,
+        )
+    });
+    report("naive", naive, bytes);
+    let tiled = time(reps, || {
+        paged_attention_with(
+            k,
+            c.layout,
+            &c.ck,
+            &c.cv,
+            &q,
+            HEADS * HD,
+            HEADS,
+            &seqs,
+            scale,
+            None,
+            &mut out,
+        )
+    });
+    report("tiled f32", tiled, bytes);
+    let tiled16 = time(reps, || {
+        paged_attention_with(
+            k,
+            c.layout,
+            &c.ck16,
+            &c.cv16,
+            &q,
+            HEADS * HD,
+            HEADS,
+            &seqs,
+            scale,
+            None,
+            &mut out,
+        )
+    });
+    report("tiled bf16", tiled16, bytes / 2.0);
+    eprintln!("{line}");
+}
+
+#[test]
+#[ignore = "timing; run with --release --ignored --nocapture"]
+fn attention_timings() {
+    eprintln!(
+        "{} kernels, {} rayon threads",
+        kernels().level.name(),
+        rayon::current_num_threads()
+    );
+    // Prefill: one sequence, 512 causal rows. FLOPs: QKᵀ and PV, 2·hd each per visible key.
+    let ctx = 512;
+    let c = case(1, ctx);
+    let visible = (ctx * (ctx + 1) / 2) as f64;
+    let flops = 4.0 * HD as f64 * visible * HEADS as f64;
+    let kv_bytes = (ctx * c.layout.slot_width() * 2 * 4) as f64;
+    run(&c, ctx, ctx, "prefill 512", flops, kv_bytes);
+    // Decode: one row per sequence; the K/V bytes (f32) dominate.
+    for (batch, ctx) in [(1usize, 4096usize), (1, 16384), (8, 2048)] {
+        let c = case(batch, ctx);
+        let flops = 4.0 * HD as f64 * ctx as f64 * HEADS as f64 * batch as f64;
+        let kv_bytes = (batch * ctx * c.layout.slot_width() * 2 * 4) as f64;
+        run(
+            &c,
+            ctx,
+            1,
+            &format!("decode batch={batch} ctx={ctx}"),
+            flops,
+            kv_bytes,
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! The per-level inner kernels of tiled attention, and their portable reference.
+//!
+//! The driver (`flash`) hands them one key tile of [`KEY_TILE`] consecutive positions at a
+//! time. Every output element is computed by a fixed sequence of operations that depends only
+//! on the query vector and the absolute key positions, never on how many other query vectors
+//! share the call: that is what keeps a row's result independent of batching.
+//!
+//! Scores live in the log2 domain (the driver folds `log2(e)` into the scaled query), so the
+//! softmax uses `exp2`.
+
+/// Key positions per tile; tiles are aligned to multiples of it. One AVX-512 register of
+/// scores (two AVX2 ones).
+pub(crate) const KEY_TILE: usize = 16;
+
+/// One level's tile kernels.
+#[derive(Clone, Copy)]
+pub(crate) struct TileOps {
+    /// `out[i * KEY_TILE + j] = Σ_d q[i * hd + d] · kt[d * KEY_TILE + j]`, `d` ascending from
+    /// zero, for every query vector `i` of `q` (`out.len() / KEY_TILE` of them). `kt` is the
+    /// key tile transposed (`[hd][KEY_TILE]`).
+    pub(crate) scores: fn(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]),
+    /// Online-softmax step of one row's heads (`m.len()` of them): lanes `lo..=hi` of each
+    /// head's scores `s[g * KEY_TILE..]` are valid, the others masked. Updates the running
+    /// max `m[g]` and sum `l[g]`, replaces the scores by `p = exp2(s - m_new)` (0 when
+    /// masked) and stores the factor `corr[g] = exp2(m_old - m_new)` the accumulator needs.
+    pub(crate) softmax: SoftmaxFn,
+    /// `o[g] = o[g] · corr[g] + Σ_{j = lo..=hi} p[g * KEY_TILE + j] · v.row(j)`, `j`
+    /// ascending, for each head `g` of one row (`corr.len()` of them); `o` is
+    /// `[heads][v.width]`.
+    pub(crate) pv: PvFn,
+    /// `dst[d * KEY_TILE + j] = src.row(j)[d]`: a key tile into the `[hd][KEY_TILE]` layout
+    /// `scores` reads. Exact data movement, so levels agree.
+    pub(crate) transpose: fn(src: Rows<'_>, dst: &mut [f32]),
+    /// Widens `rows` rows of `width` bf16 values, `stride` apart in `src`, into consecutive
+    /// rows of `dst` (exact).
+    pub(crate) widen_bf16: WidenFn,
+}
+
+/// See [`TileOps::widen_bf16`].
+pub(crate) type WidenFn =
+    fn(src: &[half::bf16], stride: usize, width: usize, rows: usize, dst: &mut [f32]);
+
+/// See [`TileOps::softmax`].
+pub(crate) type SoftmaxFn =
+    fn(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], corr: &mut [f32]);
+
+/// See [`TileOps::pv`].
+pub(crate) type PvFn =
+    fn(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]);
+
+/// Up to `KEY_TILE` rows of `width` values, `stride` apart: a tile read in place from the
+/// cache (stride: a slot) or from a staging buffer (stride: `width`).
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) stride: usize,
+    pub(crate) width: usize,
+}
+
+impl Rows<'_> {
+    /// Row `j`.
+    #[inline]
+    pub(crate) fn row(&self, j: usize) -> &[f32] {
+        &self.data[j * self.stride..j * self.stride + self.width]
+    }
+
+    /// Whether rows `0..=last` are all inside `data` (what the SIMD kernels check).
+    #[inline]
+    pub(crate) fn holds(&self, last: usize) -> bool {
+        self.width <= self.stride && self.data.len() >= last * self.stride + self.width
+    }
+}
+
+/// The portable level: plain Rust, multiply then add (no fused multiply-add).
+pub(crate) const PORTABLE: TileOps = TileOps {
+    scores: scores_portable,
+    softmax: softmax_portable,
+    pv: pv_portable,
+    transpose: transpose_portable,
+    widen_bf16: widen_bf16_portable,
+};
+
+/// Taylor coefficients of `2^f = e^(f ln 2)`, degree 7: below 1e-8 relative error on
+/// `[-0.5, 0.5]`, under the f32 rounding the evaluation adds.
+pub(crate) const EXP2_COEFFS: [f32; 8] = [
+    1.0,
+    std::f32::consts::LN_2,
+    0.240_226_5,
+    0.055_504_11,
+    0.009_618_129,
+    0.001_333_355_8,
+    0.000_154_035_3,
+    0.000_015_252_734,
+];
+
+/// Below this, `exp2` returns 0 (the result would be subnormal; next to the row maximum,
+/// whose weight is 1, it is negligible). `-inf`, the masked score, lands here too.
+pub(crate) const EXP2_MIN: f32 = -126.0;
+
+/// `2^x` for `x <= 0` by range reduction `x = n + f` (`n` the nearest integer) and the
+/// polynomial; `exp2(0)` is exactly 1.
+#[inline]
+pub(crate) fn exp2_portable(x: f32) -> f32 {
+    // Also catches NaN (never produced by the driver).
+    if x.is_nan() || x < EXP2_MIN {
+        return 0.0;
+    }
+    let n = x.round_ties_even();
+    let f = x - n;
+    let mut p = EXP2_COEFFS[7];
+    for c in EXP2_COEFFS[..7].iter().rev() {
+        p = p * f + c;
+    }
+    // `n` is in -126..=0 here (or small and positive for callers outside the contract), so
+    // `n + 127` is a valid biased exponent.
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// Sum of 16 lanes in the tree order the SIMD levels use: `l + 8`, `l + 4`, `l + 2`, `l + 1`.
+#[inline]
+pub(crate) fn sum16_portable(v: &[f32; KEY_TILE]) -> f32 {
+    let mut a = *v;
+    let mut w = KEY_TILE / 2;
+    while w > 0 {
+        for i in 0..w {
+            a[i] += a[i + w];
+        }
+        w /= 2;
+    }
+    a[0]
+}
+
+fn scores_portable(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    debug_assert_eq!(kt.len(), hd * KEY_TILE);
+    for (qi, o) in q.chunks_exact(hd).zip(out.chunks_exact_mut(KEY_TILE)) {
+        let mut acc = [0f32; KEY_TILE];
+        for (&qd, k) in qi.iter().zip(kt.chunks_exact(KEY_TILE)) {
+            for (a, &kd) in acc.iter_mut().zip(k) {
+                *a += qd * kd;
+            }
+        }
+        o.copy_from_slice(&acc);
+    }
+}
+
+fn softmax_portable(
+    s: &mut [f32],
+    lo: usize,
+    hi: usize,
+    m: &mut [f32],
+    l: &mut [f32],
+    corr: &mut [f32],
+) {
+    for (g, sg) in s.chunks_exact_mut(KEY_TILE).enumerate().take(m.len()) {
+        let mut v = [f32::NEG_INFINITY; KEY_TILE];
+        v[lo..=hi].copy_from_slice(&sg[lo..=hi]);
+        let tile_max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m_new = m[g].max(tile_max);
+        let mut p = [0f32; KEY_TILE];
+        for (pj, &sj) in p.iter_mut().zip(&v) {
+            *pj = exp2_portable(sj - m_new);
+        }
+        let c = exp2_portable(m[g] - m_new);
+        l[g] = l[g] * c + sum16_portable(&p);
+        m[g] = m_new;
+        corr[g] = c;
+        sg.copy_from_slice(&p);
+    }
+}
+
+fn pv_portable(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+    for ((og, &c), pg) in o
+        .chunks_exact_mut(v.width)
+        .zip(corr)
+        .zip(p.chunks_exact(KEY_TILE))
+    {
+        for x in og.iter_mut() {
+            *x *= c;
+        }
+        for (j, &pj) in pg.iter().enumerate().take(hi + 1).skip(lo) {
+            for (x, &vd) in og.iter_mut().zip(v.row(j)) {
+                *x += pj * vd;
+            }
+        }
+    }
+}
+
+pub(crate) fn widen_bf16_portable(
+    src: &[half::bf16],
+    stride: usize,
+    width: usize,
+    rows: usize,
+    dst: &mut [f32],
+) {
+    for j in 0..rows {
+        let (s, d) = (
+            &src[j * stride..j * stride + width],
+            &mut dst[j * width..(j + 1) * width],
+        );
+        for (o, v) in d.iter_mut().zip(s) {
+            *o = v.to_f32();
+        }
+    }
+}
+
+pub(crate) fn transpose_portable(src: Rows<'_>, dst: &mut [f32]) {
+    for j in 0..KEY_TILE {
+        for (d, &x) in src.row(j).iter().enumerate() {
+            dst[d * KEY_TILE + j] = x;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp2_is_accurate_and_exact_at_the_ends() {
+        assert_eq!(exp2_portable(0.0), 1.0);
+        assert_eq!(exp2_portable(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp2_portable(-200.0), 0.0);
+        let mut worst = 0f64;
+        let mut x = -125.0f32;
+        while x <= 0.0 {
+            let want = (x as f64).exp2();
+            let rel = ((exp2_portable(x) as f64 - want) / want).abs();
+            worst = worst.max(rel);
+            x += 0.0137;
+        }
+        assert!(worst < 3e-7, "max relative error {worst}");
+    }
+
+    #[test]
+    fn every_level_widens_bf16_rows() {
+        for (width, stride, rows) in [
+            (8usize, 8usize, 3usize),
+            (20, 60, 16),
+            (64, 192, 5),
+            (80, 80, 1),
+        ] {
+            let src: Vec<half::bf16> = (0..rows * stride)
+                .map(|i| half::bf16::from_f32(i as f32 * 0.37 - 100.0))
+                .collect();
+            let src = &src[..(rows - 1) * stride + width];
+            let mut want = vec![0f32; rows * width];
+            widen_bf16_portable(src, stride, width, rows, &mut want);
+            for level in crate::cpu::Level::available() {
+                let ops = crate::cpu::Kernels::for_level(level).unwrap().attention;
+                let mut got = vec![f32::NAN; rows * width];
+                (ops.widen_bf16)(src, stride, width, rows, &mut got);
+                assert_eq!(got, want, "{level:?} width {width}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_level_transposes_key_tiles() {
+        for (hd, extra) in [
+            (1usize, 0usize),
+            (8, 0),
+            (20, 3),
+            (64, 128),
+            (80, 0),
+            (130, 1),
+        ] {
+            let stride = hd + extra;
+            let data: Vec<f32> = (0..KEY_TILE * stride).map(|i| i as f32).collect();
+            let src = Rows {
+                data: &data[..(KEY_TILE - 1) * stride + hd],
+                stride,
+                width: hd,
+            };
+            let mut want = vec![0f32; hd * KEY_TILE];
+            transpose_portable(src, &mut want);
+            for (d, w) in want.chunks_exact(KEY_TILE).enumerate() {
+                for (j, &x) in w.iter().enumerate() {
+                    assert_eq!(x, (j * stride + d) as f32);
+                }
+            }
+            for level in crate::cpu::Level::available() {
+                let ops = crate::cpu::Kernels::for_level(level).unwrap().attention;
+                let mut got = vec![f32::NAN; hd * KEY_TILE];
+                (ops.transpose)(src, &mut got);
+                assert_eq!(got, want, "{level:?} hd {hd} stride {stride}");
+            }
+        }
+    }
+}
