@@ -243,6 +243,17 @@ impl Model {
         chunks: &[SequenceChunk<'_>],
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, EngineError> {
+        // On one of rayon's threads: a pass makes a hundred or more parallel calls, and each
+        // one from outside the pool would hand its work over and sleep until it is done
+        // (measured: 6.2 → 4.7 ms per SmolLM2 decode step).
+        rayon::scope(|_| self.forward_on_pool(chunks, cache))
+    }
+
+    fn forward_on_pool(
+        &self,
+        chunks: &[SequenceChunk<'_>],
+        cache: &mut KvCache,
+    ) -> Result<ForwardOutput, EngineError> {
         self.check(chunks, cache)?;
         let cfg = &self.config;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
