@@ -95,7 +95,8 @@ pub fn linear_int8_with(
         q.quantize(x, m, k, int8.quantize);
         let q = &*q;
         let tiles = w.tiles();
-        // A few tasks per thread; multiples of 4 tiles, the GEMV kernel's width.
+        // Several tasks per thread (so a late thread does not hold the others up); multiples of
+        // 4 tiles, the GEMV kernel's width.
         let threads = rayon::current_num_threads().max(1);
         let per_task = tiles.div_ceil(threads * 4).next_multiple_of(4);
         let ptr = SharedOut(out.as_mut_ptr());

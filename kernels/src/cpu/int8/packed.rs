@@ -229,6 +229,20 @@ impl PackedMatrix {
         &self.quants[i * lq..(i + 1) * lq]
     }
 
+    /// Where tile `t`'s quants and scales start; block `b`'s are `b · kind.quant_bytes()`
+    /// bytes and `b · kind.scales()` values further (for kernels that walk them with raw
+    /// pointers).
+    pub(crate) fn tile_start(&self, t: usize) -> (*const u8, *const u16) {
+        assert!(t < self.tiles(), "tile {t} of {}", self.tiles());
+        let i = t * self.blocks();
+        (
+            self.quants[i * self.kind.quant_bytes() / LINE..]
+                .as_ptr()
+                .cast(),
+            self.scales[i * self.kind.scales()..].as_ptr(),
+        )
+    }
+
     /// The f16 scales of block `b` of tile `t`.
     pub(crate) fn block_scales(&self, t: usize, b: usize) -> &[u16] {
         let ls = self.kind.scales();

@@ -159,31 +159,46 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
     ldo: usize,
 ) {
     let low = _mm512_set1_epi8(0x0F);
+    let blocks = w.blocks();
+    let (qb, sb) = (w.kind().quant_bytes(), w.kind().scales());
+    let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
+    let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
+    let (xq, xd, xsd, x128) = (x.q.as_ptr(), x.d.as_ptr(), x.sd.as_ptr(), x.s128.as_ptr());
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    // SAFETY (whole body): every pointer below is into a line, scale vector or quant block
-    // that `w` and `x` hold (blocks < w.blocks(), tiles < w.tiles(), rows < x.m).
+    // SAFETY (whole body): tile c's block b lies at starts[c] + b · (qb bytes, sb scales),
+    // inside `w` for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and
+    // 32 quants from 32 · that). Prefetches may point past the end: they never fault.
     unsafe {
-        for b in 0..w.blocks() {
-            // Two integer chains per (row, tile): low and high nibbles (or even/odd lines).
-            let mut sa = [[_mm512_setzero_si512(); C]; R];
-            let mut sb = [[_mm512_setzero_si512(); C]; R];
-            if !Q4 {
-                for (r, s) in sa.iter_mut().enumerate() {
-                    *s = [_mm512_set1_epi32(x.s128[x.at(i0 + r, b)]); C];
+        for b in 0..blocks {
+            let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * qb));
+            // The tile streams are read a few blocks ahead, so that DRAM latency overlaps
+            // the arithmetic of this block.
+            for l in &lines {
+                for o in (0..qb).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + 3 * qb).cast());
                 }
             }
-            let xq: [*const i8; R] = std::array::from_fn(|r| x.block(i0 + r, b).as_ptr());
+            // Two integer chains per (row, tile): low and high nibbles (or even/odd lines).
+            let mut sa = [[_mm512_setzero_si512(); C]; R];
+            let mut sb_ = [[_mm512_setzero_si512(); C]; R];
+            if !Q4 {
+                for (r, s) in sa.iter_mut().enumerate() {
+                    *s = [_mm512_set1_epi32(*x128.add(xs[r] + b)); C];
+                }
+            }
             let xg = |r: usize, g: usize| {
-                _mm512_set1_epi32(xq[r].add(4 * g).cast::<i32>().read_unaligned())
+                _mm512_set1_epi32(
+                    xq.add((xs[r] + b) * QK + 4 * g)
+                        .cast::<i32>()
+                        .read_unaligned(),
+                )
             };
-            let lines: [*const Line64; C] =
-                std::array::from_fn(|c| w.lines(t + c, b).as_ptr().cast());
             if Q4 {
                 for h in 0..QK / 8 {
                     let mut lo = [_mm512_setzero_si512(); C];
                     let mut hi = [_mm512_setzero_si512(); C];
                     for c in 0..C {
-                        let p = _mm512_load_si512(lines[c].add(h).cast());
+                        let p = _mm512_load_si512(lines[c].add(64 * h).cast());
                         lo[c] = _mm512_and_si512(p, low);
                         hi[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low);
                     }
@@ -191,7 +206,7 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
                         let (xl, xh) = (xg(r, h), xg(r, h + QK / 8));
                         for c in 0..C {
                             sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], lo[c], xl);
-                            sb[r][c] = _mm512_dpbusd_epi32(sb[r][c], hi[c], xh);
+                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], hi[c], xh);
                         }
                     }
                 }
@@ -200,20 +215,19 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
                     let mut p0 = [_mm512_setzero_si512(); C];
                     let mut p1 = [_mm512_setzero_si512(); C];
                     for c in 0..C {
-                        p0[c] = _mm512_load_si512(lines[c].add(g).cast());
-                        p1[c] = _mm512_load_si512(lines[c].add(g + 1).cast());
+                        p0[c] = _mm512_load_si512(lines[c].add(64 * g).cast());
+                        p1[c] = _mm512_load_si512(lines[c].add(64 * (g + 1)).cast());
                     }
                     for r in 0..R {
                         let (x0, x1) = (xg(r, g), xg(r, g + 1));
                         for c in 0..C {
                             sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], p0[c], x0);
-                            sb[r][c] = _mm512_dpbusd_epi32(sb[r][c], p1[c], x1);
+                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], p1[c], x1);
                         }
                     }
                 }
             }
-            let scales: [*const u16; C] =
-                std::array::from_fn(|c| w.block_scales(t + c, b).as_ptr());
+            let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.add(b * sb));
             let dw: [__m512; C] =
                 std::array::from_fn(|c| _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].cast())));
             let mw: [__m512; C] = std::array::from_fn(|c| {
@@ -224,11 +238,10 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
                 }
             });
             for r in 0..R {
-                let j = x.at(i0 + r, b);
-                let dx = _mm512_set1_ps(x.d[j]);
-                let sdx = _mm512_set1_ps(x.sd[j]);
+                let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
+                let sdx = _mm512_set1_ps(*xsd.add(xs[r] + b));
                 for c in 0..C {
-                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(sa[r][c], sb[r][c]));
+                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(sa[r][c], sb_[r][c]));
                     let scale = _mm512_mul_ps(dw[c], dx);
                     acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
                     if Q4 {
@@ -251,6 +264,3 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
     }
 }
 
-/// A 64-byte line, for pointer arithmetic in lines.
-#[repr(C, align(64))]
-struct Line64([u8; 64]);
