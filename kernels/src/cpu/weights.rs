@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::dispatch::{Kernels, kernels};
+use super::dispatch::{Kernels, Level, kernels};
 use super::int8::linear_int8_with;
 use super::int8::packed::{PackedKind, PackedMatrix};
 use super::matmul::{SharedOut, linear_with, rows_per_task};
@@ -416,6 +416,14 @@ pub fn linear_weights_with(
     match &w.data {
         Data::F32(v) => return linear_with(kernels, x, v, bias, m, k, out),
         Data::Packed(p) => return linear_int8_with(kernels, x, p, bias, m, out),
+        #[cfg(target_arch = "x86_64")]
+        Data::Bf16(v)
+            if m < 32
+                && kernels.level == Level::Avx512
+                && super::arch::x86_64::bf16_avx512::supported() =>
+        {
+            return linear_bf16_avx512(x, v, bias, m, k, out);
+        }
         _ => {}
     }
     assert!(k > 0, "k must be positive");
@@ -460,6 +468,41 @@ pub fn linear_weights_with(
                 j += rows;
             }
         });
+    });
+}
+
+/// bf16 weights widened in registers (decode and small batches read half the bytes of f32
+/// and skip the scratch buffer); bit-identical to the dequantize-then-multiply path.
+#[cfg(target_arch = "x86_64")]
+fn linear_bf16_avx512(
+    x: &[f32],
+    w: &[bf16],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    out: &mut [f32],
+) {
+    let n = w.len() / k;
+    assert!(k > 0 && x.len() == m * k && out.len() == m * n, "shapes of a bf16 product");
+    let chunk = rows_per_task(n);
+    let ptr = SharedOut(out.as_mut_ptr());
+    w.par_chunks(chunk * k).enumerate().for_each(|(ci, wc)| {
+        let j0 = ci * chunk;
+        let rows = wc.len() / k;
+        // SAFETY: the caller checked avx512f/bw (`bf16_avx512::supported`). This task writes
+        // out[i * n + j] for i < m and j in j0..j0 + rows only, disjoint from the other
+        // tasks' columns; `out` is borrowed mutably for the whole loop.
+        unsafe {
+            let base = ptr.get().add(j0);
+            super::arch::x86_64::bf16_avx512::gemm(x, wc, k, base, n);
+            if let Some(b) = bias {
+                for i in 0..m {
+                    for (r, bv) in b[j0..j0 + rows].iter().enumerate() {
+                        *base.add(i * n + r) += bv;
+                    }
+                }
+            }
+        }
     });
 }
 
