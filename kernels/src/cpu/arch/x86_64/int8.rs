@@ -125,19 +125,29 @@ unsafe fn tiles_vnni<const Q4: bool>(
                 t += 1;
             }
         } else {
-            // Prefill: each tile's unpacked lines serve four rows of x.
+            // Prefill and batched decode: two tiles' unpacked lines serve four rows of x (the
+            // rows' broadcasts serve both tiles).
             while t < t0 + nt {
                 let o = out.add((t - t0) * TILE);
+                let pair = t + 2 <= t0 + nt;
                 let mut i = 0;
                 while i + 4 <= m {
-                    kernel::<Q4, 4, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                    if pair {
+                        kernel::<Q4, 4, 2>(w, t, x, i, o.add(i * ldo), ldo);
+                    } else {
+                        kernel::<Q4, 4, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                    }
                     i += 4;
                 }
                 while i < m {
-                    kernel::<Q4, 1, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                    if pair {
+                        kernel::<Q4, 1, 2>(w, t, x, i, o.add(i * ldo), ldo);
+                    } else {
+                        kernel::<Q4, 1, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                    }
                     i += 1;
                 }
-                t += 1;
+                t += if pair { 2 } else { 1 };
             }
         }
     }
