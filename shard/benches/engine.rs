@@ -43,7 +43,7 @@ use std::time::Instant;
 use half::bf16;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
-use tessera_shard::{KvCache, LogitsWanted, Model, SequenceChunk};
+use tessera_shard::{KvCache, KvDtype, LogitsWanted, Model, SequenceChunk};
 
 #[path = "../../kernels/benches/machine.rs"]
 mod machine;
@@ -432,10 +432,12 @@ fn report(
         bound
     );
     let c = model.config();
-    let kv = c.num_layers * DECODE_CTX * c.num_kv_heads * c.head_dim * 2 * 4;
+    let kv_dtype = model.kv_dtype();
+    let kv = c.num_layers * DECODE_CTX * c.num_kv_heads * c.head_dim * 2 * kv_dtype.size();
     println!(
-        "  (not counted: {:.2} MB of f32 K/V read per token at context {DECODE_CTX})",
-        mb(kv)
+        "  (not counted: {:.2} MB of {} K/V read per token at context {DECODE_CTX})",
+        mb(kv),
+        kv_dtype.name()
     );
     if let Some(t1) = tok_s(1) {
         let pct = 100.0 * t1 / bound;
@@ -547,7 +549,10 @@ fn main() {
             matrices: Mutex::new(BTreeMap::new()),
         });
         files.weights = recorder.clone();
-        let model = Model::load(&files).unwrap();
+        // The KV cache the server picks for this model (`--dtype auto`).
+        let model = Model::load(&files)
+            .unwrap()
+            .with_kv_dtype(KvDtype::auto(&files));
         let acc = Accounting::new(&recorder.matrices.lock().unwrap());
         println!(
             "\nloaded {} as {layout:?} in {:.2} s; {}",

@@ -483,7 +483,10 @@ fn linear_bf16_avx512(
     out: &mut [f32],
 ) {
     let n = w.len() / k;
-    assert!(k > 0 && x.len() == m * k && out.len() == m * n, "shapes of a bf16 product");
+    assert!(
+        k > 0 && x.len() == m * k && out.len() == m * n,
+        "shapes of a bf16 product"
+    );
     let chunk = rows_per_task(n);
     let ptr = SharedOut(out.as_mut_ptr());
     w.par_chunks(chunk * k).enumerate().for_each(|(ci, wc)| {

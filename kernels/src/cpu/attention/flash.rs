@@ -299,6 +299,15 @@ fn attend_partition<T: KvElem>(
     let mut tile = key_lo / KEY_TILE * KEY_TILE;
     while tile <= key_hi {
         let tile_end = tile + KEY_TILE - 1;
+        // Decoding streams every sequence's K/V from memory once per step: ask for the next
+        // tile's rows now, so their latency overlaps this tile's arithmetic.
+        let next = tile + KEY_TILE;
+        if next <= key_hi && bs.is_multiple_of(KEY_TILE) {
+            let slot = s.block_table[next / bs] as usize * bs + next % bs;
+            let base = slot * w + t.kv_head * hd;
+            prefetch_rows(ctx.cache_k, base, w, hd);
+            prefetch_rows(ctx.cache_v, base, w, hd);
+        }
         let (ks, ke) = (tile.max(key_lo), tile_end.min(key_hi));
         // Rows that see at least one key of this tile: positions >= tile, window start <= end.
         let ra = t.r0.max(tile.saturating_sub(s.first_position));
@@ -406,4 +415,28 @@ fn attend_partition<T: KvElem>(
         }
         tile += KEY_TILE;
     }
+}
+
+/// Prefetches `KEY_TILE` rows of `width` values, `stride` apart from `base`, into L1.
+#[inline]
+fn prefetch_rows<T>(data: &[T], base: usize, stride: usize, width: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let bytes = width * size_of::<T>();
+        let p = data.as_ptr().cast::<i8>();
+        for j in 0..KEY_TILE {
+            let row = (base + j * stride) * size_of::<T>();
+            for off in (0..bytes).step_by(64) {
+                // SAFETY: a prefetch never faults, whatever the address; `wrapping_add` keeps
+                // the pointer arithmetic defined past the slice's end.
+                #[allow(unsafe_code)]
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(row + off))
+                };
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, base, stride, width);
 }

@@ -167,19 +167,34 @@ unsafe fn pv_block<const N: usize>(
             } else {
                 ((1u32 << (hd - c)) - 1) as __mmask16
             };
+            // Whole vectors use plain loads and stores: the next tile reloads what this one
+            // stores, and a masked store cannot be forwarded to that load (it waits for L1).
+            let full = mask == 0xFFFF;
             let mut acc = [_mm512_setzero_ps(); N];
             for (n, a) in acc.iter_mut().enumerate() {
-                let x = _mm512_maskz_loadu_ps(mask, o.add(n * hd + c));
+                let x = if full {
+                    _mm512_loadu_ps(o.add(n * hd + c))
+                } else {
+                    _mm512_maskz_loadu_ps(mask, o.add(n * hd + c))
+                };
                 *a = _mm512_mul_ps(x, _mm512_set1_ps(*corr.add(n)));
             }
             for j in lo..=hi {
-                let vj = _mm512_maskz_loadu_ps(mask, v.add(j * stride + c));
+                let vj = if full {
+                    _mm512_loadu_ps(v.add(j * stride + c))
+                } else {
+                    _mm512_maskz_loadu_ps(mask, v.add(j * stride + c))
+                };
                 for (n, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(n * KEY_TILE + j)), vj, *a);
                 }
             }
             for (n, a) in acc.iter().enumerate() {
-                _mm512_mask_storeu_ps(o.add(n * hd + c), mask, *a);
+                if full {
+                    _mm512_storeu_ps(o.add(n * hd + c), *a);
+                } else {
+                    _mm512_mask_storeu_ps(o.add(n * hd + c), mask, *a);
+                }
             }
             c += 16;
         }

@@ -273,4 +273,3 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
         }
     }
 }
-
