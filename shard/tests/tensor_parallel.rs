@@ -4,7 +4,8 @@
 //! those must match the single-shard engine (greedy tokens identical, logits within 1e-4) in
 //! the exact weight layout. With int8 products (the default for Q8_0/Q4_1) a rank's partial
 //! sums are quantized as on one rank, but float-reassociation noise can move an activation
-//! across a quantization step, so there only the ranks' mutual agreement is exact.
+//! across a quantization step, so there the ranks agree exactly with each other and within
+//! the int8 noise with one rank.
 
 mod common;
 
@@ -214,9 +215,10 @@ fn smollm2_int8_ranks_agree() {
     let mean = sum / count as f64;
     eprintln!("SmolLM2 int8: 2 ranks vs 1 rank: max |logit diff| {worst:e}, mean {mean:e}");
     // A different summation order moves some activations across a quantization step, and
-    // those moves spread: the difference is that of int8 to exact f32 (`tests/smollm2.rs`).
+    // those moves spread, up to the difference of int8 to exact f32 (`tests/smollm2.rs`;
+    // measured here: max 0.004, mean 0.0005).
     assert!(
-        worst < 4.0 && mean < 0.3,
+        worst < 0.1 && mean < 0.01,
         "SmolLM2 int8: 2 ranks differ from 1 by {worst} (mean {mean})"
     );
 }

@@ -1,14 +1,15 @@
 //! The reference tile kernel: the arithmetic every level reproduces bit for bit.
 //!
-//! For output `(i, r)`, block by block in order: the exact integer `Σ w_q · x_q`, then
-//! `acc = fma(isum, d_w · d_x, acc)` and, for `Q4_1`, `acc = fma(m_w, d_x · Σ x_q, acc)`.
+//! For output `(i, r)`, block by block in order: the exact integer `isum = Σ w_q · (254 h + l)`
+//! (`h`, `l`: the activations' digits, see `activations`), then `acc = fma(isum, d_w · d_x,
+//! acc)` and, for `Q4_1`, `acc = fma(m_w, d_x · Σ (254 h + l), acc)`.
 //! Integer sums are exact whatever order a SIMD level adds them in, so only this sequence
 //! of f32 operations matters, and it does not depend on the batch.
 #![allow(unsafe_code)]
 
 use half::f16;
 
-use super::activations::QuantizedRows;
+use super::activations::{QuantizedRows, RADIX};
 use super::packed::{PackedKind, PackedMatrix, QK, TILE};
 
 /// The 16 outputs of tile `t` for row `i` of `x`.
@@ -16,34 +17,44 @@ use super::packed::{PackedKind, PackedMatrix, QK, TILE};
 pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) -> [f32; TILE] {
     let mut acc = [0f32; TILE];
     for b in 0..w.blocks() {
-        let xq = x.block(i, b);
+        let (xh, xl) = (x.block(i, b), x.block_lo(i, b));
         let j = x.at(i, b);
         let lines = w.lines(t, b);
         let scales = w.block_scales(t, b);
-        let mut isum = [0i32; TILE];
+        // Σ w·h and Σ w·l per row, then 254 · the first + the second: all exact integers.
+        let mut sh = [0i32; TILE];
+        let mut sl = [0i32; TILE];
+        let mut add = |r: usize, q: u8, e: usize| {
+            sh[r] += i32::from(q) * i32::from(xh[e]);
+            sl[r] += i32::from(q) * i32::from(xl[e]);
+        };
         match w.kind() {
             PackedKind::Q8_0 => {
                 for (g, line) in lines.iter().enumerate() {
-                    for (r, s) in isum.iter_mut().enumerate() {
+                    for r in 0..TILE {
                         for u in 0..4 {
-                            *s += i32::from(line.0[4 * r + u]) * i32::from(xq[4 * g + u]);
+                            add(r, line.0[4 * r + u], 4 * g + u);
                         }
                     }
                 }
-                isum.iter_mut().for_each(|s| *s += x.s128[j]);
             }
             PackedKind::Q4_1 => {
                 for (h, line) in lines.iter().enumerate() {
-                    for (r, s) in isum.iter_mut().enumerate() {
+                    for r in 0..TILE {
                         for u in 0..4 {
                             let byte = line.0[4 * r + u];
-                            *s += i32::from(byte & 0x0F) * i32::from(xq[4 * h + u])
-                                + i32::from(byte >> 4) * i32::from(xq[4 * (h + QK / 8) + u]);
+                            add(r, byte & 0x0F, 4 * h + u);
+                            add(r, byte >> 4, 4 * (h + QK / 8) + u);
                         }
                     }
                 }
             }
         }
+        let offset = match w.kind() {
+            PackedKind::Q8_0 => x.s128[j],
+            PackedKind::Q4_1 => 0,
+        };
+        let isum: [i32; TILE] = std::array::from_fn(|r| RADIX * sh[r] + sl[r] + offset);
         for r in 0..TILE {
             let scale = f16::from_bits(scales[r]).to_f32() * x.d[j];
             acc[r] = (isum[r] as f32).mul_add(scale, acc[r]);

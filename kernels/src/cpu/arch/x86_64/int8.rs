@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::int8::Int8Kernels;
-use crate::cpu::int8::activations::{QuantizedRows, quantize_block_ref};
+use crate::cpu::int8::activations::{QuantizedRows, RADIX, quantize_block_ref};
 use crate::cpu::int8::packed::{PackedKind, PackedMatrix, QK, TILE};
 use crate::cpu::int8::portable;
 
@@ -55,29 +55,44 @@ unsafe fn tiles_avx2(
     unsafe { inner(w, t0, nt, x, out, ldo) }
 }
 
-fn quantize_avx512(x: &[f32], q: &mut [i8]) -> (f32, i32) {
-    assert!(x.len() == QK && q.len() == QK);
+fn quantize_avx512(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (f32, i32) {
+    assert!(x.len() == QK && h.len() == QK && l.len() == QK);
     // SAFETY: this function is only reachable through AVX512_VNNI, handed out after
     // detection; the slices have 32 values (checked above).
-    unsafe { quantize_block(x, q) }
+    unsafe { quantize_block(x, h, l) }
 }
 
 /// The reference quantizer's operations, 16 lanes at a time.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
-    // SAFETY: x and q hold 32 values (checked by the caller).
+unsafe fn quantize_block(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (f32, i32) {
+    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    // SAFETY: x, h and l hold 32 values (checked by the caller).
     unsafe {
         let v0 = _mm512_loadu_ps(x.as_ptr());
         let v1 = _mm512_loadu_ps(x.as_ptr().add(16));
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        let d = amax / 127.0;
-        let id = _mm512_set1_ps(if amax != 0.0 { 1.0 / d } else { 0.0 });
-        // Nearest-even (the default rounding mode), as `round_ties_even`; |x · id| ≤ 127.
-        let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
-        let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-        _mm_storeu_si128(q.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128(q.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(q1));
-        (d, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)))
+        let s = amax / 127.0;
+        let is = _mm512_set1_ps(if amax != 0.0 { 1.0 / s } else { 0.0 });
+        let radix = _mm512_set1_ps(RADIX as f32);
+        let mut sum = _mm512_setzero_si512();
+        for (half, v) in [v0, v1].into_iter().enumerate() {
+            // Nearest-even, as `round_ties_even`; |t| ≤ 127 and |t - hi| · 254 ≤ 127.
+            let t = _mm512_mul_ps(v, is);
+            let hi = _mm512_roundscale_ps::<NEAREST>(t);
+            let lo = _mm512_roundscale_ps::<NEAREST>(_mm512_mul_ps(_mm512_sub_ps(t, hi), radix));
+            let (hi, lo) = (_mm512_cvtps_epi32(hi), _mm512_cvtps_epi32(lo));
+            _mm_storeu_si128(
+                h.as_mut_ptr().add(16 * half).cast(),
+                _mm512_cvtepi32_epi8(hi),
+            );
+            _mm_storeu_si128(
+                l.as_mut_ptr().add(16 * half).cast(),
+                _mm512_cvtepi32_epi8(lo),
+            );
+            let combined = _mm512_add_epi32(_mm512_mullo_epi32(hi, _mm512_set1_epi32(RADIX)), lo);
+            sum = _mm512_add_epi32(sum, combined);
+        }
+        (s / RADIX as f32, _mm512_reduce_add_epi32(sum))
     }
 }
 
@@ -173,7 +188,9 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
     let (qb, sb) = (w.kind().quant_bytes(), w.kind().scales());
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
     let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
-    let (xq, xd, xsd, x128) = (x.q.as_ptr(), x.d.as_ptr(), x.sd.as_ptr(), x.s128.as_ptr());
+    let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
+    let (xd, xsd, x128) = (x.d.as_ptr(), x.sd.as_ptr(), x.s128.as_ptr());
+    let radix = _mm512_set1_epi32(RADIX);
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     // SAFETY (whole body): tile c's block b lies at starts[c] + b · (qb bytes, sb scales),
     // inside `w` for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and
@@ -188,17 +205,18 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
                     _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + 3 * qb).cast());
                 }
             }
-            // Two integer chains per (row, tile): low and high nibbles (or even/odd lines).
+            // Two integer chains per (row, tile): against the high and the low digits.
             let mut sa = [[_mm512_setzero_si512(); C]; R];
             let mut sb_ = [[_mm512_setzero_si512(); C]; R];
             if !Q4 {
-                for (r, s) in sa.iter_mut().enumerate() {
+                for (r, s) in sb_.iter_mut().enumerate() {
                     *s = [_mm512_set1_epi32(*x128.add(xs[r] + b)); C];
                 }
             }
-            let xg = |r: usize, g: usize| {
+            let xg = |digits: *const i8, r: usize, g: usize| {
                 _mm512_set1_epi32(
-                    xq.add((xs[r] + b) * QK + 4 * g)
+                    digits
+                        .add((xs[r] + b) * QK + 4 * g)
                         .cast::<i32>()
                         .read_unaligned(),
                 )
@@ -213,26 +231,25 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
                         hi[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low);
                     }
                     for r in 0..R {
-                        let (xl, xh) = (xg(r, h), xg(r, h + QK / 8));
+                        let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
+                        let (l0, l1) = (xg(xl, r, h), xg(xl, r, h + QK / 8));
                         for c in 0..C {
-                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], lo[c], xl);
-                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], hi[c], xh);
+                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], lo[c], h0);
+                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], lo[c], l0);
+                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], hi[c], h1);
+                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], hi[c], l1);
                         }
                     }
                 }
             } else {
-                for g in (0..QK / 4).step_by(2) {
-                    let mut p0 = [_mm512_setzero_si512(); C];
-                    let mut p1 = [_mm512_setzero_si512(); C];
-                    for c in 0..C {
-                        p0[c] = _mm512_load_si512(lines[c].add(64 * g).cast());
-                        p1[c] = _mm512_load_si512(lines[c].add(64 * (g + 1)).cast());
-                    }
+                for g in 0..QK / 4 {
+                    let p: [__m512i; C] =
+                        std::array::from_fn(|c| _mm512_load_si512(lines[c].add(64 * g).cast()));
                     for r in 0..R {
-                        let (x0, x1) = (xg(r, g), xg(r, g + 1));
+                        let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
                         for c in 0..C {
-                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], p0[c], x0);
-                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], p1[c], x1);
+                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], p[c], hg);
+                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], p[c], lg);
                         }
                     }
                 }
@@ -251,7 +268,8 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
                 let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
                 let sdx = _mm512_set1_ps(*xsd.add(xs[r] + b));
                 for c in 0..C {
-                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(sa[r][c], sb_[r][c]));
+                    let combined = _mm512_add_epi32(_mm512_mullo_epi32(sa[r][c], radix), sb_[r][c]);
+                    let isum = _mm512_cvtepi32_ps(combined);
                     let scale = _mm512_mul_ps(dw[c], dx);
                     acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
                     if Q4 {
