@@ -256,6 +256,7 @@ impl WeightMatrix {
             Data::Packed(p) => match p.kind() {
                 PackedKind::Q8_0 => WeightFormat::Q8_0,
                 PackedKind::Q4_1 => WeightFormat::Q4_1,
+                PackedKind::Q4_0 => WeightFormat::Q4_0,
             },
             Data::Q4K(_) => WeightFormat::Q4K,
             Data::Q5K(_) => WeightFormat::Q5K,
@@ -270,12 +271,17 @@ impl WeightMatrix {
     }
 
     /// The matrix repacked for integer dot products with 8-bit-quantized activations
-    /// (`cpu::int8`) when it is `Q8_0` or `Q4_1`; other formats are returned unchanged. Products
+    /// (`cpu::int8`) when it is `Q8_0`, `Q4_1` or `Q4_0`; other formats are returned
+    /// unchanged. Products
     /// are then faster, but no longer bit-identical to f32 over the dequantized matrix.
     pub fn into_int8(self) -> Self {
         let data = match self.data {
             Data::Q8_0(v) => Data::Packed(PackedMatrix::from_q8_0(self.rows, self.cols, &v)),
             Data::Q4_1(v) => Data::Packed(PackedMatrix::from_q4_1(self.rows, self.cols, &v)),
+            Data::Q4_0(v) => match PackedMatrix::from_q4_0(self.rows, self.cols, &v) {
+                Some(p) => Data::Packed(p),
+                None => Data::Q4_0(v),
+            },
             other => other,
         };
         Self { data, ..self }

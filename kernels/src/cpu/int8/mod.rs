@@ -128,7 +128,11 @@ pub fn linear_int8_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{BlockQ4_1, BlockQ8_0, dequantize_row_q4_1, dequantize_row_q8_0};
+    use crate::cpu::int8::packed::PackedKind;
+    use crate::quant::{
+        BlockQ4_0, BlockQ4_1, BlockQ8_0, dequantize_row_q4_0, dequantize_row_q4_1,
+        dequantize_row_q8_0,
+    };
     use half::f16;
     use rand::{Rng, SeedableRng};
 
@@ -144,31 +148,52 @@ mod tests {
     }
 
     /// A random packed matrix and its dequantized f32 values.
-    fn random_packed(rng: &mut impl Rng, q4: bool, n: usize, k: usize) -> (PackedMatrix, Vec<f32>) {
+    fn random_packed(
+        rng: &mut impl Rng,
+        kind: PackedKind,
+        n: usize,
+        k: usize,
+    ) -> (PackedMatrix, Vec<f32>) {
         let nb = n * k / 32;
         let mut dense = vec![0f32; n * k];
-        if q4 {
-            let blocks: Vec<BlockQ4_1> = (0..nb)
-                .map(|_| BlockQ4_1 {
-                    d: f16::from_f32(rng.random_range(0.0..0.01)),
-                    m: f16::from_f32(rng.random_range(-0.08..0.0)),
-                    qs: std::array::from_fn(|_| rng.random()),
-                })
-                .collect();
-            dequantize_row_q4_1(&blocks, &mut dense);
-            (PackedMatrix::from_q4_1(n, k, &blocks), dense)
-        } else {
-            let blocks: Vec<BlockQ8_0> = (0..nb)
-                .map(|_| BlockQ8_0 {
-                    d: f16::from_f32(rng.random_range(-0.002..0.002)),
-                    // Include the extremes: -128 and 127.
-                    qs: std::array::from_fn(|_| rng.random()),
-                })
-                .collect();
-            dequantize_row_q8_0(&blocks, &mut dense);
-            (PackedMatrix::from_q8_0(n, k, &blocks), dense)
+        match kind {
+            PackedKind::Q4_1 => {
+                let blocks: Vec<BlockQ4_1> = (0..nb)
+                    .map(|_| BlockQ4_1 {
+                        d: f16::from_f32(rng.random_range(0.0..0.01)),
+                        m: f16::from_f32(rng.random_range(-0.08..0.0)),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                dequantize_row_q4_1(&blocks, &mut dense);
+                (PackedMatrix::from_q4_1(n, k, &blocks), dense)
+            }
+            PackedKind::Q4_0 => {
+                let blocks: Vec<BlockQ4_0> = (0..nb)
+                    .map(|_| BlockQ4_0 {
+                        d: f16::from_f32(rng.random_range(-0.01..0.01)),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                dequantize_row_q4_0(&blocks, &mut dense);
+                let p = PackedMatrix::from_q4_0(n, k, &blocks).expect("small scales");
+                (p, dense)
+            }
+            PackedKind::Q8_0 => {
+                let blocks: Vec<BlockQ8_0> = (0..nb)
+                    .map(|_| BlockQ8_0 {
+                        d: f16::from_f32(rng.random_range(-0.002..0.002)),
+                        // Include the extremes: -128 and 127.
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                dequantize_row_q8_0(&blocks, &mut dense);
+                (PackedMatrix::from_q8_0(n, k, &blocks), dense)
+            }
         }
     }
+
+    const KINDS: [PackedKind; 3] = [PackedKind::Q8_0, PackedKind::Q4_1, PackedKind::Q4_0];
 
     /// (m, k, n): n not a multiple of 16 or 64, m with tails of the 4-row kernel.
     const SHAPES: [(usize, usize, usize); 8] = [
@@ -186,7 +211,7 @@ mod tests {
     fn every_level_is_bit_identical_to_the_reference() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
         let portable = Kernels::for_level(Level::Portable).unwrap();
-        for q4 in [false, true] {
+        for q4 in KINDS {
             for (m, k, n) in SHAPES {
                 let (w, _) = random_packed(&mut rng, q4, n, k);
                 let x = random(&mut rng, m * k);
@@ -197,7 +222,7 @@ mod tests {
                     let mut got = vec![f32::NAN; m * n];
                     linear_int8_with(kern, &x, &w, Some(&b), m, &mut got);
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "{kern:?} q4={q4} {m}x{k}x{n}");
+                    assert_eq!(bits(&got), bits(&want), "{kern:?} {q4:?} {m}x{k}x{n}");
                 }
             }
         }
@@ -208,7 +233,7 @@ mod tests {
         // Against the f64 product over the dequantized weights: the activations' rounding is
         // half a step of the low digit, max|x| / (127 · 254 · 2), per value; plus f32 sums.
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(22);
-        for q4 in [false, true] {
+        for q4 in KINDS {
             for (m, k, n) in SHAPES {
                 let (w, dense) = random_packed(&mut rng, q4, n, k);
                 let x = random(&mut rng, m * k);
@@ -238,7 +263,7 @@ mod tests {
                         let e = (got[i * n + j] as f64 - exact).abs();
                         assert!(
                             e <= bound,
-                            "q4={q4} {m}x{k}x{n} ({i},{j}): err {e} > {bound}"
+                            "{q4:?} {m}x{k}x{n} ({i},{j}): err {e} > {bound}"
                         );
                     }
                 }
@@ -249,7 +274,7 @@ mod tests {
     #[test]
     fn rows_do_not_depend_on_the_batch() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
-        for q4 in [false, true] {
+        for q4 in KINDS {
             let (m, k, n) = (11, 576, 77);
             let (w, _) = random_packed(&mut rng, q4, n, k);
             let x = random(&mut rng, m * k);
@@ -262,7 +287,7 @@ mod tests {
                     assert_eq!(
                         &all[i * n..(i + 1) * n],
                         &one[..],
-                        "{kern:?} q4={q4} row {i}"
+                        "{kern:?} {q4:?} row {i}"
                     );
                 }
             }

@@ -38,7 +38,7 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
                     }
                 }
             }
-            PackedKind::Q4_1 => {
+            PackedKind::Q4_1 | PackedKind::Q4_0 => {
                 for (h, line) in lines.iter().enumerate() {
                     for r in 0..TILE {
                         for u in 0..4 {
@@ -52,13 +52,13 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
         }
         let offset = match w.kind() {
             PackedKind::Q8_0 => x.s128[j],
-            PackedKind::Q4_1 => 0,
+            PackedKind::Q4_1 | PackedKind::Q4_0 => 0,
         };
         let isum: [i32; TILE] = std::array::from_fn(|r| RADIX * sh[r] + sl[r] + offset);
         for r in 0..TILE {
             let scale = f16::from_bits(scales[r]).to_f32() * x.d[j];
             acc[r] = (isum[r] as f32).mul_add(scale, acc[r]);
-            if w.kind() == PackedKind::Q4_1 {
+            if w.kind() != PackedKind::Q8_0 {
                 acc[r] = f16::from_bits(scales[TILE + r])
                     .to_f32()
                     .mul_add(x.sd[j], acc[r]);
