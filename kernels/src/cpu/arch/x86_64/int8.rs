@@ -200,10 +200,11 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
             let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * qb));
             // The tile streams are read a few blocks ahead, so that DRAM latency overlaps
             // the arithmetic of this block.
-            for l in &lines {
+            for (l, st) in lines.iter().zip(&starts) {
                 for o in (0..qb).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + 3 * qb).cast());
                 }
+                _mm_prefetch::<_MM_HINT_T0>(st.1.wrapping_add((b + 3) * sb).cast());
             }
             // Two integer chains per (row, tile): against the high and the low digits.
             let mut sa = [[_mm512_setzero_si512(); C]; R];
