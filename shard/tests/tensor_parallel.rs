@@ -141,16 +141,7 @@ fn fixtures_match_the_single_shard_engine() {
 #[test]
 fn smollm2_matches_the_single_shard_engine_on_two_and_three_ranks() {
     let Some(path) = smollm2_path() else { return };
-    let golden: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
-    )
-    .unwrap();
-    let base: Vec<Vec<u32>> = golden["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| serde_json::from_value(p["prompt_ids"].clone()).unwrap())
-        .collect();
+    let base = smollm2_prompts();
     let files = ModelFiles::open(&path).unwrap();
     compare(files, &sixteen_prompts(&base), 8, &[2, 3], "SmolLM2");
 }
@@ -173,21 +164,26 @@ fn smollm2_path() -> Option<PathBuf> {
     path
 }
 
+/// The committed SmolLM2 golden prompts' token ids.
+fn smollm2_prompts() -> Vec<Vec<u32>> {
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
+    )
+    .unwrap();
+    golden["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| serde_json::from_value(p["prompt_ids"].clone()).unwrap())
+        .collect()
+}
+
 /// SmolLM2 with the default int8 products on 2 ranks: the ranks agree bit for bit, and the
 /// prompt logits stay within activation-quantization noise of one rank's.
 #[test]
 fn smollm2_int8_ranks_agree() {
     let Some(path) = smollm2_path() else { return };
-    let golden: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
-    )
-    .unwrap();
-    let prompts: Vec<Vec<u32>> = golden["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| serde_json::from_value(p["prompt_ids"].clone()).unwrap())
-        .collect();
+    let prompts = smollm2_prompts();
     let files = Arc::new(ModelFiles::open(&path).unwrap());
     let single = Model::load_with(&files, WeightLayout::Int8).unwrap();
     let want = run(&single, &prompts, 4, 64, Schedule::Together);

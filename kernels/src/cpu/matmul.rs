@@ -186,26 +186,59 @@ pub fn linear_with(
         return;
     }
     let gemm = kernels.gemm;
+    // SAFETY: `gemm` writes the rows × chunk block it is given, as `GemmFn` promises.
+    linear_chunks(w, k, m, bias, out, |wc, base| unsafe {
+        gemm(x, wc, k, base, n)
+    });
+}
+
+/// Runs `gemm(w_chunk, base)` on rayon's pool for chunks of [`rows_per_task`] weight rows
+/// (`w` is `n × k`), then adds the chunk's bias. `gemm` must write `out[i * n + r]` relative
+/// to `base` (the chunk's first column) for every row `i < m` and chunk row `r`, and nothing
+/// else.
+pub(crate) fn linear_chunks<T: Sync>(
+    w: &[T],
+    k: usize,
+    m: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    gemm: impl Fn(&[T], *mut f32) + Sync,
+) {
+    let n = w.len() / k;
     let chunk = rows_per_task(n);
     let ptr = SharedOut(out.as_mut_ptr());
     w.par_chunks(chunk * k).enumerate().for_each(|(ci, wc)| {
         let j0 = ci * chunk;
-        let rows = wc.len() / k;
         // SAFETY: this task writes out[i * n + j] for i < m and j in j0..j0 + rows only: inside
         // `out` (m × n) and disjoint from every other task's columns. `out` is borrowed mutably
         // for the whole loop, so nothing else reads or writes it meanwhile.
         unsafe {
             let base = ptr.get().add(j0);
-            gemm(x, wc, k, base, n);
-            if let Some(b) = bias {
-                for i in 0..m {
-                    for (r, bv) in b[j0..j0 + rows].iter().enumerate() {
-                        *base.add(i * n + r) += bv;
-                    }
-                }
-            }
+            gemm(wc, base);
+            add_bias(base, bias, j0..j0 + wc.len() / k, m, n);
         }
     });
+}
+
+/// Adds `bias[cols]` to rows `0..m` (`ldo` apart) of the block starting at `base`.
+///
+/// # Safety
+/// `base` must be writable at every `i * ldo + c` for `i < m` and `c < cols.len()`, and
+/// nothing else may access those places meanwhile.
+pub(crate) unsafe fn add_bias(
+    base: *mut f32,
+    bias: Option<&[f32]>,
+    cols: std::ops::Range<usize>,
+    m: usize,
+    ldo: usize,
+) {
+    let Some(b) = bias else { return };
+    for i in 0..m {
+        for (c, bv) in b[cols.clone()].iter().enumerate() {
+            // SAFETY: inside the block the caller vouches for.
+            unsafe { *base.add(i * ldo + c) += bv };
+        }
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use super::dispatch::{Kernels, Level, kernels};
 use super::int8::linear_int8_with;
 use super::int8::packed::{PackedKind, PackedMatrix};
-use super::matmul::{SharedOut, linear_with, rows_per_task};
+use super::matmul::{SharedOut, add_bias, linear_chunks, linear_with, rows_per_task};
 use crate::quant::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, QK8_0, QuantError,
     dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q5_k,
@@ -422,14 +422,6 @@ pub fn linear_weights_with(
     match &w.data {
         Data::F32(v) => return linear_with(kernels, x, v, bias, m, k, out),
         Data::Packed(p) => return linear_int8_with(kernels, x, p, bias, m, out),
-        #[cfg(target_arch = "x86_64")]
-        Data::Bf16(v)
-            if m < 32
-                && kernels.level == Level::Avx512
-                && super::arch::x86_64::bf16_avx512::supported() =>
-        {
-            return linear_bf16_avx512(x, v, bias, m, k, out);
-        }
         _ => {}
     }
     assert!(k > 0, "k must be positive");
@@ -440,6 +432,20 @@ pub fn linear_weights_with(
     }
     if m == 0 || n == 0 {
         return;
+    }
+    // Small batches widen bf16 in registers: half the bytes of f32 and no scratch buffer,
+    // with the same bits as dequantizing first.
+    #[cfg(target_arch = "x86_64")]
+    if let Data::Bf16(v) = &w.data
+        && m < 32
+        && kernels.level == Level::Avx512
+    {
+        use super::arch::x86_64::avx512::gemm_bf16;
+        // SAFETY: the AVX-512 table is only handed out when avx512f was detected;
+        // `linear_chunks` gives `gemm_bf16` the chunk's own columns of `out`.
+        return linear_chunks(v, k, m, bias, out, |wc, base| unsafe {
+            gemm_bf16(x, wc, k, base, n)
+        });
     }
     let (gemm, dequant) = (kernels.gemm, &kernels.dequant);
     let chunk = rows_per_task(n);
@@ -463,55 +469,11 @@ pub fn linear_weights_with(
                 unsafe {
                     let base = ptr.get().add(j);
                     gemm(x, wc, k, base, n);
-                    if let Some(b) = bias {
-                        for i in 0..m {
-                            for (r, bv) in b[j..j + rows].iter().enumerate() {
-                                *base.add(i * n + r) += bv;
-                            }
-                        }
-                    }
+                    add_bias(base, bias, j..j + rows, m, n);
                 }
                 j += rows;
             }
         });
-    });
-}
-
-/// bf16 weights widened in registers (decode and small batches read half the bytes of f32
-/// and skip the scratch buffer); bit-identical to the dequantize-then-multiply path.
-#[cfg(target_arch = "x86_64")]
-fn linear_bf16_avx512(
-    x: &[f32],
-    w: &[bf16],
-    bias: Option<&[f32]>,
-    m: usize,
-    k: usize,
-    out: &mut [f32],
-) {
-    let n = w.len() / k;
-    assert!(
-        k > 0 && x.len() == m * k && out.len() == m * n,
-        "shapes of a bf16 product"
-    );
-    let chunk = rows_per_task(n);
-    let ptr = SharedOut(out.as_mut_ptr());
-    w.par_chunks(chunk * k).enumerate().for_each(|(ci, wc)| {
-        let j0 = ci * chunk;
-        let rows = wc.len() / k;
-        // SAFETY: the caller checked avx512f/bw (`bf16_avx512::supported`). This task writes
-        // out[i * n + j] for i < m and j in j0..j0 + rows only, disjoint from the other
-        // tasks' columns; `out` is borrowed mutably for the whole loop.
-        unsafe {
-            let base = ptr.get().add(j0);
-            super::arch::x86_64::bf16_avx512::gemm(x, wc, k, base, n);
-            if let Some(b) = bias {
-                for i in 0..m {
-                    for (r, bv) in b[j0..j0 + rows].iter().enumerate() {
-                        *base.add(i * n + r) += bv;
-                    }
-                }
-            }
-        }
     });
 }
 
@@ -674,6 +636,24 @@ mod tests {
                 "{what}: value {i} is {:e}, the reference {:e}",
                 got[i], want[i]
             );
+        }
+    }
+
+    #[test]
+    fn bf16_rows_with_a_tail_equal_the_f32_path() {
+        // k not a multiple of 16: the widened loads' tail.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
+        for (m, k, n) in [(1, 23, 9), (3, 23, 17), (5, 41, 33)] {
+            let w = random_matrix(&mut rng, WeightFormat::Bf16, n, k);
+            let dense = w.to_f32();
+            let x = random(&mut rng, m * k);
+            for kern in levels() {
+                let mut want = vec![0f32; m * n];
+                linear_with(kern, &x, &dense, None, m, k, &mut want);
+                let mut got = vec![f32::NAN; m * n];
+                linear_weights_with(kern, &x, &w, None, m, &mut got);
+                assert_eq!(got, want, "{kern:?} {m}x{k}x{n}");
+            }
         }
     }
 

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use self::activations::{QuantizeBlockFn, QuantizedRows, quantize_block_ref};
 use self::packed::{PackedMatrix, TILE};
 use super::dispatch::{Kernels, Level, kernels};
-use super::matmul::SharedOut;
+use super::matmul::{SharedOut, add_bias};
 
 /// A level's tile kernel, with [`portable::tiles`]'s contract.
 pub(crate) type TilesFn =
@@ -112,14 +112,7 @@ pub fn linear_int8_with(
                 unsafe {
                     let base = ptr.get().add(j0);
                     (int8.tiles)(w, t0, nt, q, base, n);
-                    if let Some(b) = bias {
-                        let j1 = (j0 + nt * TILE).min(n);
-                        for i in 0..m {
-                            for (r, bv) in b[j0..j1].iter().enumerate() {
-                                *base.add(i * n + r) += bv;
-                            }
-                        }
-                    }
+                    add_bias(base, bias, j0..(j0 + nt * TILE).min(n), m, n);
                 }
             });
     });

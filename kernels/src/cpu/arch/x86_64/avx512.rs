@@ -58,6 +58,49 @@ fn hsum(v: __m512) -> f32 {
     _mm_cvtss_f32(s1)
 }
 
+/// Weight element types the tiles read: f32 as stored, bfloat16 shifted into the upper half
+/// of f32 lanes. Widening is exact, so a bf16 matrix gives the bits of its f32 widening while
+/// reading half the bytes.
+pub(crate) trait WeightElem: Copy {
+    const BF16: bool;
+}
+
+impl WeightElem for f32 {
+    const BF16: bool = false;
+}
+
+impl WeightElem for bf16 {
+    const BF16: bool = true;
+}
+
+/// `n` (at most 16) weights at `p` as f32 lanes, the rest zero.
+///
+/// # Safety
+/// `p` is readable for `n` values.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load_weights<W: WeightElem>(p: *const W, n: usize) -> __m512 {
+    // SAFETY: reads `n` values at `p`, as the caller guarantees.
+    unsafe {
+        if W::BF16 {
+            let p = p.cast::<u16>();
+            let h = if n == 16 {
+                _mm256_loadu_si256(p.cast())
+            } else {
+                // A tail: copied out so that the load reads nothing past the row.
+                let mut tail = [0u16; 16];
+                std::ptr::copy_nonoverlapping(p, tail.as_mut_ptr(), n);
+                _mm256_loadu_si256(tail.as_ptr().cast())
+            };
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        } else if n == 16 {
+            _mm512_loadu_ps(p.cast())
+        } else {
+            _mm512_maskz_loadu_ps(tail_mask(n), p.cast())
+        }
+    }
+}
+
 /// `R × C` dot products: rows `x[t * k..]` against rows `w[r * k..]`, results at
 /// `out[t * ldo + r]`.
 ///
@@ -65,9 +108,9 @@ fn hsum(v: __m512) -> f32 {
 /// `x` holds `R` rows and `w` holds `C` rows of `k` values; `out` is writable at those places.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn tile<const R: usize, const C: usize>(
+unsafe fn tile<W: WeightElem, const R: usize, const C: usize>(
     x: *const f32,
-    w: *const f32,
+    w: *const W,
     k: usize,
     out: *mut f32,
     ldo: usize,
@@ -79,10 +122,7 @@ unsafe fn tile<const R: usize, const C: usize>(
     // `k`) of a row the caller guarantees; every store goes to a place the caller guarantees.
     unsafe {
         while c < full {
-            let mut wv = [_mm512_setzero_ps(); C];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(w.add(r * k + c));
-            }
+            let wv: [__m512; C] = std::array::from_fn(|r| load_weights(w.add(r * k + c), 16));
             for (t, row) in acc.iter_mut().enumerate() {
                 let xv = _mm512_loadu_ps(x.add(t * k + c));
                 for (a, wr) in row.iter_mut().zip(&wv) {
@@ -93,10 +133,7 @@ unsafe fn tile<const R: usize, const C: usize>(
         }
         if c < k {
             let mask = tail_mask(k - c);
-            let mut wv = [_mm512_setzero_ps(); C];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_maskz_loadu_ps(mask, w.add(r * k + c));
-            }
+            let wv: [__m512; C] = std::array::from_fn(|r| load_weights(w.add(r * k + c), k - c));
             for (t, row) in acc.iter_mut().enumerate() {
                 let xv = _mm512_maskz_loadu_ps(mask, x.add(t * k + c));
                 for (a, wr) in row.iter_mut().zip(&wv) {
@@ -118,9 +155,9 @@ unsafe fn tile<const R: usize, const C: usize>(
 /// As [`tile`], for `R` rows of `x` and `n` rows of `w`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn row_panel<const R: usize, const C: usize>(
+unsafe fn row_panel<W: WeightElem, const R: usize, const C: usize>(
     x: *const f32,
-    w: *const f32,
+    w: *const W,
     n: usize,
     k: usize,
     out: *mut f32,
@@ -130,36 +167,37 @@ unsafe fn row_panel<const R: usize, const C: usize>(
     // SAFETY: tiles stay within rows 0..n of w and columns 0..n of out.
     unsafe {
         while j + C <= n {
-            tile::<R, C>(x, w.add(j * k), k, out.add(j), ldo);
+            tile::<W, R, C>(x, w.add(j * k), k, out.add(j), ldo);
             j += C;
         }
         while j < n {
-            tile::<R, 1>(x, w.add(j * k), k, out.add(j), ldo);
+            tile::<W, R, 1>(x, w.add(j * k), k, out.add(j), ldo);
             j += 1;
         }
     }
 }
 
 #[target_feature(enable = "avx512f")]
-unsafe fn gemm_avx512(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
+unsafe fn gemm_avx512<W: WeightElem>(x: &[f32], w: &[W], k: usize, out: *mut f32, ldo: usize) {
     let (m, n) = (x.len() / k, w.len() / k);
     let (xp, wp) = (x.as_ptr(), w.as_ptr());
     // SAFETY: panels cover rows 0..m of x and 0..n of w, which the slices hold; `out` places
     // are the caller's guarantee.
     unsafe {
         if m == 1 {
-            row_panel::<1, NR_GEMV>(xp, wp, n, k, out, ldo);
+            row_panel::<W, 1, NR_GEMV>(xp, wp, n, k, out, ldo);
             return;
         }
         let mut i = 0;
         while i + MR <= m {
-            row_panel::<MR, NR>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo);
+            row_panel::<W, MR, NR>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo);
             i += MR;
         }
+        let (xr, o) = (xp.add(i * k), out.add(i * ldo));
         match m - i {
-            3 => row_panel::<3, NR>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo),
-            2 => row_panel::<2, NR>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo),
-            1 => row_panel::<1, NR_GEMV>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo),
+            3 => row_panel::<W, 3, NR>(xr, wp, n, k, o, ldo),
+            2 => row_panel::<W, 2, NR>(xr, wp, n, k, o, ldo),
+            1 => row_panel::<W, 1, NR_GEMV>(xr, wp, n, k, o, ldo),
             _ => {}
         }
     }
@@ -172,12 +210,22 @@ unsafe fn gemm(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
     unsafe { gemm_avx512(x, w, k, out, ldo) }
 }
 
+/// [`gemm`] with bfloat16 weights widened in registers: bit-identical to [`gemm`] over the
+/// widened matrix.
+///
+/// # Safety
+/// As `GemmFn`, and the CPU must have AVX-512 F (the AVX-512 level's table was chosen).
+pub(crate) unsafe fn gemm_bf16(x: &[f32], w: &[bf16], k: usize, out: *mut f32, ldo: usize) {
+    // SAFETY: the caller vouches for avx512f and for `out`.
+    unsafe { gemm_avx512(x, w, k, out, ldo) }
+}
+
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let mut out = 0f32;
     // SAFETY: avx512f was detected (see KERNELS); both rows hold a.len() values and `out` is a
     // local.
-    unsafe { tile::<1, 1>(a.as_ptr(), b.as_ptr(), a.len(), &mut out, 1) };
+    unsafe { tile::<f32, 1, 1>(a.as_ptr(), b.as_ptr(), a.len(), &mut out, 1) };
     out
 }
 
@@ -225,7 +273,7 @@ fn attend_avx512(
         let mut d = 0f32;
         // SAFETY: this function only runs where the level's features were detected (see
         // KERNELS); both rows hold a.len() values and `d` is a local.
-        unsafe { tile::<1, 1>(a.as_ptr(), b.as_ptr(), a.len(), &mut d, 1) };
+        unsafe { tile::<f32, 1, 1>(a.as_ptr(), b.as_ptr(), a.len(), &mut d, 1) };
         d
     };
     attend_head(hq, cache_k, cache_v, scores, out, dot, |a, x, y| {
