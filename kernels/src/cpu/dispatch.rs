@@ -73,6 +73,8 @@ pub struct Kernels {
     pub(crate) axpy: fn(f32, &[f32], &mut [f32]),
     /// One query head's attention (see `attention::attend_head`).
     pub(crate) attend: AttendFn,
+    /// `out = silu(gate) · up`, element by element (see `activation`).
+    pub(crate) silu_mul: fn(gate: &[f32], up: &[f32], out: &mut [f32]),
     /// Inner kernels of tiled attention (see `attention::tile`).
     pub(crate) attention: super::attention::tile::TileOps,
     /// Dequantizers of the stored weight formats (see `weights`).

@@ -119,6 +119,7 @@ pub(crate) static PORTABLE: Kernels = Kernels {
     dot: dot_portable,
     axpy: axpy_portable,
     attend: attend_portable,
+    silu_mul: super::activation::silu_mul_portable,
     attention: super::attention::tile::PORTABLE,
     dequant: super::weights::PORTABLE_DEQUANT,
 };

@@ -7,11 +7,15 @@
 //! depends on which other rows or heads share the work, so a row computes the same bits in a
 //! 1-row decode, a 7-row chunk or a 512-row prefill, and on any number of threads.
 //!
-//! Work items are (sequence, KV head, tile of query rows): the query heads of one GQA group
+//! Work items are (sequence, KV heads, tile of query rows): the query heads of one GQA group
 //! and up to [`QUERY_TILE`] rows share each K/V tile, loaded (and widened, and the keys
 //! transposed) once. A sequence whose rows fit in one query tile (decode) is further split by
 //! partition, so one long context spreads over threads; its partition states are merged in
-//! the same order the single-item path merges them.
+//! the same order the single-item path merges them. When there are enough such items to keep
+//! every thread busy, one item takes all KV heads of its sequence: a tile's slots are then
+//! read whole, one contiguous stream instead of a head's slice of every slot.
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 
@@ -24,6 +28,8 @@ use crate::cpu::dispatch::Kernels;
 pub(crate) const PARTITION: usize = 256;
 /// Query rows per work item.
 pub(crate) const QUERY_TILE: usize = 32;
+/// Key tiles whose scores a one-row item computes together (see `attend_partition`).
+const DECODE_TILES: usize = 4;
 
 const _: () = assert!(PARTITION.is_multiple_of(KEY_TILE));
 
@@ -53,10 +59,10 @@ impl<T> Ctx<'_, T> {
 
 /// One work item: rows `r0..r1` (relative to the sequence) of one KV head's query heads,
 /// over all their keys, or over one partition of them.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Task {
     seq: usize,
-    kv_head: usize,
+    kv_heads: Range<usize>,
     r0: usize,
     r1: usize,
     part: Option<usize>,
@@ -172,19 +178,37 @@ pub(crate) fn flash_attention<T: KvElem>(
         q_scale: scale * std::f32::consts::LOG2_E,
         window,
     };
+    let partitions = |s: &AttentionSeq<'_>| {
+        let first_key = ctx.first_key(s.first_position);
+        let last_key = s.first_position + s.rows - 1;
+        (first_key / PARTITION, last_key / PARTITION)
+    };
+    // Decode items per KV head when that is what it takes to give each thread a few.
+    let decode_items: usize = seqs
+        .iter()
+        .filter(|s| s.rows > 0 && s.rows <= QUERY_TILE)
+        .map(|s| {
+            let (pa, pb) = partitions(s);
+            pb - pa + 1
+        })
+        .sum();
+    let whole_slots = decode_items >= 4 * rayon::current_num_threads();
     let mut tasks = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         if s.rows == 0 {
             continue;
         }
-        let first_key = ctx.first_key(s.first_position);
-        let last_key = s.first_position + s.rows - 1;
-        let (pa, pb) = (first_key / PARTITION, last_key / PARTITION);
-        for kv_head in 0..layout.kv_heads {
+        let (pa, pb) = partitions(s);
+        let head_groups: Vec<Range<usize>> = if whole_slots && s.rows <= QUERY_TILE {
+            std::iter::once(0..layout.kv_heads).collect()
+        } else {
+            (0..layout.kv_heads).map(|h| h..h + 1).collect()
+        };
+        for kv_heads in head_groups {
             if s.rows <= QUERY_TILE && pb > pa {
                 tasks.extend((pa..=pb).map(|part| Task {
                     seq: si,
-                    kv_head,
+                    kv_heads: kv_heads.clone(),
                     r0: 0,
                     r1: s.rows,
                     part: Some(part),
@@ -192,7 +216,7 @@ pub(crate) fn flash_attention<T: KvElem>(
             } else {
                 tasks.extend((0..s.rows).step_by(QUERY_TILE).map(|r0| Task {
                     seq: si,
-                    kv_head,
+                    kv_heads: kv_heads.clone(),
                     r0,
                     r1: (r0 + QUERY_TILE).min(s.rows),
                     part: None,
@@ -200,7 +224,7 @@ pub(crate) fn flash_attention<T: KvElem>(
             }
         }
     }
-    let results: Vec<State> = tasks
+    let results: Vec<Vec<State>> = tasks
         .par_iter()
         .with_max_len(1)
         .map(|t| run(&ctx, &seqs[t.seq], t))
@@ -210,78 +234,93 @@ pub(crate) fn flash_attention<T: KvElem>(
     let mut i = 0;
     let mut o = Vec::new();
     while i < tasks.len() {
-        let t = tasks[i];
+        let t = &tasks[i];
         let n = (t.r1 - t.r0) * group;
         let mut j = i + 1;
-        let state = if t.part.is_some() {
-            let mut merged = State::new(n, hd);
-            merged.fold(&results[i], hd);
-            while j < tasks.len()
-                && tasks[j].part.is_some()
-                && (tasks[j].seq, tasks[j].kv_head, tasks[j].r0) == (t.seq, t.kv_head, t.r0)
-            {
-                merged.fold(&results[j], hd);
-                j += 1;
+        while j < tasks.len()
+            && t.part.is_some()
+            && tasks[j].part.is_some()
+            && (tasks[j].seq, &tasks[j].kv_heads, tasks[j].r0) == (t.seq, &t.kv_heads, t.r0)
+        {
+            j += 1;
+        }
+        for (h, kv_head) in t.kv_heads.clone().enumerate() {
+            let state = if t.part.is_some() {
+                let mut merged = State::new(n, hd);
+                for part in &results[i..j] {
+                    merged.fold(&part[h], hd);
+                }
+                std::borrow::Cow::Owned(merged)
+            } else {
+                std::borrow::Cow::Borrowed(&results[i][h])
+            };
+            o.resize(n * hd, 0.0);
+            state.finish(hd, &mut o);
+            let s = &seqs[t.seq];
+            for r in t.r0..t.r1 {
+                let row = s.first_row + r;
+                let dst = &mut out[row * num_heads * hd + kv_head * group * hd..][..group * hd];
+                dst.copy_from_slice(&o[(r - t.r0) * group * hd..(r - t.r0 + 1) * group * hd]);
             }
-            std::borrow::Cow::Owned(merged)
-        } else {
-            std::borrow::Cow::Borrowed(&results[i])
-        };
-        o.resize(n * hd, 0.0);
-        state.finish(hd, &mut o);
-        let s = &seqs[t.seq];
-        for r in t.r0..t.r1 {
-            let row = s.first_row + r;
-            let dst = &mut out[row * num_heads * hd + t.kv_head * group * hd..][..group * hd];
-            dst.copy_from_slice(&o[(r - t.r0) * group * hd..(r - t.r0 + 1) * group * hd]);
         }
         i = j;
     }
 }
 
-/// Runs one work item: the merged state of all its partitions, or one partition's state.
-fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> State {
+/// Runs one work item: per KV head, the merged state of all its partitions, or one
+/// partition's state.
+fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> Vec<State> {
     let (hd, g) = (ctx.layout.head_dim, ctx.group);
     let n = (t.r1 - t.r0) * g;
     let mut scratch = Scratch {
-        q: Vec::with_capacity(n * hd),
+        q: Vec::with_capacity(t.kv_heads.len() * n * hd),
         ks: vec![0.0; KEY_TILE * hd],
-        kt: vec![0.0; hd * KEY_TILE],
+        kt: vec![0.0; DECODE_TILES * hd * KEY_TILE],
         vt: vec![0.0; KEY_TILE * hd],
-        scores: vec![0.0; n * KEY_TILE],
+        scores: vec![0.0; DECODE_TILES * n * KEY_TILE],
         corr: vec![0.0; g],
     };
-    for r in t.r0..t.r1 {
-        let start = (s.first_row + r) * ctx.q_stride + t.kv_head * g * hd;
-        scratch.q.extend(
-            ctx.q[start..start + g * hd]
-                .iter()
-                .map(|&x| x * ctx.q_scale),
-        );
+    for kv_head in t.kv_heads.clone() {
+        for r in t.r0..t.r1 {
+            let start = (s.first_row + r) * ctx.q_stride + kv_head * g * hd;
+            scratch.q.extend(
+                ctx.q[start..start + g * hd]
+                    .iter()
+                    .map(|&x| x * ctx.q_scale),
+            );
+        }
     }
-    let mut cur = State::new(n, hd);
+    let mut cur = vec![State::new(n, hd); t.kv_heads.len()];
     if let Some(part) = t.part {
         attend_partition(ctx, s, t, part, &mut cur, &mut scratch);
         return cur;
     }
     let first_key = ctx.first_key(s.first_position + t.r0);
     let last_key = s.first_position + t.r1 - 1;
-    let mut merged = State::new(n, hd);
+    let mut merged = cur.clone();
     for part in first_key / PARTITION..=last_key / PARTITION {
-        cur.reset();
+        cur.iter_mut().for_each(State::reset);
         attend_partition(ctx, s, t, part, &mut cur, &mut scratch);
-        merged.fold(&cur, hd);
+        for (m, c) in merged.iter_mut().zip(&cur) {
+            m.fold(c, hd);
+        }
     }
     merged
 }
 
-/// Folds the keys of partition `part` into `state`, key tile by key tile, for the item's rows.
+/// Folds the keys of partition `part` into `states` (one per KV head of the item), key tile by
+/// key tile, for the item's rows.
+///
+/// A one-row item (a decode step) has only its query heads to share each tile, too few
+/// independent chains of fused multiply-adds to fill the pipeline; it computes the scores of
+/// [`DECODE_TILES`] tiles at once (each score's arithmetic unchanged), then runs the softmax
+/// and `p · V` tile by tile in order.
 fn attend_partition<T: KvElem>(
     ctx: &Ctx<'_, T>,
     s: &AttentionSeq<'_>,
     t: &Task,
     part: usize,
-    state: &mut State,
+    states: &mut [State],
     sc: &mut Scratch,
 ) {
     let (hd, g) = (ctx.layout.head_dim, ctx.group);
@@ -292,129 +331,184 @@ fn attend_partition<T: KvElem>(
     if key_lo > key_hi {
         return;
     }
-    // Aligned tiles never straddle blocks when blocks are whole tiles.
-    let in_place = T::as_f32(ctx.cache_k)
-        .zip(T::as_f32(ctx.cache_v))
-        .filter(|_| bs.is_multiple_of(KEY_TILE));
+    let n = (t.r1 - t.r0) * g;
+    let group = if t.r1 - t.r0 == 1 { DECODE_TILES } else { 1 };
     let mut tile = key_lo / KEY_TILE * KEY_TILE;
+    let mut prefetched = tile;
     while tile <= key_hi {
-        let tile_end = tile + KEY_TILE - 1;
-        // Decoding streams every sequence's K/V from memory once per step: ask for the next
-        // tile's rows now, so their latency overlaps this tile's arithmetic.
-        let next = tile + KEY_TILE;
-        if next <= key_hi && bs.is_multiple_of(KEY_TILE) {
-            let slot = s.block_table[next / bs] as usize * bs + next % bs;
-            let base = slot * w + t.kv_head * hd;
-            prefetch_rows(ctx.cache_k, base, w, hd);
-            prefetch_rows(ctx.cache_v, base, w, hd);
+        let tiles = ((key_hi - tile) / KEY_TILE + 1).min(group);
+        // Decoding streams every sequence's K/V from memory once per step: ask for this group's
+        // and the next group's rows now, so their latency overlaps this group's arithmetic.
+        if bs.is_multiple_of(KEY_TILE) {
+            let width = t.kv_heads.len() * hd;
+            let until = (tile + (tiles + group) * KEY_TILE).min(key_hi + 1);
+            while prefetched < until {
+                let slot = s.block_table[prefetched / bs] as usize * bs + prefetched % bs;
+                let base = slot * w + t.kv_heads.start * hd;
+                prefetch_rows(ctx.cache_k, base, w, width);
+                prefetch_rows(ctx.cache_v, base, w, width);
+                prefetched += KEY_TILE;
+            }
         }
-        let (ks, ke) = (tile.max(key_lo), tile_end.min(key_hi));
+        let group_tiles: Vec<TileSpan> = (0..tiles)
+            .map(|i| TileSpan::new(ctx, s, t, tile + i * KEY_TILE, key_lo, key_hi))
+            .collect();
+        for (h, kv_head) in t.kv_heads.clone().enumerate() {
+            let q = &sc.q[h * n * hd..(h + 1) * n * hd];
+            for (i, span) in group_tiles.iter().enumerate() {
+                if span.ra < span.rb {
+                    let krows = load_tile(ctx, s, span, kv_head, true, &mut sc.ks);
+                    (ctx.ops.transpose)(krows, &mut sc.kt[i * hd * KEY_TILE..]);
+                }
+            }
+            let spans = &group_tiles;
+            if group > 1 && spans.iter().all(|sp| sp.ra < sp.rb) {
+                // One row: the group's tiles' scores in one pass.
+                (ctx.ops.scores_tiles)(q, &sc.kt, hd, spans.len(), &mut sc.scores);
+            } else {
+                for (i, span) in spans.iter().enumerate() {
+                    if span.ra < span.rb {
+                        let (qa, qb) = ((span.ra - t.r0) * g, (span.rb - t.r0) * g);
+                        let out = &mut sc.scores[i * n * KEY_TILE..][..(qb - qa) * KEY_TILE];
+                        let kt = &sc.kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE];
+                        (ctx.ops.scores)(&q[qa * hd..qb * hd], kt, hd, out);
+                    }
+                }
+            }
+            for (i, span) in spans.iter().enumerate() {
+                if span.ra >= span.rb {
+                    continue;
+                }
+                let vrows = load_tile(ctx, s, span, kv_head, false, &mut sc.vt);
+                let qa = (span.ra - t.r0) * g;
+                let scores = &mut sc.scores[i * n * KEY_TILE..(i + 1) * n * KEY_TILE];
+                for r in span.ra..span.rb {
+                    let (lo, hi) = (
+                        ctx.first_key(pos(r)).max(span.tile) - span.tile,
+                        pos(r).min(span.tile + KEY_TILE - 1) - span.tile,
+                    );
+                    let v0 = (r - t.r0) * g;
+                    let sr = &mut scores[(v0 - qa) * KEY_TILE..(v0 - qa + g) * KEY_TILE];
+                    (ctx.ops.softmax)(
+                        sr,
+                        lo,
+                        hi,
+                        &mut states[h].m[v0..v0 + g],
+                        &mut states[h].l[v0..v0 + g],
+                        &mut sc.corr,
+                    );
+                    (ctx.ops.pv)(
+                        sr,
+                        &sc.corr,
+                        vrows,
+                        lo,
+                        hi,
+                        &mut states[h].acc[v0 * hd..(v0 + g) * hd],
+                    );
+                }
+            }
+        }
+        tile += tiles * KEY_TILE;
+    }
+}
+
+/// One key tile of an item: its positions and the item's rows that see any of them.
+struct TileSpan {
+    /// First position of the (aligned) tile.
+    tile: usize,
+    /// The tile's keys inside the partition and the window: `ks..=ke`.
+    ks: usize,
+    ke: usize,
+    /// Rows (relative to the sequence) that see at least one key of the tile.
+    ra: usize,
+    rb: usize,
+}
+
+impl TileSpan {
+    fn new<T>(
+        ctx: &Ctx<'_, T>,
+        s: &AttentionSeq<'_>,
+        t: &Task,
+        tile: usize,
+        key_lo: usize,
+        key_hi: usize,
+    ) -> Self {
+        let tile_end = tile + KEY_TILE - 1;
         // Rows that see at least one key of this tile: positions >= tile, window start <= end.
         let ra = t.r0.max(tile.saturating_sub(s.first_position));
         let mut rb = ra;
-        while rb < t.r1 && ctx.first_key(pos(rb)) <= tile_end {
+        while rb < t.r1 && ctx.first_key(s.first_position + rb) <= tile_end {
             rb += 1;
         }
-        if ra < rb {
-            let (krows, vrows) = match in_place {
-                // f32 pages, and the tile inside one block: read K/V where they are.
-                Some((ck, cv)) => {
-                    let slot = s.block_table[tile / bs] as usize * bs + tile % bs;
-                    let base = slot * w + t.kv_head * hd;
-                    let len = (KEY_TILE - 1) * w + hd;
-                    let rows = |data| Rows {
-                        data,
-                        stride: w,
-                        width: hd,
-                    };
-                    (rows(&ck[base..base + len]), rows(&cv[base..base + len]))
-                }
-                // Otherwise gather (and widen) the tile's keys into the staging buffers.
-                None if bs.is_multiple_of(KEY_TILE) => {
-                    // The tile's keys are one block's slots, one slot apart.
-                    let slot = s.block_table[ks / bs] as usize * bs + ks % bs;
-                    let base = slot * w + t.kv_head * hd;
-                    let (n, j0) = (ke - ks + 1, ks - tile);
-                    let len = (n - 1) * w + hd;
-                    let (ck, cv) = (ctx.cache_k, ctx.cache_v);
-                    T::load_rows(
-                        ctx.kernels,
-                        &ck[base..base + len],
-                        w,
-                        hd,
-                        n,
-                        &mut sc.ks[j0 * hd..],
-                    );
-                    T::load_rows(
-                        ctx.kernels,
-                        &cv[base..base + len],
-                        w,
-                        hd,
-                        n,
-                        &mut sc.vt[j0 * hd..],
-                    );
-                    let rows = |data| Rows {
-                        data,
-                        stride: hd,
-                        width: hd,
-                    };
-                    (rows(&sc.ks[..]), rows(&sc.vt[..]))
-                }
-                None => {
-                    for p in ks..=ke {
-                        let slot = s.block_table[p / bs] as usize * bs + p % bs;
-                        let off = slot * w + t.kv_head * hd;
-                        let j = p - tile;
-                        T::load(
-                            ctx.kernels,
-                            &ctx.cache_k[off..off + hd],
-                            &mut sc.ks[j * hd..(j + 1) * hd],
-                        );
-                        T::load(
-                            ctx.kernels,
-                            &ctx.cache_v[off..off + hd],
-                            &mut sc.vt[j * hd..(j + 1) * hd],
-                        );
-                    }
-                    let rows = |data| Rows {
-                        data,
-                        stride: hd,
-                        width: hd,
-                    };
-                    (rows(&sc.ks[..]), rows(&sc.vt[..]))
-                }
-            };
-            (ctx.ops.transpose)(krows, &mut sc.kt);
-            let (qa, qb) = ((ra - t.r0) * g, (rb - t.r0) * g);
-            let scores = &mut sc.scores[..(qb - qa) * KEY_TILE];
-            (ctx.ops.scores)(&sc.q[qa * hd..qb * hd], &sc.kt, hd, scores);
-            for r in ra..rb {
-                let (lo, hi) = (
-                    ctx.first_key(pos(r)).max(tile) - tile,
-                    pos(r).min(tile_end) - tile,
-                );
-                let v0 = (r - t.r0) * g;
-                let sr = &mut scores[(v0 - qa) * KEY_TILE..(v0 - qa + g) * KEY_TILE];
-                (ctx.ops.softmax)(
-                    sr,
-                    lo,
-                    hi,
-                    &mut state.m[v0..v0 + g],
-                    &mut state.l[v0..v0 + g],
-                    &mut sc.corr,
-                );
-                (ctx.ops.pv)(
-                    sr,
-                    &sc.corr,
-                    vrows,
-                    lo,
-                    hi,
-                    &mut state.acc[v0 * hd..(v0 + g) * hd],
-                );
-            }
+        Self {
+            tile,
+            ks: tile.max(key_lo),
+            ke: tile_end.min(key_hi),
+            ra,
+            rb,
         }
-        tile += KEY_TILE;
     }
+}
+
+/// The K (`keys`) or V rows of one KV head for a tile: in place for f32 pages when the tile is
+/// inside one block, otherwise gathered (and widened) into `staging`.
+fn load_tile<'a, T: KvElem>(
+    ctx: &Ctx<'a, T>,
+    s: &AttentionSeq<'_>,
+    span: &TileSpan,
+    kv_head: usize,
+    keys: bool,
+    staging: &'a mut [f32],
+) -> Rows<'a> {
+    let (hd, bs, w) = (
+        ctx.layout.head_dim,
+        ctx.layout.block_size,
+        ctx.layout.slot_width(),
+    );
+    let cache = if keys { ctx.cache_k } else { ctx.cache_v };
+    let staged = |data| Rows {
+        data,
+        stride: hd,
+        width: hd,
+    };
+    // Aligned tiles never straddle blocks when blocks are whole tiles.
+    if bs.is_multiple_of(KEY_TILE) {
+        if let Some(c) = T::as_f32(cache) {
+            let slot = s.block_table[span.tile / bs] as usize * bs + span.tile % bs;
+            let base = slot * w + kv_head * hd;
+            let len = (KEY_TILE - 1) * w + hd;
+            return Rows {
+                data: &c[base..base + len],
+                stride: w,
+                width: hd,
+            };
+        }
+        // The tile's keys are one block's slots, one slot apart.
+        let slot = s.block_table[span.ks / bs] as usize * bs + span.ks % bs;
+        let base = slot * w + kv_head * hd;
+        let (n, j0) = (span.ke - span.ks + 1, span.ks - span.tile);
+        let len = (n - 1) * w + hd;
+        T::load_rows(
+            ctx.kernels,
+            &cache[base..base + len],
+            w,
+            hd,
+            n,
+            &mut staging[j0 * hd..],
+        );
+        return staged(&staging[..KEY_TILE * hd]);
+    }
+    for p in span.ks..=span.ke {
+        let slot = s.block_table[p / bs] as usize * bs + p % bs;
+        let off = slot * w + kv_head * hd;
+        let j = p - span.tile;
+        T::load(
+            ctx.kernels,
+            &cache[off..off + hd],
+            &mut staging[j * hd..(j + 1) * hd],
+        );
+    }
+    staged(&staging[..KEY_TILE * hd])
 }
 
 /// Prefetches `KEY_TILE` rows of `width` values, `stride` apart from `base`, into L1.

@@ -517,3 +517,72 @@ fn results_do_not_depend_on_thread_count() {
         }
     }
 }
+
+/// Many decode rows at once take whole slots per item (all KV heads, see `flash`); each row
+/// must still be the bits it is alone, where items take one KV head.
+fn check_many_decode_rows<T: KvElem>() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let (hd, kv_heads, group, bs) = (64, 3, 3, 16);
+    let ctx = 600;
+    let heads = kv_heads * group;
+    let w = heads * hd;
+    let layout = KvLayout {
+        block_size: bs,
+        kv_heads,
+        head_dim: hd,
+    };
+    let k = random(&mut rng, ctx * kv_heads * hd, 2.0);
+    let v = random(&mut rng, ctx * kv_heads * hd, 1.0);
+    let c: Paged<T> = paged(&mut rng, layout, &k, &v);
+    let positions = [5usize, 17, 255, 256, 300, 599, 40, 128, 511, 512, 77, 33, 16, 271];
+    let q = random(&mut rng, positions.len() * w, 2.0);
+    for window in [None, Some(100)] {
+        for level in Level::available() {
+            let kern = Kernels::for_level(level).unwrap();
+            let seqs: Vec<AttentionSeq<'_>> = positions
+                .iter()
+                .enumerate()
+                .map(|(i, &p)| AttentionSeq {
+                    first_row: i,
+                    rows: 1,
+                    first_position: p,
+                    block_table: &c.table,
+                })
+                .collect();
+            let mut batched = vec![f32::NAN; positions.len() * w];
+            paged_attention_with(
+                kern,
+                layout,
+                &c.ck,
+                &c.cv,
+                &q,
+                w,
+                heads,
+                &seqs,
+                1.0 / (hd as f32).sqrt(),
+                window,
+                &mut batched,
+            );
+            for (i, &p) in positions.iter().enumerate() {
+                let alone = attend(kern, &c, &q[i * w..(i + 1) * w], heads, p, 1, window);
+                assert!(
+                    alone
+                        .iter()
+                        .zip(&batched[i * w..(i + 1) * w])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{level:?} window {window:?}: the row at position {p} changed in a batch"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_rows_are_bit_identical_in_large_batches_f32() {
+    check_many_decode_rows::<f32>();
+}
+
+#[test]
+fn decode_rows_are_bit_identical_in_large_batches_bf16() {
+    check_many_decode_rows::<half::bf16>();
+}

@@ -19,6 +19,10 @@ pub(crate) struct TileOps {
     /// zero, for every query vector `i` of `q` (`out.len() / KEY_TILE` of them). `kt` is the
     /// key tile transposed (`[hd][KEY_TILE]`).
     pub(crate) scores: fn(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]),
+    /// `scores` for `tiles` key tiles at once: `kt` holds them one after another
+    /// (`[tiles][hd][KEY_TILE]`) and `out` gets `[tiles][vectors][KEY_TILE]`, every score
+    /// computed exactly as `scores` computes it.
+    pub(crate) scores_tiles: ScoresTilesFn,
     /// Online-softmax step of one row's heads (`m.len()` of them): lanes `lo..=hi` of each
     /// head's scores `s[g * KEY_TILE..]` are valid, the others masked. Updates the running
     /// max `m[g]` and sum `l[g]`, replaces the scores by `p = exp2(s - m_new)` (0 when
@@ -34,6 +38,30 @@ pub(crate) struct TileOps {
     /// Widens `rows` rows of `width` bf16 values, `stride` apart in `src`, into consecutive
     /// rows of `dst` (exact).
     pub(crate) widen_bf16: WidenFn,
+}
+
+/// See [`TileOps::scores_tiles`].
+pub(crate) type ScoresTilesFn = fn(q: &[f32], kt: &[f32], hd: usize, tiles: usize, out: &mut [f32]);
+
+/// [`TileOps::scores_tiles`] as one `scores` call per tile.
+#[inline]
+pub(crate) fn scores_tile_by_tile(
+    scores: fn(&[f32], &[f32], usize, &mut [f32]),
+    q: &[f32],
+    kt: &[f32],
+    hd: usize,
+    tiles: usize,
+    out: &mut [f32],
+) {
+    let n = q.len() / hd;
+    for i in 0..tiles {
+        scores(
+            q,
+            &kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE],
+            hd,
+            &mut out[i * n * KEY_TILE..(i + 1) * n * KEY_TILE],
+        );
+    }
 }
 
 /// See [`TileOps::widen_bf16`].
@@ -74,6 +102,9 @@ impl Rows<'_> {
 /// The portable level: plain Rust, multiply then add (no fused multiply-add).
 pub(crate) const PORTABLE: TileOps = TileOps {
     scores: scores_portable,
+    scores_tiles: |q, kt, hd, tiles, out| {
+        scores_tile_by_tile(scores_portable, q, kt, hd, tiles, out)
+    },
     softmax: softmax_portable,
     pv: pv_portable,
     transpose: transpose_portable,
@@ -229,6 +260,40 @@ mod tests {
             x += 0.0137;
         }
         assert!(worst < 3e-7, "max relative error {worst}");
+    }
+
+    #[test]
+    fn scores_of_several_tiles_equal_each_tile_alone() {
+        for level in crate::cpu::Level::available() {
+            let ops = crate::cpu::Kernels::for_level(level).unwrap().attention;
+            for (vectors, hd, tiles) in [
+                (1usize, 64usize, 4usize),
+                (3, 64, 4),
+                (3, 20, 2),
+                (4, 8, 3),
+                (5, 16, 4),
+                (2, 1, 1),
+            ] {
+                let q: Vec<f32> = (0..vectors * hd)
+                    .map(|i| (i as f32 * 0.731).sin())
+                    .collect();
+                let kt: Vec<f32> = (0..tiles * hd * KEY_TILE)
+                    .map(|i| (i as f32 * 0.377).cos())
+                    .collect();
+                let mut want = vec![0f32; tiles * vectors * KEY_TILE];
+                for (t, w) in want.chunks_exact_mut(vectors * KEY_TILE).enumerate() {
+                    (ops.scores)(&q, &kt[t * hd * KEY_TILE..(t + 1) * hd * KEY_TILE], hd, w);
+                }
+                let mut got = vec![f32::NAN; tiles * vectors * KEY_TILE];
+                (ops.scores_tiles)(&q, &kt, hd, tiles, &mut got);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{level:?}: {vectors} vectors, hd {hd}, {tiles} tiles"
+                );
+            }
+        }
     }
 
     #[test]

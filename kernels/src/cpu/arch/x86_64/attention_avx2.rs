@@ -10,10 +10,13 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use crate::cpu::attention::tile::{EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps};
+use crate::cpu::attention::tile::{
+    EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps, scores_tile_by_tile,
+};
 
 pub(crate) const OPS: TileOps = TileOps {
     scores,
+    scores_tiles: |q, kt, hd, tiles, out| scores_tile_by_tile(scores, q, kt, hd, tiles, out),
     softmax,
     pv,
     transpose,

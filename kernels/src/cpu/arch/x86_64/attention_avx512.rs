@@ -10,10 +10,13 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use crate::cpu::attention::tile::{EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps};
+use crate::cpu::attention::tile::{
+    EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps, scores_tile_by_tile,
+};
 
 pub(crate) const OPS: TileOps = TileOps {
     scores,
+    scores_tiles,
     softmax,
     pv,
     transpose,
@@ -104,6 +107,69 @@ fn scores_avx512(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
 fn scores(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
     unsafe { scores_avx512(q, kt, hd, out) }
+}
+
+/// Scores of `N` query vectors against `T` transposed key tiles: `N · T` independent chains
+/// (each exactly `scores_block`'s), so the multiply-add latency is hidden even for few vectors.
+///
+/// # Safety
+/// `q` holds `N * hd` values, `kt` `T * hd * 16`, `out` is writable for `T * N * 16`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scores_tiles_block<const N: usize, const T: usize>(
+    q: *const f32,
+    kt: *const f32,
+    hd: usize,
+    out: *mut f32,
+) {
+    let mut acc = [[_mm512_setzero_ps(); T]; N];
+    // SAFETY: reads `q[i * hd + d]` and `kt[(t * hd + d) * 16..][..16]`; writes
+    // `out[(t * N + i) * 16..][..16]`, all within the caller's guarantee.
+    unsafe {
+        for d in 0..hd {
+            let mut k = [_mm512_setzero_ps(); T];
+            for (t, kv) in k.iter_mut().enumerate() {
+                *kv = _mm512_loadu_ps(kt.add((t * hd + d) * KEY_TILE));
+            }
+            for (i, a) in acc.iter_mut().enumerate() {
+                let qd = _mm512_set1_ps(*q.add(i * hd + d));
+                for (t, at) in a.iter_mut().enumerate() {
+                    *at = _mm512_fmadd_ps(qd, k[t], *at);
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            for (t, at) in a.iter().enumerate() {
+                _mm512_storeu_ps(out.add((t * N + i) * KEY_TILE), *at);
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn scores_tiles_avx512(q: &[f32], kt: &[f32], hd: usize, tiles: usize, out: &mut [f32]) {
+    let n = q.len() / hd;
+    assert!(kt.len() >= tiles * hd * KEY_TILE && out.len() >= tiles * n * KEY_TILE);
+    let (qp, kp, op) = (q.as_ptr(), kt.as_ptr(), out.as_mut_ptr());
+    // SAFETY: the asserts above cover what each block reads and writes.
+    unsafe {
+        match (n, tiles) {
+            (1, 4) => scores_tiles_block::<1, 4>(qp, kp, hd, op),
+            (2, 4) => scores_tiles_block::<2, 4>(qp, kp, hd, op),
+            (3, 4) => scores_tiles_block::<3, 4>(qp, kp, hd, op),
+            (4, 4) => scores_tiles_block::<4, 4>(qp, kp, hd, op),
+            (1, 2) => scores_tiles_block::<1, 2>(qp, kp, hd, op),
+            (2, 2) => scores_tiles_block::<2, 2>(qp, kp, hd, op),
+            (3, 2) => scores_tiles_block::<3, 2>(qp, kp, hd, op),
+            (4, 2) => scores_tiles_block::<4, 2>(qp, kp, hd, op),
+            _ => scores_tile_by_tile(scores, q, kt, hd, tiles, out),
+        }
+    }
+}
+
+fn scores_tiles(q: &[f32], kt: &[f32], hd: usize, tiles: usize, out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { scores_tiles_avx512(q, kt, hd, tiles, out) }
 }
 
 #[target_feature(enable = "avx512f")]

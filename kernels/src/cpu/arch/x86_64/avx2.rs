@@ -26,6 +26,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     dot,
     axpy,
     attend,
+    silu_mul: super::silu::silu_mul_avx2,
     attention: super::attention_avx2::OPS,
     dequant: Dequant {
         q8_0: dequant_q8_0,

@@ -7,3 +7,4 @@ pub(crate) mod avx512;
 mod dequant_avx2;
 mod dequant_avx512;
 pub(crate) mod int8;
+mod silu;
