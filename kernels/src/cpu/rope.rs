@@ -36,13 +36,20 @@ pub fn apply_rope(
         let s = &sin[t * half..(t + 1) * half];
         let row = &mut x[t * row_stride + offset..t * row_stride + offset + heads * head_dim];
         for head in row.chunks_exact_mut(head_dim) {
-            let (lo, hi) = head.split_at_mut(half);
-            for i in 0..half {
-                let (a, b) = (lo[i], hi[i]);
-                lo[i] = a * c[i] - b * s[i];
-                hi[i] = b * c[i] + a * s[i];
-            }
+            rotate_head(head, c, s);
         }
+    }
+}
+
+/// Rotates one head (`head_dim = 2 · cos.len()` values) in place by one position's angles.
+#[inline]
+pub fn rotate_head(head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = cos.len();
+    let (lo, hi) = head.split_at_mut(half);
+    for i in 0..half {
+        let (a, b) = (lo[i], hi[i]);
+        lo[i] = a * cos[i] - b * sin[i];
+        hi[i] = b * cos[i] + a * sin[i];
     }
 }
 

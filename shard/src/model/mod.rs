@@ -340,8 +340,8 @@ impl Model {
                 );
             }
             linear(&normed, &layer.qkv, t, &mut qkv);
+            // Queries rotate in place; keys rotate as they are written into the cache.
             rope_kernel::apply_rope(&mut qkv, qkv_width, 0, nh, hd, &cos, &sin);
-            rope_kernel::apply_rope(&mut qkv, qkv_width, nh * hd, nkv, hd, &cos, &sin);
             let step = AttentionStep {
                 layout: cache.layout,
                 qkv: &qkv,
@@ -352,6 +352,7 @@ impl Model {
                 seqs: &seqs,
                 scale,
                 window: cfg.sliding_window,
+                rope: (&cos, &sin),
             };
             match &mut cache.pages {
                 KvPages::F32(layers) => step.run(&mut layers[li], &mut attn),
@@ -440,13 +441,15 @@ struct AttentionStep<'a> {
     seqs: &'a [attention::AttentionSeq<'a>],
     scale: f32,
     window: Option<usize>,
+    /// The tokens' rotary cosines and sines, applied to the keys as they are written.
+    rope: (&'a [f32], &'a [f32]),
 }
 
 impl AttentionStep<'_> {
-    /// Writes the new tokens' K/V (converted to `T`) and attends over the cache.
+    /// Writes the new tokens' K/V (keys rotated, converted to `T`) and attends over the cache.
     fn run<T: KvElem>(&self, (ck, cv): &mut (Vec<T>, Vec<T>), out: &mut [f32]) {
         let hd = self.layout.head_dim;
-        attention::write_kv(
+        attention::write_kv_rope(
             self.layout,
             ck,
             cv,
@@ -455,6 +458,7 @@ impl AttentionStep<'_> {
             self.heads * hd,
             (self.heads + self.kv_heads) * hd,
             self.slots,
+            self.rope,
         );
         attention::paged_attention(
             self.layout,

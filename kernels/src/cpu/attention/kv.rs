@@ -104,13 +104,78 @@ pub fn write_kv<T: KvElem>(
     offset_v: usize,
     slot_mapping: &[usize],
 ) {
+    write_kv_rotated(
+        layout,
+        cache_k,
+        cache_v,
+        src,
+        row_stride,
+        (offset_k, offset_v),
+        slot_mapping,
+        None,
+    )
+}
+
+/// [`write_kv`] that applies rotary embeddings to the keys on the way into the cache (one pass
+/// over them instead of rotating in place, then copying): token `t`'s heads are rotated by
+/// row `t` of `cos`/`sin` (from `rope::cos_sin`), exactly as `rope::apply_rope` would.
+#[allow(clippy::too_many_arguments)]
+pub fn write_kv_rope<T: KvElem>(
+    layout: KvLayout,
+    cache_k: &mut [T],
+    cache_v: &mut [T],
+    src: &[f32],
+    row_stride: usize,
+    offset_k: usize,
+    offset_v: usize,
+    slot_mapping: &[usize],
+    (cos, sin): (&[f32], &[f32]),
+) {
+    write_kv_rotated(
+        layout,
+        cache_k,
+        cache_v,
+        src,
+        row_stride,
+        (offset_k, offset_v),
+        slot_mapping,
+        Some((cos, sin)),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_kv_rotated<T: KvElem>(
+    layout: KvLayout,
+    cache_k: &mut [T],
+    cache_v: &mut [T],
+    src: &[f32],
+    row_stride: usize,
+    (offset_k, offset_v): (usize, usize),
+    slot_mapping: &[usize],
+    rope: Option<(&[f32], &[f32])>,
+) {
     let w = layout.slot_width();
+    let half = layout.head_dim / 2;
+    let mut rotated = Vec::new();
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let row = &src[t * row_stride..(t + 1) * row_stride];
-        T::store(
-            &row[offset_k..offset_k + w],
-            &mut cache_k[slot * w..(slot + 1) * w],
-        );
+        let keys = &row[offset_k..offset_k + w];
+        let keys = match rope {
+            Some((cos, sin)) => {
+                let (c, s) = (
+                    &cos[t * half..(t + 1) * half],
+                    &sin[t * half..(t + 1) * half],
+                );
+                rotated.clear();
+                rotated.extend_from_slice(keys);
+                for head in rotated.chunks_exact_mut(layout.head_dim) {
+                    crate::cpu::rope::rotate_head(head, c, s);
+                }
+                &rotated[..]
+            }
+            None => keys,
+        };
+        T::store(keys, &mut cache_k[slot * w..(slot + 1) * w]);
         T::store(
             &row[offset_v..offset_v + w],
             &mut cache_v[slot * w..(slot + 1) * w],

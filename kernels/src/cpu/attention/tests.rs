@@ -534,7 +534,9 @@ fn check_many_decode_rows<T: KvElem>() {
     let k = random(&mut rng, ctx * kv_heads * hd, 2.0);
     let v = random(&mut rng, ctx * kv_heads * hd, 1.0);
     let c: Paged<T> = paged(&mut rng, layout, &k, &v);
-    let positions = [5usize, 17, 255, 256, 300, 599, 40, 128, 511, 512, 77, 33, 16, 271];
+    let positions = [
+        5usize, 17, 255, 256, 300, 599, 40, 128, 511, 512, 77, 33, 16, 271,
+    ];
     let q = random(&mut rng, positions.len() * w, 2.0);
     for window in [None, Some(100)] {
         for level in Level::available() {
@@ -585,4 +587,46 @@ fn decode_rows_are_bit_identical_in_large_batches_f32() {
 #[test]
 fn decode_rows_are_bit_identical_in_large_batches_bf16() {
     check_many_decode_rows::<half::bf16>();
+}
+
+/// Rotating keys on their way into the cache stores the bits of rotating them in place first.
+fn check_write_kv_rope<T: KvElem + PartialEq + std::fmt::Debug>() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let layout = KvLayout {
+        block_size: 4,
+        kv_heads: 2,
+        head_dim: 8,
+    };
+    let (heads, w) = (4, layout.slot_width());
+    let stride = (heads * layout.head_dim) + 2 * w + 3;
+    let (ko, vo) = (heads * layout.head_dim, heads * layout.head_dim + w);
+    let tokens = 5;
+    let src = random(&mut rng, tokens * stride, 3.0);
+    let slots = [7usize, 2, 9, 0, 4];
+    let inv_freq = [1.0f32, 0.3, 0.05, 0.001];
+    let (cos, sin) = crate::cpu::rope::cos_sin(&inv_freq, &[3, 17, 100, 2000, 5]);
+    let cache = || vec![T::default(); 12 * w];
+    let (mut k1, mut v1, mut k2, mut v2) = (cache(), cache(), cache(), cache());
+    let mut rotated = src.clone();
+    crate::cpu::rope::apply_rope(&mut rotated, stride, ko, layout.kv_heads, 8, &cos, &sin);
+    write_kv(layout, &mut k1, &mut v1, &rotated, stride, ko, vo, &slots);
+    super::write_kv_rope(
+        layout,
+        &mut k2,
+        &mut v2,
+        &src,
+        stride,
+        ko,
+        vo,
+        &slots,
+        (&cos, &sin),
+    );
+    assert_eq!(k1, k2);
+    assert_eq!(v1, v2);
+}
+
+#[test]
+fn keys_rotated_while_written_equal_rotated_then_written() {
+    check_write_kv_rope::<f32>();
+    check_write_kv_rope::<half::bf16>();
 }
