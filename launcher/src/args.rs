@@ -56,9 +56,11 @@ pub(crate) struct Args {
     #[arg(long, env = "MASTER_PORT", default_value_t = 29500)]
     pub(crate) master_port: u16,
 
-    /// Element type of the KV cache: `auto` (bfloat16 for bf16 or GGUF-quantized weights,
-    /// float32 otherwise), `float32`, or `bfloat16` (half the memory per token). Activations
-    /// are float32. When omitted, the shard picks `auto`.
+    /// Element type of the KV cache and activations: `auto` (KV cache bfloat16 for bf16 or
+    /// GGUF-quantized weights, float32 otherwise; activations float32), `float32`, or
+    /// `bfloat16` (half the KV memory per token, and products with bf16-stored weights take
+    /// bf16 activations, as PyTorch computes a bf16 model). When omitted, the shard picks
+    /// `auto`.
     #[arg(long, env = "DTYPE", value_enum)]
     pub(crate) dtype: Option<Dtype>,
 

@@ -19,11 +19,14 @@
 //!   bf16 dot peak for bf16 weights;
 //! - batch 16 over batch 1 decode tokens/s (target ≥ 6x).
 //!
-//! The weight layouts (`TESSERA_BENCH_WEIGHTS`, comma-separated, default `native,bf16`):
+//! The weight layouts (`TESSERA_BENCH_WEIGHTS`, comma-separated, default
+//! `native,bf16,bf16-act`):
 //! - `native`: as `Model::load` keeps the file's matrices (Q4_1 and Q8_0 for this GGUF;
 //!   `TESSERA_NATIVE_WEIGHTS=0` makes that f32);
 //! - `bf16`: every matrix dequantized and stored as bfloat16, through a `WeightSource` that
 //!   hands the loader bf16 `NativeTensor`s (the same values rounded to bf16);
+//! - `bf16-act`: the same bf16 matrices with bf16 activations (`--dtype bfloat16`:
+//!   `vdpbf16ps` products, see `tessera_kernels::cpu::bf16_dot`);
 //! - `f32`: every matrix dequantized to f32.
 //!
 //! The machine limits are measured before and after the runs (the better of each figure is
@@ -42,7 +45,7 @@ use std::time::Instant;
 
 use half::bf16;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
-use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
+use tessera_kernels::cpu::{ActivationDtype, WeightFormat, WeightMatrix};
 use tessera_shard::{KvCache, KvDtype, LogitsWanted, Model, SequenceChunk};
 
 #[path = "../../kernels/benches/machine.rs"]
@@ -84,6 +87,8 @@ fn time_reps(reps: usize, mut f: impl FnMut()) -> f64 {
 enum Layout {
     Native,
     Bf16,
+    /// bf16 weights with bf16 activations (`--dtype bfloat16`).
+    Bf16Act,
     F32,
 }
 
@@ -92,6 +97,7 @@ impl Layout {
         match s.trim() {
             "native" => Some(Layout::Native),
             "bf16" => Some(Layout::Bf16),
+            "bf16-act" => Some(Layout::Bf16Act),
             "f32" => Some(Layout::F32),
             _ => None,
         }
@@ -179,7 +185,7 @@ impl WeightSource for Recorder {
         let t = match self.layout {
             Layout::F32 => return Ok(None),
             Layout::Native => self.inner.load_native(name)?,
-            Layout::Bf16 => {
+            Layout::Bf16 | Layout::Bf16Act => {
                 let (rows, cols, data) = self.dense(name)?;
                 let bytes = data
                     .iter()
@@ -515,7 +521,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     let layouts: Vec<Layout> = std::env::var("TESSERA_BENCH_WEIGHTS")
-        .unwrap_or_else(|_| "native,bf16".into())
+        .unwrap_or_else(|_| "native,bf16,bf16-act".into())
         .split(',')
         .filter(|s| !s.trim().is_empty())
         .map(|s| {
@@ -550,9 +556,14 @@ fn main() {
         });
         files.weights = recorder.clone();
         // The KV cache the server picks for this model (`--dtype auto`).
+        let activations = match layout {
+            Layout::Bf16Act => ActivationDtype::Bfloat16,
+            _ => ActivationDtype::Float32,
+        };
         let model = Model::load(&files)
             .unwrap()
-            .with_kv_dtype(KvDtype::auto(&files));
+            .with_kv_dtype(KvDtype::auto(&files))
+            .with_activation_dtype(activations);
         let acc = Accounting::new(&recorder.matrices.lock().unwrap());
         println!(
             "\nloaded {} as {layout:?} in {:.2} s; {}",

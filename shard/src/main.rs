@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_formats::ModelFiles;
+use tessera_kernels::cpu::ActivationDtype;
 use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
 use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
 use tessera_shard::service::{ShardInfo, ShardService};
@@ -45,9 +46,11 @@ struct Args {
     /// within milliseconds; this bounds a stuck one).
     #[arg(long, env = "TESSERA_COMM_TIMEOUT", default_value_t = 60)]
     comm_timeout: u64,
-    /// KV-cache element type: `float32`, `bfloat16` (half the memory per token), or `auto`
-    /// (bfloat16 for bf16 or GGUF-quantized weights, float32 otherwise). Activations are
-    /// float32 either way.
+    /// Element type of the KV cache and of the activations: `float32`; `bfloat16` (half the
+    /// KV memory per token, and the activations of products with bf16-stored weights rounded
+    /// to bf16 and multiplied with `vdpbf16ps`, as PyTorch computes a bf16 model); or `auto`
+    /// (KV cache bfloat16 for bf16 or GGUF-quantized weights, float32 otherwise; activations
+    /// float32).
     #[arg(long, default_value = "auto")]
     dtype: String,
     /// Bytes the KV cache may use on CPU (suffixes K, M, G accepted).
@@ -142,7 +145,13 @@ async fn main() -> anyhow::Result<()> {
     let kv_dtype = KvDtype::from_name(dtype).unwrap_or_else(|| KvDtype::auto(&files));
     tracing::info!(kv_dtype = kv_dtype.name(), "KV cache element type");
     let comm = communicator(&args)?;
-    let model = Model::load_sharded(&files, comm)?.with_kv_dtype(kv_dtype);
+    let activations = match dtype {
+        "bfloat16" => ActivationDtype::Bfloat16,
+        _ => ActivationDtype::Float32,
+    };
+    let model = Model::load_sharded(&files, comm)?
+        .with_kv_dtype(kv_dtype)
+        .with_activation_dtype(activations);
     // Unmap the model files: this rank keeps only its slices.
     drop(files);
     // A minimal cache until Warmup sizes it from the memory budget.
@@ -153,7 +162,11 @@ async fn main() -> anyhow::Result<()> {
     if let (Speculator::Draft, Some(path)) = (speculator, &args.draft_model_id) {
         let draft = ModelFiles::open(path)?;
         tracing::info!(draft = %path.display(), "loading the draft model");
-        engine = engine.with_draft(Model::load(&draft)?.with_kv_dtype(kv_dtype))?;
+        engine = engine.with_draft(
+            Model::load(&draft)?
+                .with_kv_dtype(kv_dtype)
+                .with_activation_dtype(activations),
+        )?;
     }
     let info = ShardInfo {
         dtype: kv_dtype.name().into(),

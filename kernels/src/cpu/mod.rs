@@ -8,6 +8,7 @@
 pub mod activation;
 mod arch;
 pub mod attention;
+pub mod bf16_dot;
 pub mod dispatch;
 pub mod int8;
 pub mod matmul;
@@ -16,4 +17,4 @@ pub mod rope;
 pub mod weights;
 
 pub use dispatch::{Kernels, Level, describe, kernels};
-pub use weights::{WeightFormat, WeightMatrix, linear_weights};
+pub use weights::{ActivationDtype, WeightFormat, WeightMatrix, linear_weights, linear_weights_as};

@@ -412,6 +412,35 @@ pub fn linear_weights(
     linear_weights_with(kernels(), x, w, bias, m, out)
 }
 
+/// What a product rounds its activations to before multiplying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ActivationDtype {
+    /// Kept in f32: every product as [`linear_weights`] computes it.
+    #[default]
+    Float32,
+    /// Rounded to bf16 when the weights are stored in bf16, and multiplied with
+    /// `vdpbf16ps` (see [`super::bf16_dot`]), as a bf16 model computes in PyTorch; products
+    /// with weights in other formats are unchanged.
+    Bfloat16,
+}
+
+/// [`linear_weights`] with the activations in `dtype`.
+pub fn linear_weights_as(
+    x: &[f32],
+    w: &WeightMatrix,
+    bias: Option<&[f32]>,
+    m: usize,
+    out: &mut [f32],
+    dtype: ActivationDtype,
+) {
+    match (&w.data, dtype) {
+        (Data::Bf16(v), ActivationDtype::Bfloat16) => {
+            super::bf16_dot::linear_bf16_dot(x, v, bias, m, w.cols, out)
+        }
+        _ => linear_weights(x, w, bias, m, out),
+    }
+}
+
 /// [`linear_weights`] with an explicit level's kernels.
 pub fn linear_weights_with(
     kernels: &Kernels,

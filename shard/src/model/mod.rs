@@ -19,7 +19,9 @@ use std::sync::Arc;
 
 use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::cpu::attention::KvElem;
-use tessera_kernels::cpu::{activation, attention, linear_weights, norm, rope as rope_kernel};
+use tessera_kernels::cpu::{
+    ActivationDtype, activation, attention, linear_weights_as, norm, rope as rope_kernel,
+};
 
 use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
@@ -85,6 +87,7 @@ pub struct Model {
     partition: Partition,
     heads: HeadSplit,
     kv_dtype: KvDtype,
+    activations: ActivationDtype,
 }
 
 impl Model {
@@ -138,6 +141,7 @@ impl Model {
             partition,
             heads,
             kv_dtype: KvDtype::Float32,
+            activations: ActivationDtype::Float32,
         })
     }
 
@@ -178,6 +182,18 @@ impl Model {
     pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
         self.kv_dtype = dtype;
         self
+    }
+
+    /// Rounds the activations of products with bf16-stored weights to bf16 (f32 unless set;
+    /// see [`ActivationDtype`]).
+    pub fn with_activation_dtype(mut self, dtype: ActivationDtype) -> Self {
+        self.activations = dtype;
+        self
+    }
+
+    /// What products round their activations to.
+    pub fn activation_dtype(&self) -> ActivationDtype {
+        self.activations
     }
 
     /// Element type of the caches [`Model::new_cache`] makes.
@@ -339,7 +355,7 @@ impl Model {
                     &mut normed,
                 );
             }
-            linear(&normed, &layer.qkv, t, &mut qkv);
+            self.linear(&normed, &layer.qkv, t, &mut qkv);
             // Queries rotate in place; keys rotate as they are written into the cache.
             rope_kernel::apply_rope(&mut qkv, qkv_width, 0, nh, hd, &cos, &sin);
             let step = AttentionStep {
@@ -358,7 +374,7 @@ impl Model {
                 KvPages::F32(layers) => step.run(&mut layers[li], &mut attn),
                 KvPages::Bf16(layers) => step.run(&mut layers[li], &mut attn),
             }
-            linear(&attn, &layer.o, t, &mut proj);
+            self.linear(&attn, &layer.o, t, &mut proj);
             self.all_reduce(&mut proj)?;
             norm::add_rms_norm(
                 &mut residual,
@@ -367,9 +383,9 @@ impl Model {
                 cfg.rms_norm_eps,
                 &mut normed,
             );
-            linear(&normed, &layer.gate_up, t, &mut gate_up);
+            self.linear(&normed, &layer.gate_up, t, &mut gate_up);
             activation::silu_mul(&gate_up, inter, &mut act);
-            linear(&act, &layer.down, t, &mut proj);
+            self.linear(&act, &layer.down, t, &mut proj);
             self.all_reduce(&mut proj)?;
         }
 
@@ -395,7 +411,14 @@ impl Model {
         let local_vocab = vocab.len();
         let mut logits = vec![0f32; rows * local_vocab];
         debug_assert_eq!(head.cols(), h);
-        linear_weights(&last_normed, head, None, rows, &mut logits);
+        linear_weights_as(
+            &last_normed,
+            head,
+            None,
+            rows,
+            &mut logits,
+            self.activations,
+        );
         if self.partition.world_size > 1 {
             logits = self.gather_logits(&logits, rows)?;
         }
@@ -475,7 +498,16 @@ impl AttentionStep<'_> {
     }
 }
 
-fn linear(x: &[f32], layer: &Linear, rows: usize, out: &mut [f32]) {
-    debug_assert_eq!(out.len(), rows * layer.out_features());
-    linear_weights(x, &layer.weight, layer.bias.as_deref(), rows, out);
+impl Model {
+    fn linear(&self, x: &[f32], layer: &Linear, rows: usize, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), rows * layer.out_features());
+        linear_weights_as(
+            x,
+            &layer.weight,
+            layer.bias.as_deref(),
+            rows,
+            out,
+            self.activations,
+        );
+    }
 }

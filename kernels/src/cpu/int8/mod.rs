@@ -91,31 +91,33 @@ pub fn linear_int8_with(
         return;
     }
     let int8 = Int8Kernels::for_level(kernels.level);
-    QUANTIZED.with_borrow_mut(|q| {
-        q.quantize(x, m, k, int8.quantize);
-        let q = &*q;
-        let tiles = w.tiles();
-        // Several tasks per thread (so a late thread does not hold the others up); multiples of
-        // 4 tiles, the GEMV kernel's width.
-        let threads = rayon::current_num_threads().max(1);
-        let per_task = tiles.div_ceil(threads * 4).next_multiple_of(4);
-        let ptr = SharedOut(out.as_mut_ptr());
-        (0..tiles.div_ceil(per_task))
-            .into_par_iter()
-            .for_each(|task| {
-                let t0 = task * per_task;
-                let nt = per_task.min(tiles - t0);
-                let j0 = t0 * TILE;
-                // SAFETY: this task writes out[i * n + c] for i < m and c in j0..min(j0 +
-                // nt * 16, n) only: inside `out` and disjoint from the other tasks' tiles.
-                // `out` is borrowed mutably for the whole loop.
-                unsafe {
-                    let base = ptr.get().add(j0);
-                    (int8.tiles)(w, t0, nt, q, base, n);
-                    add_bias(base, bias, j0..(j0 + nt * TILE).min(n), m, n);
-                }
-            });
-    });
+    // Taken out of the thread-local for the call, not borrowed: while it waits for the
+    // parallel loop, this thread may run another product's task, which needs a buffer too.
+    let mut quantized = QUANTIZED.take();
+    quantized.quantize(x, m, k, int8.quantize);
+    let q = &quantized;
+    let tiles = w.tiles();
+    // Several tasks per thread (so a late thread does not hold the others up); multiples of
+    // 4 tiles, the GEMV kernel's width.
+    let threads = rayon::current_num_threads().max(1);
+    let per_task = tiles.div_ceil(threads * 4).next_multiple_of(4);
+    let ptr = SharedOut(out.as_mut_ptr());
+    (0..tiles.div_ceil(per_task))
+        .into_par_iter()
+        .for_each(|task| {
+            let t0 = task * per_task;
+            let nt = per_task.min(tiles - t0);
+            let j0 = t0 * TILE;
+            // SAFETY: this task writes out[i * n + c] for i < m and c in j0..min(j0 +
+            // nt * 16, n) only: inside `out` and disjoint from the other tasks' tiles.
+            // `out` is borrowed mutably for the whole loop.
+            unsafe {
+                let base = ptr.get().add(j0);
+                (int8.tiles)(w, t0, nt, q, base, n);
+                add_bias(base, bias, j0..(j0 + nt * TILE).min(n), m, n);
+            }
+        });
+    QUANTIZED.set(quantized);
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ fn tail_mask(n: usize) -> __mmask16 {
 /// The fixed tree: `l + 8`, `l + 4`, `l + 2`, `l + 1`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn hsum(v: __m512) -> f32 {
+pub(crate) fn hsum(v: __m512) -> f32 {
     let lo = _mm512_castps512_ps256(v);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     let s8 = _mm256_add_ps(lo, hi);
