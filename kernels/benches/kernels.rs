@@ -13,6 +13,8 @@
 //!   matrix (cache-resident: the kernel's compute limit).
 //! - **GEMM** (`m = 16, 128, 512`: batched decode, prefill): GFLOP/s (`2·m·n·k`) and % of the
 //!   measured f32 FMA peak with the pool's threads (the kernels widen every format to f32).
+//!   `-int8` rows are the int8 dot-product kernels (count their work against the int8 peak);
+//!   `BF16xBF16` rows take bf16 activations (`vdpbf16ps`; count against the bf16 dot peak).
 //! - **Attention** (`paged_attention`, f32 K/V): prefill of 512 rows and decode at contexts
 //!   512 and 2048, as GFLOP/s (`4·head_dim` per query head and visible position: `q·k` and
 //!   `p·v`; the softmax is not counted); decode also as GB/s of K/V read.
@@ -29,7 +31,9 @@ use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
-use tessera_kernels::cpu::{WeightFormat, WeightMatrix, attention, describe, linear_weights};
+use tessera_kernels::cpu::{
+    ActivationDtype, WeightFormat, WeightMatrix, attention, describe, linear_weights_as,
+};
 use tessera_kernels::quant::{BlockQ4_1, BlockQ8_0};
 
 #[path = "machine.rs"]
@@ -175,21 +179,42 @@ fn print_table(limits: &machine::Limits, rows: &[Row]) {
     }
 }
 
+/// How a format's products are computed.
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    /// As stored, f32 activations.
+    Exact,
+    /// Repacked for int8 dot products.
+    Int8,
+    /// bf16 activations.
+    Bf16Activations,
+}
+
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    // Q8_0 and Q4_1 twice: multiplied exactly in f32, and repacked for int8 dot products.
-    let variants = FORMATS.into_iter().map(|f| (f, false)).chain(
-        FORMATS
-            .into_iter()
-            .filter(|f| matches!(f, WeightFormat::Q8_0 | WeightFormat::Q4_1))
-            .map(|f| (f, true)),
-    );
-    for (format, int8) in variants {
-        let fname = if int8 {
-            format!("{}-int8", format.name())
-        } else {
-            format.name().to_string()
+    // Q8_0 and Q4_1 twice: multiplied exactly in f32, and repacked for int8 dot products; BF16
+    // twice: with f32 activations, and with bf16 ones (`vdpbf16ps`, `--dtype bfloat16`).
+    let variants = FORMATS
+        .into_iter()
+        .map(|f| (f, Variant::Exact))
+        .chain(
+            FORMATS
+                .into_iter()
+                .filter(|f| matches!(f, WeightFormat::Q8_0 | WeightFormat::Q4_1))
+                .map(|f| (f, Variant::Int8)),
+        )
+        .chain([(WeightFormat::Bf16, Variant::Bf16Activations)]);
+    for (format, variant) in variants {
+        let fname = match variant {
+            Variant::Exact => format.name().to_string(),
+            Variant::Int8 => format!("{}-int8", format.name()),
+            Variant::Bf16Activations => format!("{}xBF16", format.name()),
         };
+        let dtype = match variant {
+            Variant::Bf16Activations => ActivationDtype::Bfloat16,
+            _ => ActivationDtype::Float32,
+        };
+        let int8 = variant == Variant::Int8;
         for (si, &(label, k, n)) in SHAPES.iter().enumerate() {
             let names: Vec<(usize, String)> = [1usize, 16, 128, 512]
                 .into_iter()
@@ -212,7 +237,7 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                 let mut out = vec![0f32; m * n];
                 let flop = 2.0 * (m * n * k) as f64;
                 let hot = time_kernel(budget, || {
-                    linear_weights(black_box(&x), black_box(&w), None, m, &mut out);
+                    linear_weights_as(black_box(&x), black_box(&w), None, m, &mut out, dtype);
                     black_box(&out);
                 });
                 if m > 1 {
@@ -231,7 +256,7 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                     .collect();
                 let sweep = time_kernel(budget, || {
                     for c in &copies {
-                        linear_weights(black_box(&x), black_box(c), None, 1, &mut out);
+                        linear_weights_as(black_box(&x), black_box(c), None, 1, &mut out, dtype);
                         black_box(&out);
                     }
                 });

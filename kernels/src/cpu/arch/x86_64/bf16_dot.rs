@@ -7,8 +7,11 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
-use super::avx512::hsum;
+use super::avx512::store_sums;
 use crate::cpu::bf16_dot::CHUNK;
+
+/// How far ahead (in values) a tile asks for its weight rows.
+const PREFETCH: usize = 8 * CHUNK;
 
 /// Whether this CPU runs the kernel (AVX-512 F and BW, and BF16).
 pub(crate) fn supported() -> bool {
@@ -45,6 +48,14 @@ unsafe fn tile<const R: usize, const C: usize>(
     // below `k`; activation loads read `c..c + 32 <= kp` of a padded row.
     unsafe {
         while c < full {
+            // Batched products stream their weights at the pace of the arithmetic: keep the
+            // next lines coming (past a row's end this asks for the next row's start, next
+            // anyway). A single row has little arithmetic per line; the hardware keeps up.
+            if R > 1 {
+                for r in 0..C {
+                    _mm_prefetch::<_MM_HINT_T0>(w.add(r * k + c + PREFETCH).cast());
+                }
+            }
             let wv: [__m512bh; C] = std::array::from_fn(|r| {
                 std::mem::transmute(_mm512_loadu_si512(w.add(r * k + c).cast()))
             });
@@ -70,11 +81,7 @@ unsafe fn tile<const R: usize, const C: usize>(
                 }
             }
         }
-        for (t, row) in acc.iter().enumerate() {
-            for (r, a) in row.iter().enumerate() {
-                *out.add(t * ldo + r) = hsum(*a);
-            }
-        }
+        store_sums(&acc, out, ldo);
     }
 }
 
