@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use half::bf16;
 
 use super::dispatch::{Kernels, Level, kernels};
-use super::matmul::linear_chunks;
+use super::matmul::{check_shapes, linear_chunks};
 
 /// Values per chunk: one 512-bit register of bf16.
 pub(crate) const CHUNK: usize = 32;
@@ -62,14 +62,9 @@ pub fn linear_bf16_dot_with(
     out: &mut [f32],
 ) {
     assert!(k > 0, "k must be positive");
-    assert_eq!(x.len(), m * k, "x must be m×k");
     assert_eq!(w.len() % k, 0, "w must be n×k");
     let n = w.len() / k;
-    assert_eq!(out.len(), m * n, "out must be m×n");
-    if let Some(b) = bias {
-        assert_eq!(b.len(), n, "bias must have n values");
-    }
-    if m == 0 || n == 0 {
+    if !check_shapes(x, bias, m, k, n, out) {
         return;
     }
     let gemm = gemm_for(kernels.level);
@@ -160,18 +155,8 @@ fn ftz(v: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
-
-    fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
-        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
-    }
-
-    fn levels() -> Vec<&'static Kernels> {
-        Level::available()
-            .into_iter()
-            .map(|l| Kernels::for_level(l).unwrap())
-            .collect()
-    }
+    use crate::cpu::test_util::{levels, random};
+    use rand::SeedableRng;
 
     /// Within f32 rounding of the f64 product of the bf16-rounded inputs, and the portable
     /// reference's bits on every level, on odd shapes and tails.

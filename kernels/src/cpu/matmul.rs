@@ -176,14 +176,9 @@ pub fn linear_with(
     out: &mut [f32],
 ) {
     assert!(k > 0, "k must be positive");
-    assert_eq!(x.len(), m * k, "x must be m×k");
     assert_eq!(w.len() % k, 0, "w must be n×k");
     let n = w.len() / k;
-    assert_eq!(out.len(), m * n, "out must be m×n");
-    if let Some(b) = bias {
-        assert_eq!(b.len(), n, "bias must have n values");
-    }
-    if m == 0 || n == 0 {
+    if !check_shapes(x, bias, m, k, n, out) {
         return;
     }
     let gemm = kernels.gemm;
@@ -191,6 +186,25 @@ pub fn linear_with(
     linear_chunks(w, k, m, bias, out, |wc, base| unsafe {
         gemm(x, wc, k, base, n)
     });
+}
+
+/// Checks the shapes of `out[m, n] = x[m, k] · w[n, k]ᵀ + bias[n]` (panicking with what is
+/// wrong), and says whether there is anything to compute.
+pub(crate) fn check_shapes(
+    x: &[f32],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+    out: &[f32],
+) -> bool {
+    assert!(k > 0, "k must be positive");
+    assert_eq!(x.len(), m * k, "x must be m×k");
+    assert_eq!(out.len(), m * n, "out must be m×n");
+    if let Some(b) = bias {
+        assert_eq!(b.len(), n, "bias must have n values");
+    }
+    m > 0 && n > 0
 }
 
 /// Runs `gemm(w_chunk, base)` on rayon's pool for chunks of [`rows_per_task`] weight rows
@@ -245,6 +259,7 @@ pub(crate) unsafe fn add_bias(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::test_util::{levels, random};
     use rand::{Rng, SeedableRng};
 
     /// Per-level tolerance against the f64 product, relative to `sqrt(k)` (inputs in ±1).
@@ -253,10 +268,6 @@ mod tests {
             Level::Portable => 2e-6,
             Level::Avx2 | Level::Avx512 => 2e-6,
         }
-    }
-
-    fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
-        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
     }
 
     fn naive(x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize) -> Vec<f32> {
@@ -272,13 +283,6 @@ mod tests {
             }
         }
         out
-    }
-
-    fn levels() -> Vec<&'static Kernels> {
-        Level::available()
-            .into_iter()
-            .map(|l| Kernels::for_level(l).unwrap())
-            .collect()
     }
 
     const SHAPES: [(usize, usize, usize); 12] = [

@@ -14,6 +14,8 @@ pub mod int8;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+#[cfg(test)]
+mod test_util;
 pub mod weights;
 
 pub use dispatch::{Kernels, Level, describe, kernels};

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use super::dispatch::{Kernels, Level, kernels};
 use super::int8::linear_int8_with;
 use super::int8::packed::{PackedKind, PackedMatrix};
-use super::matmul::{SharedOut, add_bias, linear_chunks, linear_with, rows_per_task};
+use super::matmul::{SharedOut, add_bias, check_shapes, linear_chunks, linear_with, rows_per_task};
 use crate::quant::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, QK8_0, QuantError,
     dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q5_k,
@@ -456,13 +456,7 @@ pub fn linear_weights_with(
         Data::Packed(p) => return linear_int8_with(kernels, x, p, bias, m, out),
         _ => {}
     }
-    assert!(k > 0, "k must be positive");
-    assert_eq!(x.len(), m * k, "x must be m×k");
-    assert_eq!(out.len(), m * n, "out must be m×n");
-    if let Some(b) = bias {
-        assert_eq!(b.len(), n, "bias must have n values");
-    }
-    if m == 0 || n == 0 {
+    if !check_shapes(x, bias, m, k, n, out) {
         return;
     }
     // Small batches widen bf16 in registers: half the bytes of f32 and no scratch buffer,
@@ -519,18 +513,8 @@ pub fn linear_weights_with(
 mod tests {
     use super::*;
     use crate::cpu::dispatch::Level;
+    use crate::cpu::test_util::{levels, random};
     use rand::{Rng, SeedableRng};
-
-    fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
-        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
-    }
-
-    fn levels() -> Vec<&'static Kernels> {
-        Level::available()
-            .into_iter()
-            .map(|l| Kernels::for_level(l).unwrap())
-            .collect()
-    }
 
     /// Byte offsets of a block's f16 scales, and the range realistic values of each come
     /// from (values near ±1 after dequantization).

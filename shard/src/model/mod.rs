@@ -481,7 +481,7 @@ impl AttentionStep<'_> {
             self.heads * hd,
             (self.heads + self.kv_heads) * hd,
             self.slots,
-            self.rope,
+            Some(self.rope),
         );
         attention::paged_attention(
             self.layout,

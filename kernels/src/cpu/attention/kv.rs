@@ -104,13 +104,14 @@ pub fn write_kv<T: KvElem>(
     offset_v: usize,
     slot_mapping: &[usize],
 ) {
-    write_kv_rotated(
+    write_kv_rope(
         layout,
         cache_k,
         cache_v,
         src,
         row_stride,
-        (offset_k, offset_v),
+        offset_k,
+        offset_v,
         slot_mapping,
         None,
     )
@@ -128,29 +129,6 @@ pub fn write_kv_rope<T: KvElem>(
     row_stride: usize,
     offset_k: usize,
     offset_v: usize,
-    slot_mapping: &[usize],
-    (cos, sin): (&[f32], &[f32]),
-) {
-    write_kv_rotated(
-        layout,
-        cache_k,
-        cache_v,
-        src,
-        row_stride,
-        (offset_k, offset_v),
-        slot_mapping,
-        Some((cos, sin)),
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn write_kv_rotated<T: KvElem>(
-    layout: KvLayout,
-    cache_k: &mut [T],
-    cache_v: &mut [T],
-    src: &[f32],
-    row_stride: usize,
-    (offset_k, offset_v): (usize, usize),
     slot_mapping: &[usize],
     rope: Option<(&[f32], &[f32])>,
 ) {

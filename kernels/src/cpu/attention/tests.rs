@@ -619,7 +619,7 @@ fn check_write_kv_rope<T: KvElem + PartialEq + std::fmt::Debug>() {
         ko,
         vo,
         &slots,
-        (&cos, &sin),
+        Some((&cos, &sin)),
     );
     assert_eq!(k1, k2);
     assert_eq!(v1, v2);

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use self::activations::{QuantizeBlockFn, QuantizedRows, quantize_block_ref};
 use self::packed::{PackedMatrix, TILE};
 use super::dispatch::{Kernels, Level, kernels};
-use super::matmul::{SharedOut, add_bias};
+use super::matmul::{SharedOut, add_bias, check_shapes};
 
 /// A level's tile kernel, with [`portable::tiles`]'s contract.
 pub(crate) type TilesFn =
@@ -82,12 +82,7 @@ pub fn linear_int8_with(
     out: &mut [f32],
 ) {
     let (n, k) = (w.rows(), w.cols());
-    assert_eq!(x.len(), m * k, "x must be m×k");
-    assert_eq!(out.len(), m * n, "out must be m×n");
-    if let Some(b) = bias {
-        assert_eq!(b.len(), n, "bias must have n values");
-    }
-    if m == 0 || n == 0 {
+    if !check_shapes(x, bias, m, k, n, out) {
         return;
     }
     let int8 = Int8Kernels::for_level(kernels.level);
@@ -124,23 +119,13 @@ pub fn linear_int8_with(
 mod tests {
     use super::*;
     use crate::cpu::int8::packed::PackedKind;
+    use crate::cpu::test_util::{levels, random};
     use crate::quant::{
         BlockQ4_0, BlockQ4_1, BlockQ8_0, dequantize_row_q4_0, dequantize_row_q4_1,
         dequantize_row_q8_0,
     };
     use half::f16;
     use rand::{Rng, SeedableRng};
-
-    fn levels() -> Vec<&'static Kernels> {
-        Level::available()
-            .into_iter()
-            .map(|l| Kernels::for_level(l).unwrap())
-            .collect()
-    }
-
-    fn random(rng: &mut impl Rng, n: usize) -> Vec<f32> {
-        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
-    }
 
     /// A random packed matrix and its dequantized f32 values.
     fn random_packed(
