@@ -61,12 +61,9 @@ pub fn linear_bf16_dot_with(
     k: usize,
     out: &mut [f32],
 ) {
-    assert!(k > 0, "k must be positive");
-    assert_eq!(w.len() % k, 0, "w must be n×k");
-    let n = w.len() / k;
-    if !check_shapes(x, bias, m, k, n, out) {
+    let Some(n) = check_shapes(x, w.len(), bias, m, k, out) else {
         return;
-    }
+    };
     let gemm = gemm_for(kernels.level);
     let kp = k.next_multiple_of(CHUNK);
     // Taken out of the thread-local for the call, not borrowed: while it waits for the

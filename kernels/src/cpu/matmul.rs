@@ -175,12 +175,9 @@ pub fn linear_with(
     k: usize,
     out: &mut [f32],
 ) {
-    assert!(k > 0, "k must be positive");
-    assert_eq!(w.len() % k, 0, "w must be n×k");
-    let n = w.len() / k;
-    if !check_shapes(x, bias, m, k, n, out) {
+    let Some(n) = check_shapes(x, w.len(), bias, m, k, out) else {
         return;
-    }
+    };
     let gemm = kernels.gemm;
     // SAFETY: `gemm` writes the rows × chunk block it is given, as `GemmFn` promises.
     linear_chunks(w, k, m, bias, out, |wc, base| unsafe {
@@ -188,23 +185,25 @@ pub fn linear_with(
     });
 }
 
-/// Checks the shapes of `out[m, n] = x[m, k] · w[n, k]ᵀ + bias[n]` (panicking with what is
-/// wrong), and says whether there is anything to compute.
+/// Checks the shapes of `out[m, n] = x[m, k] · w[n, k]ᵀ + bias[n]` for a `w` of `w_len`
+/// values (panicking with what is wrong), and gives `n` when there is anything to compute.
 pub(crate) fn check_shapes(
     x: &[f32],
+    w_len: usize,
     bias: Option<&[f32]>,
     m: usize,
     k: usize,
-    n: usize,
     out: &[f32],
-) -> bool {
+) -> Option<usize> {
     assert!(k > 0, "k must be positive");
+    assert_eq!(w_len % k, 0, "w must be n×k");
+    let n = w_len / k;
     assert_eq!(x.len(), m * k, "x must be m×k");
     assert_eq!(out.len(), m * n, "out must be m×n");
     if let Some(b) = bias {
         assert_eq!(b.len(), n, "bias must have n values");
     }
-    m > 0 && n > 0
+    (m > 0 && n > 0).then_some(n)
 }
 
 /// Runs `gemm(w_chunk, base)` on rayon's pool for chunks of [`rows_per_task`] weight rows

@@ -456,7 +456,7 @@ pub fn linear_weights_with(
         Data::Packed(p) => return linear_int8_with(kernels, x, p, bias, m, out),
         _ => {}
     }
-    if !check_shapes(x, bias, m, k, n, out) {
+    if check_shapes(x, n * k, bias, m, k, out).is_none() {
         return;
     }
     // Small batches widen bf16 in registers: half the bytes of f32 and no scratch buffer,

@@ -82,7 +82,7 @@ pub fn linear_int8_with(
     out: &mut [f32],
 ) {
     let (n, k) = (w.rows(), w.cols());
-    if !check_shapes(x, bias, m, k, n, out) {
+    if check_shapes(x, n * k, bias, m, k, out).is_none() {
         return;
     }
     let int8 = Int8Kernels::for_level(kernels.level);
