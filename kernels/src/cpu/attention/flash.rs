@@ -400,7 +400,7 @@ fn attend_partition<T: KvElem>(
                 if span.ra >= span.rb {
                     continue;
                 }
-                let vrows = load_tile(ctx, s, span, kv_head, false, &mut sc.vt);
+                let vrows = value_rows(ctx, s, span, kv_head, &mut sc.vt);
                 let qa = (span.ra - t.r0) * g;
                 let scores = &mut sc.scores[i * n * KEY_TILE..(i + 1) * n * KEY_TILE];
                 for r in span.ra..span.rb {
@@ -418,14 +418,11 @@ fn attend_partition<T: KvElem>(
                         &mut states[h].l[v0..v0 + g],
                         &mut sc.corr,
                     );
-                    (ctx.ops.pv)(
-                        sr,
-                        &sc.corr,
-                        vrows,
-                        lo,
-                        hi,
-                        &mut states[h].acc[v0 * hd..(v0 + g) * hd],
-                    );
+                    let acc = &mut states[h].acc[v0 * hd..(v0 + g) * hd];
+                    match vrows {
+                        Values::F32(v) => (ctx.ops.pv)(sr, &sc.corr, v, lo, hi, acc),
+                        Values::Bf16(v) => (ctx.ops.pv_bf16)(sr, &sc.corr, v, lo, hi, acc),
+                    }
                 }
             }
         }
@@ -468,6 +465,42 @@ impl TileSpan {
             ra,
             rb,
         }
+    }
+}
+
+/// The V rows of one KV head for a tile, as `p · V` reads them.
+#[derive(Clone, Copy)]
+enum Values<'a> {
+    F32(Rows<'a>),
+    /// Straight from a bf16 cache (widened in registers).
+    Bf16(Rows<'a, half::bf16>),
+}
+
+/// The V rows of one KV head for a tile: in place from a bf16 cache when the tile is inside one
+/// block, otherwise as [`load_tile`] gives them.
+fn value_rows<'a, T: KvElem>(
+    ctx: &Ctx<'a, T>,
+    s: &AttentionSeq<'_>,
+    span: &TileSpan,
+    kv_head: usize,
+    staging: &'a mut [f32],
+) -> Values<'a> {
+    let (hd, bs, w) = (
+        ctx.layout.head_dim,
+        ctx.layout.block_size,
+        ctx.layout.slot_width(),
+    );
+    match T::as_bf16(ctx.cache_v) {
+        Some(cv) if bs.is_multiple_of(KEY_TILE) => {
+            let slot = s.block_table[span.tile / bs] as usize * bs + span.tile % bs;
+            let base = slot * w + kv_head * hd;
+            Values::Bf16(Rows {
+                data: &cv[base..base + (KEY_TILE - 1) * w + hd],
+                stride: w,
+                width: hd,
+            })
+        }
+        _ => Values::F32(load_tile(ctx, s, span, kv_head, false, staging)),
     }
 }
 

@@ -14,6 +14,8 @@ pub trait KvElem: Copy + Default + Send + Sync + 'static + private::Sealed {
     fn load(kernels: &Kernels, src: &[Self], dst: &mut [f32]);
     /// The elements as f32, when they are (then kernels read the cache in place).
     fn as_f32(src: &[Self]) -> Option<&[f32]>;
+    /// The elements as bf16, when they are (then `p · V` reads values in place).
+    fn as_bf16(src: &[Self]) -> Option<&[bf16]>;
     /// Widens `rows` rows of `width` elements, `stride` apart, into consecutive rows of `dst`.
     fn load_rows(
         kernels: &Kernels,
@@ -48,6 +50,11 @@ impl KvElem for f32 {
     fn as_f32(src: &[f32]) -> Option<&[f32]> {
         Some(src)
     }
+
+    #[inline]
+    fn as_bf16(_: &[f32]) -> Option<&[bf16]> {
+        None
+    }
 }
 
 impl KvElem for bf16 {
@@ -68,6 +75,11 @@ impl KvElem for bf16 {
     #[inline]
     fn as_f32(_: &[bf16]) -> Option<&[f32]> {
         None
+    }
+
+    #[inline]
+    fn as_bf16(src: &[bf16]) -> Option<&[bf16]> {
+        Some(src)
     }
 
     #[inline]

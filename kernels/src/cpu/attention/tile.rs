@@ -32,6 +32,9 @@ pub(crate) struct TileOps {
     /// ascending, for each head `g` of one row (`corr.len()` of them); `o` is
     /// `[heads][v.width]`.
     pub(crate) pv: PvFn,
+    /// `pv` reading bf16 rows (widened in registers, so the same bits as `pv` over the
+    /// widened rows): values straight from a bf16 cache, with no staging copy.
+    pub(crate) pv_bf16: PvBf16Fn,
     /// `dst[d * KEY_TILE + j] = src.row(j)[d]`: a key tile into the `[hd][KEY_TILE]` layout
     /// `scores` reads. Exact data movement, so levels agree.
     pub(crate) transpose: fn(src: Rows<'_>, dst: &mut [f32]),
@@ -76,19 +79,23 @@ pub(crate) type SoftmaxFn =
 pub(crate) type PvFn =
     fn(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]);
 
+/// See [`TileOps::pv_bf16`].
+pub(crate) type PvBf16Fn =
+    fn(p: &[f32], corr: &[f32], v: Rows<'_, half::bf16>, lo: usize, hi: usize, o: &mut [f32]);
+
 /// Up to `KEY_TILE` rows of `width` values, `stride` apart: a tile read in place from the
 /// cache (stride: a slot) or from a staging buffer (stride: `width`).
 #[derive(Clone, Copy)]
-pub(crate) struct Rows<'a> {
-    pub(crate) data: &'a [f32],
+pub(crate) struct Rows<'a, E = f32> {
+    pub(crate) data: &'a [E],
     pub(crate) stride: usize,
     pub(crate) width: usize,
 }
 
-impl Rows<'_> {
+impl<E> Rows<'_, E> {
     /// Row `j`.
     #[inline]
-    pub(crate) fn row(&self, j: usize) -> &[f32] {
+    pub(crate) fn row(&self, j: usize) -> &[E] {
         &self.data[j * self.stride..j * self.stride + self.width]
     }
 
@@ -107,6 +114,7 @@ pub(crate) const PORTABLE: TileOps = TileOps {
     },
     softmax: softmax_portable,
     pv: pv_portable,
+    pv_bf16: |p, corr, v, lo, hi, o| pv_elems(p, corr, v, lo, hi, o, half::bf16::to_f32),
     transpose: transpose_portable,
     widen_bf16: widen_bf16_portable,
 };
@@ -200,6 +208,18 @@ fn softmax_portable(
 }
 
 fn pv_portable(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+    pv_elems(p, corr, v, lo, hi, o, |x| x)
+}
+
+fn pv_elems<E: Copy>(
+    p: &[f32],
+    corr: &[f32],
+    v: Rows<'_, E>,
+    lo: usize,
+    hi: usize,
+    o: &mut [f32],
+    widen: impl Fn(E) -> f32,
+) {
     for ((og, &c), pg) in o
         .chunks_exact_mut(v.width)
         .zip(corr)
@@ -210,7 +230,7 @@ fn pv_portable(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &m
         }
         for (j, &pj) in pg.iter().enumerate().take(hi + 1).skip(lo) {
             for (x, &vd) in og.iter_mut().zip(v.row(j)) {
-                *x += pj * vd;
+                *x += pj * widen(vd);
             }
         }
     }
@@ -291,6 +311,62 @@ mod tests {
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{level:?}: {vectors} vectors, hd {hd}, {tiles} tiles"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_level_multiplies_bf16_values_as_their_widening() {
+        for level in crate::cpu::Level::available() {
+            let ops = crate::cpu::Kernels::for_level(level).unwrap().attention;
+            for (heads, hd, stride, lo, hi) in [
+                (3usize, 64usize, 192usize, 0usize, 15usize),
+                (1, 20, 20, 3, 9),
+                (4, 80, 85, 5, 5),
+                (2, 7, 9, 0, 12),
+            ] {
+                let p: Vec<f32> = (0..heads * KEY_TILE)
+                    .map(|i| (i as f32 * 0.37).sin().abs())
+                    .collect();
+                let corr: Vec<f32> = (0..heads).map(|g| 0.5 + g as f32 * 0.1).collect();
+                let vb: Vec<half::bf16> = (0..KEY_TILE * stride)
+                    .map(|i| half::bf16::from_f32((i as f32 * 0.731).cos() * 3.0))
+                    .collect();
+                let vf: Vec<f32> = vb.iter().map(|v| v.to_f32()).collect();
+                let o0: Vec<f32> = (0..heads * hd).map(|i| (i as f32 * 0.11).sin()).collect();
+                let len = (KEY_TILE - 1) * stride + hd;
+                let mut want = o0.clone();
+                (ops.pv)(
+                    &p,
+                    &corr,
+                    Rows {
+                        data: &vf[..len],
+                        stride,
+                        width: hd,
+                    },
+                    lo,
+                    hi,
+                    &mut want,
+                );
+                let mut got = o0.clone();
+                (ops.pv_bf16)(
+                    &p,
+                    &corr,
+                    Rows {
+                        data: &vb[..len],
+                        stride,
+                        width: hd,
+                    },
+                    lo,
+                    hi,
+                    &mut got,
+                );
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{level:?} heads {heads} hd {hd}"
                 );
             }
         }

@@ -19,6 +19,7 @@ pub(crate) const OPS: TileOps = TileOps {
     scores_tiles: |q, kt, hd, tiles, out| scores_tile_by_tile(scores, q, kt, hd, tiles, out),
     softmax,
     pv,
+    pv_bf16,
     transpose,
     widen_bf16,
 };
@@ -255,6 +256,26 @@ fn pv_avx2(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [
             g += 4;
         }
     }
+}
+
+/// `pv` over bf16 rows: widened into a buffer first (the f32 arithmetic is `pv`'s, so the
+/// bits are too); the AVX-512 level widens in registers instead.
+fn pv_bf16(p: &[f32], corr: &[f32], v: Rows<'_, bf16>, lo: usize, hi: usize, o: &mut [f32]) {
+    let mut rows = vec![0f32; (hi + 1) * v.width];
+    for j in lo..=hi {
+        for (d, s) in rows[j * v.width..(j + 1) * v.width]
+            .iter_mut()
+            .zip(v.row(j))
+        {
+            *d = s.to_f32();
+        }
+    }
+    let widened = Rows {
+        data: &rows,
+        stride: v.width,
+        width: v.width,
+    };
+    pv(p, corr, widened, lo, hi, o)
 }
 
 fn pv(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {

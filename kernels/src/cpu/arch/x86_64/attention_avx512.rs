@@ -19,6 +19,7 @@ pub(crate) const OPS: TileOps = TileOps {
     scores_tiles,
     softmax,
     pv,
+    pv_bf16,
     transpose,
     widen_bf16,
 };
@@ -206,6 +207,47 @@ fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], co
     unsafe { softmax_avx512(s, lo, hi, m, l, corr) }
 }
 
+/// Value elements `pv` reads: f32 as stored, bf16 widened in registers (exact).
+trait Value: Copy {
+    /// `n` (at most 16) values at `p` as f32 lanes, the rest zero.
+    ///
+    /// # Safety
+    /// `p` is readable for `n` values.
+    unsafe fn load(p: *const Self, n: usize) -> __m512;
+}
+
+impl Value for f32 {
+    #[inline(always)]
+    unsafe fn load(p: *const f32, n: usize) -> __m512 {
+        // SAFETY: avx512f is enabled in every caller; `n` values are readable.
+        unsafe {
+            if n == 16 {
+                _mm512_loadu_ps(p)
+            } else {
+                _mm512_maskz_loadu_ps(((1u32 << n) - 1) as __mmask16, p)
+            }
+        }
+    }
+}
+
+impl Value for bf16 {
+    #[inline(always)]
+    unsafe fn load(p: *const bf16, n: usize) -> __m512 {
+        // SAFETY: avx512f is enabled in every caller; `n` values are readable (a tail is
+        // copied out, so nothing past them is read).
+        unsafe {
+            let h = if n == 16 {
+                _mm256_loadu_si256(p.cast())
+            } else {
+                let mut tail = [0u16; 16];
+                std::ptr::copy_nonoverlapping(p.cast::<u16>(), tail.as_mut_ptr(), n);
+                _mm256_loadu_si256(tail.as_ptr().cast())
+            };
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+}
+
 /// `p · V` for `N` heads of one row, 16 lanes of the head dimension at a time.
 ///
 /// # Safety
@@ -214,10 +256,10 @@ fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], co
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pv_block<const N: usize>(
+unsafe fn pv_block<const N: usize, E: Value>(
     p: *const f32,
     corr: *const f32,
-    v: *const f32,
+    v: *const E,
     stride: usize,
     hd: usize,
     lo: usize,
@@ -228,38 +270,35 @@ unsafe fn pv_block<const N: usize>(
     // SAFETY: every access is below the bounds the caller guarantees; the tail is masked.
     unsafe {
         while c < hd {
-            let mask: __mmask16 = if hd - c >= 16 {
+            let n = (hd - c).min(16);
+            let mask: __mmask16 = if n == 16 {
                 0xFFFF
             } else {
-                ((1u32 << (hd - c)) - 1) as __mmask16
+                ((1u32 << n) - 1) as __mmask16
             };
             // Whole vectors use plain loads and stores: the next tile reloads what this one
             // stores, and a masked store cannot be forwarded to that load (it waits for L1).
             let full = mask == 0xFFFF;
             let mut acc = [_mm512_setzero_ps(); N];
-            for (n, a) in acc.iter_mut().enumerate() {
+            for (h, a) in acc.iter_mut().enumerate() {
                 let x = if full {
-                    _mm512_loadu_ps(o.add(n * hd + c))
+                    _mm512_loadu_ps(o.add(h * hd + c))
                 } else {
-                    _mm512_maskz_loadu_ps(mask, o.add(n * hd + c))
+                    _mm512_maskz_loadu_ps(mask, o.add(h * hd + c))
                 };
-                *a = _mm512_mul_ps(x, _mm512_set1_ps(*corr.add(n)));
+                *a = _mm512_mul_ps(x, _mm512_set1_ps(*corr.add(h)));
             }
             for j in lo..=hi {
-                let vj = if full {
-                    _mm512_loadu_ps(v.add(j * stride + c))
-                } else {
-                    _mm512_maskz_loadu_ps(mask, v.add(j * stride + c))
-                };
-                for (n, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(n * KEY_TILE + j)), vj, *a);
+                let vj = E::load(v.add(j * stride + c), n);
+                for (h, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(h * KEY_TILE + j)), vj, *a);
                 }
             }
-            for (n, a) in acc.iter().enumerate() {
+            for (h, a) in acc.iter().enumerate() {
                 if full {
-                    _mm512_storeu_ps(o.add(n * hd + c), *a);
+                    _mm512_storeu_ps(o.add(h * hd + c), *a);
                 } else {
-                    _mm512_mask_storeu_ps(o.add(n * hd + c), mask, *a);
+                    _mm512_mask_storeu_ps(o.add(h * hd + c), mask, *a);
                 }
             }
             c += 16;
@@ -268,7 +307,14 @@ unsafe fn pv_block<const N: usize>(
 }
 
 #[target_feature(enable = "avx512f")]
-fn pv_avx512(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+fn pv_avx512<E: Value>(
+    p: &[f32],
+    corr: &[f32],
+    v: Rows<'_, E>,
+    lo: usize,
+    hi: usize,
+    o: &mut [f32],
+) {
     let (heads, hd, stride) = (corr.len(), v.width, v.stride);
     assert!(lo <= hi && hi < KEY_TILE && v.holds(hi));
     assert!(p.len() >= heads * KEY_TILE && o.len() >= heads * hd);
@@ -283,10 +329,10 @@ fn pv_avx512(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut
             );
             let vp = v.data.as_ptr();
             match heads - g {
-                1 => pv_block::<1>(pp, cp, vp, stride, hd, lo, hi, op),
-                2 => pv_block::<2>(pp, cp, vp, stride, hd, lo, hi, op),
-                3 => pv_block::<3>(pp, cp, vp, stride, hd, lo, hi, op),
-                _ => pv_block::<4>(pp, cp, vp, stride, hd, lo, hi, op),
+                1 => pv_block::<1, E>(pp, cp, vp, stride, hd, lo, hi, op),
+                2 => pv_block::<2, E>(pp, cp, vp, stride, hd, lo, hi, op),
+                3 => pv_block::<3, E>(pp, cp, vp, stride, hd, lo, hi, op),
+                _ => pv_block::<4, E>(pp, cp, vp, stride, hd, lo, hi, op),
             }
             g += 4;
         }
@@ -294,6 +340,11 @@ fn pv_avx512(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut
 }
 
 fn pv(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { pv_avx512(p, corr, v, lo, hi, o) }
+}
+
+fn pv_bf16(p: &[f32], corr: &[f32], v: Rows<'_, bf16>, lo: usize, hi: usize, o: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
     unsafe { pv_avx512(p, corr, v, lo, hi, o) }
 }
