@@ -190,6 +190,41 @@ fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], co
     unsafe { softmax_avx2(s, lo, hi, m, l, corr) }
 }
 
+/// Value elements `pv` reads: f32 as stored, bf16 widened in registers (exact).
+trait Value: Copy {
+    /// `n` (at most 8) values at `p` as f32 lanes, the rest zero.
+    ///
+    /// # Safety
+    /// `p` is readable for `n` values; AVX2 is available.
+    unsafe fn load(p: *const Self, n: usize) -> __m256;
+}
+
+impl Value for f32 {
+    #[inline(always)]
+    unsafe fn load(p: *const f32, n: usize) -> __m256 {
+        // SAFETY: the caller guarantees AVX2 and `n` readable values.
+        unsafe { _mm256_maskload_ps(p, lanes_below(n)) }
+    }
+}
+
+impl Value for bf16 {
+    #[inline(always)]
+    unsafe fn load(p: *const bf16, n: usize) -> __m256 {
+        // SAFETY: the caller guarantees AVX2 and `n` readable values (a tail is copied out,
+        // so nothing past them is read).
+        unsafe {
+            let h = if n >= 8 {
+                _mm_loadu_si128(p.cast())
+            } else {
+                let mut tail = [0u16; 8];
+                std::ptr::copy_nonoverlapping(p.cast::<u16>(), tail.as_mut_ptr(), n);
+                _mm_loadu_si128(tail.as_ptr().cast())
+            };
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+    }
+}
+
 /// `p · V` for `N` heads of one row, 8 lanes of the head dimension at a time.
 ///
 /// # Safety
@@ -198,10 +233,10 @@ fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], co
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pv_block<const N: usize>(
+unsafe fn pv_block<const N: usize, E: Value>(
     p: *const f32,
     corr: *const f32,
-    v: *const f32,
+    v: *const E,
     stride: usize,
     hd: usize,
     lo: usize,
@@ -212,20 +247,21 @@ unsafe fn pv_block<const N: usize>(
     // SAFETY: every access is below the bounds the caller guarantees; the tail is masked.
     unsafe {
         while c < hd {
-            let mask = lanes_below(hd - c);
+            let n = (hd - c).min(8);
+            let mask = lanes_below(n);
             let mut acc = [_mm256_setzero_ps(); N];
-            for (n, a) in acc.iter_mut().enumerate() {
-                let x = _mm256_maskload_ps(o.add(n * hd + c), mask);
-                *a = _mm256_mul_ps(x, _mm256_set1_ps(*corr.add(n)));
+            for (h, a) in acc.iter_mut().enumerate() {
+                let x = _mm256_maskload_ps(o.add(h * hd + c), mask);
+                *a = _mm256_mul_ps(x, _mm256_set1_ps(*corr.add(h)));
             }
             for j in lo..=hi {
-                let vj = _mm256_maskload_ps(v.add(j * stride + c), mask);
-                for (n, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(n * KEY_TILE + j)), vj, *a);
+                let vj = E::load(v.add(j * stride + c), n);
+                for (h, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(h * KEY_TILE + j)), vj, *a);
                 }
             }
-            for (n, a) in acc.iter().enumerate() {
-                _mm256_maskstore_ps(o.add(n * hd + c), mask, *a);
+            for (h, a) in acc.iter().enumerate() {
+                _mm256_maskstore_ps(o.add(h * hd + c), mask, *a);
             }
             c += 8;
         }
@@ -233,7 +269,7 @@ unsafe fn pv_block<const N: usize>(
 }
 
 #[target_feature(enable = "avx2,fma")]
-fn pv_avx2(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
+fn pv_avx2<E: Value>(p: &[f32], corr: &[f32], v: Rows<'_, E>, lo: usize, hi: usize, o: &mut [f32]) {
     let (heads, hd, stride) = (corr.len(), v.width, v.stride);
     assert!(lo <= hi && hi < KEY_TILE && v.holds(hi));
     assert!(p.len() >= heads * KEY_TILE && o.len() >= heads * hd);
@@ -248,34 +284,19 @@ fn pv_avx2(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [
             );
             let vp = v.data.as_ptr();
             match heads - g {
-                1 => pv_block::<1>(pp, cp, vp, stride, hd, lo, hi, op),
-                2 => pv_block::<2>(pp, cp, vp, stride, hd, lo, hi, op),
-                3 => pv_block::<3>(pp, cp, vp, stride, hd, lo, hi, op),
-                _ => pv_block::<4>(pp, cp, vp, stride, hd, lo, hi, op),
+                1 => pv_block::<1, E>(pp, cp, vp, stride, hd, lo, hi, op),
+                2 => pv_block::<2, E>(pp, cp, vp, stride, hd, lo, hi, op),
+                3 => pv_block::<3, E>(pp, cp, vp, stride, hd, lo, hi, op),
+                _ => pv_block::<4, E>(pp, cp, vp, stride, hd, lo, hi, op),
             }
             g += 4;
         }
     }
 }
 
-/// `pv` over bf16 rows: widened into a buffer first (the f32 arithmetic is `pv`'s, so the
-/// bits are too); the AVX-512 level widens in registers instead.
 fn pv_bf16(p: &[f32], corr: &[f32], v: Rows<'_, bf16>, lo: usize, hi: usize, o: &mut [f32]) {
-    let mut rows = vec![0f32; (hi + 1) * v.width];
-    for j in lo..=hi {
-        for (d, s) in rows[j * v.width..(j + 1) * v.width]
-            .iter_mut()
-            .zip(v.row(j))
-        {
-            *d = s.to_f32();
-        }
-    }
-    let widened = Rows {
-        data: &rows,
-        stride: v.width,
-        width: v.width,
-    };
-    pv(p, corr, widened, lo, hi, o)
+    // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
+    unsafe { pv_avx2(p, corr, v, lo, hi, o) }
 }
 
 fn pv(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
