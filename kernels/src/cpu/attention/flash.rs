@@ -28,7 +28,7 @@ use crate::cpu::dispatch::Kernels;
 pub(crate) const PARTITION: usize = 256;
 /// Query rows per work item.
 pub(crate) const QUERY_TILE: usize = 32;
-/// Below this many (key tile, KV head) pairs of work, a call runs on the calling thread alone
+/// Below this many (key tile, KV head) pairs of decode work, a call runs on the calling thread
 /// (measured: one sequence at context 160, 3 KV heads, is 0.30 ms per 30 layers alone and
 /// 0.36 ms split over two threads).
 const PARALLEL_KEY_TILES: usize = 96;
@@ -187,7 +187,8 @@ pub(crate) fn flash_attention<T: KvElem>(
         let last_key = s.first_position + s.rows - 1;
         (first_key / PARTITION, last_key / PARTITION)
     };
-    // Decode items per KV head when that is what it takes to give each thread a few.
+    // Decode items take all KV heads of their sequence (each tile's slots read whole, in one
+    // stream) when there are enough of them to keep every thread busy; else one KV head each.
     let decode_items: usize = seqs
         .iter()
         .filter(|s| s.rows > 0 && s.rows <= QUERY_TILE)
@@ -230,18 +231,14 @@ pub(crate) fn flash_attention<T: KvElem>(
     }
     // A short decode (a few sequences, short contexts) is less work than handing it to
     // another thread costs; the results are the same bits either way.
-    let key_tiles: usize = tasks
-        .iter()
-        .map(|t| {
-            let s = &seqs[t.seq];
-            let keys = match t.part {
-                Some(_) => PARTITION,
-                None => s.first_position + t.r1,
-            };
-            keys.div_ceil(KEY_TILE) * t.kv_heads.len() * (t.r1 - t.r0).min(2)
-        })
-        .sum();
-    let results: Vec<Vec<State>> = if key_tiles < PARALLEL_KEY_TILES {
+    let decode_key_tiles = tasks.iter().try_fold(0, |sum, t| {
+        let keys = match t.part {
+            Some(_) => PARTITION,
+            None => seqs[t.seq].first_position + t.r1,
+        };
+        (t.r1 - t.r0 == 1).then(|| sum + keys.div_ceil(KEY_TILE) * t.kv_heads.len())
+    });
+    let results: Vec<Vec<State>> = if decode_key_tiles.is_some_and(|n| n < PARALLEL_KEY_TILES) {
         tasks.iter().map(|t| run(&ctx, &seqs[t.seq], t)).collect()
     } else {
         tasks
