@@ -152,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
     let model = Model::load_sharded(&files, comm)?
         .with_kv_dtype(kv_dtype)
         .with_activation_dtype(activations);
+    let weights_dtype = model.weights_dtype();
     // Unmap the model files: this rank keeps only its slices.
     drop(files);
     // A minimal cache until Warmup sizes it from the memory budget.
@@ -169,7 +170,7 @@ async fn main() -> anyhow::Result<()> {
         )?;
     }
     let info = ShardInfo {
-        dtype: kv_dtype.name().into(),
+        dtype: weights_dtype.into(),
         rank: args.rank,
         world_size: args.world_size,
         socket_paths: (0..args.world_size)

@@ -15,7 +15,8 @@ use crate::sampling::{SampledToken, SamplingParams};
 /// Facts about this shard that `Info` and `ServiceDiscovery` report.
 #[derive(Debug, Clone)]
 pub struct ShardInfo {
-    /// KV-cache dtype name (`float32` or `bfloat16`; activations are float32).
+    /// Storage format of most weight bytes (`float32`, `bfloat16`, `float16`, or a GGUF
+    /// block type such as `Q4_1`), see `Model::weights_dtype`.
     pub dtype: String,
     /// This process's rank.
     pub rank: u32,

@@ -93,6 +93,12 @@ fn the_loader_keeps_the_converted_matrices_in_bf16() {
         .unwrap();
     let m = WeightMatrix::from_bytes(t.format, t.shape[0], t.shape[1], &t.bytes).unwrap();
     assert_eq!(m.format(), WeightFormat::Bf16);
+    // And `/info` reports them as such.
+    assert_eq!(load_bf16("tiny-llama").0.weights_dtype(), "bfloat16");
+    assert_eq!(
+        common::load_fixture("tiny-llama").0.weights_dtype(),
+        "float32"
+    );
 }
 
 #[test]

@@ -188,6 +188,9 @@ fn int8_products_agree_with_exact_f32() {
     .unwrap();
     let exact = Model::load_with(&files, WeightLayout::Exact).unwrap();
     let int8 = Model::load_with(&files, WeightLayout::Int8).unwrap();
+    // Most of SmolLM2's bytes are Q4_1 blocks (the tied embedding is Q8_0), either way.
+    assert_eq!(exact.weights_dtype(), "Q4_1");
+    assert_eq!(int8.weights_dtype(), "Q4_1");
     let mut sequences: Vec<Vec<u32>> = golden
         .prompts
         .iter()

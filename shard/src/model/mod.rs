@@ -20,7 +20,8 @@ use std::sync::Arc;
 use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::cpu::attention::KvElem;
 use tessera_kernels::cpu::{
-    ActivationDtype, activation, attention, linear_weights_as, norm, rope as rope_kernel,
+    ActivationDtype, WeightFormat, activation, attention, linear_weights_as, norm,
+    rope as rope_kernel,
 };
 
 use crate::EngineError;
@@ -194,6 +195,38 @@ impl Model {
     /// What products round their activations to.
     pub fn activation_dtype(&self) -> ActivationDtype {
         self.activations
+    }
+
+    /// The storage format of most of this rank's weight bytes, as `/info` reports it:
+    /// `float32`, `bfloat16`, `float16`, or the GGUF block type (`Q4_1`, `Q4_K`…).
+    pub fn weights_dtype(&self) -> &'static str {
+        let w = &self.weights;
+        let matrices = w
+            .layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    &l.qkv.weight,
+                    &l.o.weight,
+                    &l.gate_up.weight,
+                    &l.down.weight,
+                ]
+            })
+            .chain(std::iter::once(&w.embed))
+            .chain(w.lm_head.as_ref());
+        let mut bytes: Vec<(WeightFormat, usize)> = Vec::new();
+        for m in matrices {
+            match bytes.iter_mut().find(|(f, _)| *f == m.format()) {
+                Some((_, b)) => *b += m.storage_bytes(),
+                None => bytes.push((m.format(), m.storage_bytes())),
+            }
+        }
+        match bytes.iter().max_by_key(|(_, b)| *b).map(|(f, _)| *f) {
+            Some(WeightFormat::F32) | None => "float32",
+            Some(WeightFormat::Bf16) => "bfloat16",
+            Some(WeightFormat::F16) => "float16",
+            Some(f) => f.name(),
+        }
     }
 
     /// Element type of the caches [`Model::new_cache`] makes.
