@@ -171,7 +171,7 @@ fn rope_and_cache_matches_cpu() {
     let cache_len = blocks * bs * layout.slot_width();
     let (mut ck, mut cv) = (vec![0.0; cache_len], vec![0.0; cache_len]);
     cpu::attention::write_kv(
-        layout, &mut ck, &mut cv, &want, stride, k_off, v_off, &slots,
+        layout, &mut ck, &mut cv, &want, stride, k_off, v_off, &slots, None,
     );
 
     let mut gqkv = up::<f32>(&d, &qkv);

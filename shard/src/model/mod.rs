@@ -505,7 +505,7 @@ impl AttentionStep<'_> {
     /// Writes the new tokens' K/V (keys rotated, converted to `T`) and attends over the cache.
     fn run<T: KvElem>(&self, (ck, cv): &mut (Vec<T>, Vec<T>), out: &mut [f32]) {
         let hd = self.layout.head_dim;
-        attention::write_kv_rope(
+        attention::write_kv(
             self.layout,
             ck,
             cv,

@@ -482,22 +482,30 @@ fn value_rows<'a, T: KvElem>(
     kv_head: usize,
     staging: &'a mut [f32],
 ) -> Values<'a> {
-    let (hd, bs, w) = (
-        ctx.layout.head_dim,
-        ctx.layout.block_size,
-        ctx.layout.slot_width(),
-    );
     match T::as_bf16(ctx.cache_v) {
-        Some(cv) if bs.is_multiple_of(KEY_TILE) => {
-            let slot = s.block_table[span.tile / bs] as usize * bs + span.tile % bs;
-            let base = slot * w + kv_head * hd;
-            Values::Bf16(Rows {
-                data: &cv[base..base + (KEY_TILE - 1) * w + hd],
-                stride: w,
-                width: hd,
-            })
+        Some(cv) if ctx.layout.block_size.is_multiple_of(KEY_TILE) => {
+            Values::Bf16(in_place(ctx.layout, cv, s, span, kv_head))
         }
         _ => Values::F32(load_tile(ctx, s, span, kv_head, false, staging)),
+    }
+}
+
+/// One KV head's rows of a whole tile, where they are in `cache` (the tile must be inside
+/// one block: blocks of whole tiles).
+fn in_place<'a, E>(
+    layout: super::KvLayout,
+    cache: &'a [E],
+    s: &AttentionSeq<'_>,
+    span: &TileSpan,
+    kv_head: usize,
+) -> Rows<'a, E> {
+    let (hd, bs, w) = (layout.head_dim, layout.block_size, layout.slot_width());
+    let slot = s.block_table[span.tile / bs] as usize * bs + span.tile % bs;
+    let base = slot * w + kv_head * hd;
+    Rows {
+        data: &cache[base..base + (KEY_TILE - 1) * w + hd],
+        stride: w,
+        width: hd,
     }
 }
 
@@ -525,14 +533,7 @@ fn load_tile<'a, T: KvElem>(
     // Aligned tiles never straddle blocks when blocks are whole tiles.
     if bs.is_multiple_of(KEY_TILE) {
         if let Some(c) = T::as_f32(cache) {
-            let slot = s.block_table[span.tile / bs] as usize * bs + span.tile % bs;
-            let base = slot * w + kv_head * hd;
-            let len = (KEY_TILE - 1) * w + hd;
-            return Rows {
-                data: &c[base..base + len],
-                stride: w,
-                width: hd,
-            };
+            return in_place(ctx.layout, c, s, span, kv_head);
         }
         // The tile's keys are one block's slots, one slot apart.
         let slot = s.block_table[span.ks / bs] as usize * bs + span.ks % bs;

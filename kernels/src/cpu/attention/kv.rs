@@ -105,35 +105,12 @@ mod private {
 /// Copies each token's K and V rows into its cache slot, converting them to the cache's
 /// element type. `src` rows are read at `row_stride` intervals, K at `offset_k` and V at
 /// `offset_v` (they can live inside a fused qkv buffer).
+///
+/// With `rope`, the keys get their rotary embeddings on the way in (one pass over them instead
+/// of rotating in place, then copying): token `t`'s heads are rotated by row `t` of `cos` and
+/// `sin` (from `rope::cos_sin`), exactly as `rope::apply_rope` would.
 #[allow(clippy::too_many_arguments)]
 pub fn write_kv<T: KvElem>(
-    layout: KvLayout,
-    cache_k: &mut [T],
-    cache_v: &mut [T],
-    src: &[f32],
-    row_stride: usize,
-    offset_k: usize,
-    offset_v: usize,
-    slot_mapping: &[usize],
-) {
-    write_kv_rope(
-        layout,
-        cache_k,
-        cache_v,
-        src,
-        row_stride,
-        offset_k,
-        offset_v,
-        slot_mapping,
-        None,
-    )
-}
-
-/// [`write_kv`] that applies rotary embeddings to the keys on the way into the cache (one pass
-/// over them instead of rotating in place, then copying): token `t`'s heads are rotated by
-/// row `t` of `cos`/`sin` (from `rope::cos_sin`), exactly as `rope::apply_rope` would.
-#[allow(clippy::too_many_arguments)]
-pub fn write_kv_rope<T: KvElem>(
     layout: KvLayout,
     cache_k: &mut [T],
     cache_v: &mut [T],

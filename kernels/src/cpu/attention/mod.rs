@@ -14,7 +14,7 @@ pub(crate) mod tile;
 use rayon::prelude::*;
 
 use super::dispatch::{Kernels, kernels};
-pub use kv::{KvElem, write_kv, write_kv_rope};
+pub use kv::{KvElem, write_kv};
 
 /// Shape of one layer's paged cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

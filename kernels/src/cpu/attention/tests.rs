@@ -90,7 +90,7 @@ fn paged<T: KvElem>(rng: &mut ChaCha8Rng, layout: KvLayout, k: &[f32], v: &[f32]
     let slots: Vec<usize> = (0..ctx)
         .map(|p| table[p / bs] as usize * bs + p % bs)
         .collect();
-    write_kv(layout, &mut ck, &mut cv, &rows, 2 * w, 0, w, &slots);
+    write_kv(layout, &mut ck, &mut cv, &rows, 2 * w, 0, w, &slots, None);
     Paged {
         layout,
         table,
@@ -345,7 +345,7 @@ fn batch_composition_does_not_change_a_row() {
             .map(|p| table[p / bs] as usize * bs + p % bs)
             .collect();
         let sw = layout.slot_width();
-        write_kv(layout, &mut ck, &mut cv, &rows, 2 * sw, 0, sw, &slots);
+        write_kv(layout, &mut ck, &mut cv, &rows, 2 * sw, 0, sw, &slots, None);
         tables.push(table);
     }
     // Each sequence's last `rows[i]` positions as queries.
@@ -462,7 +462,7 @@ fn write_kv_rounds_to_nearest_even() {
     let src = [1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5, 7.0];
     let mut ck = vec![bf16::ZERO; 2];
     let mut cv = ck.clone();
-    write_kv(layout, &mut ck, &mut cv, &src, 4, 0, 2, &[0]);
+    write_kv(layout, &mut ck, &mut cv, &src, 4, 0, 2, &[0], None);
     assert_eq!(ck[0].to_f32(), 1.0);
     assert_eq!(ck[1].to_f32(), 1.0 + 4.0 / 256.0);
     assert_eq!(cv[0].to_f32(), -2.5);
@@ -590,7 +590,7 @@ fn decode_rows_are_bit_identical_in_large_batches_bf16() {
 }
 
 /// Rotating keys on their way into the cache stores the bits of rotating them in place first.
-fn check_write_kv_rope<T: KvElem + PartialEq + std::fmt::Debug>() {
+fn check_rotated_write<T: KvElem + PartialEq + std::fmt::Debug>() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let layout = KvLayout {
         block_size: 4,
@@ -609,8 +609,10 @@ fn check_write_kv_rope<T: KvElem + PartialEq + std::fmt::Debug>() {
     let (mut k1, mut v1, mut k2, mut v2) = (cache(), cache(), cache(), cache());
     let mut rotated = src.clone();
     crate::cpu::rope::apply_rope(&mut rotated, stride, ko, layout.kv_heads, 8, &cos, &sin);
-    write_kv(layout, &mut k1, &mut v1, &rotated, stride, ko, vo, &slots);
-    super::write_kv_rope(
+    write_kv(
+        layout, &mut k1, &mut v1, &rotated, stride, ko, vo, &slots, None,
+    );
+    write_kv(
         layout,
         &mut k2,
         &mut v2,
@@ -627,6 +629,6 @@ fn check_write_kv_rope<T: KvElem + PartialEq + std::fmt::Debug>() {
 
 #[test]
 fn keys_rotated_while_written_equal_rotated_then_written() {
-    check_write_kv_rope::<f32>();
-    check_write_kv_rope::<half::bf16>();
+    check_rotated_write::<f32>();
+    check_rotated_write::<half::bf16>();
 }
