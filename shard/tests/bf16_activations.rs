@@ -8,7 +8,7 @@ mod common;
 use std::ops::Range;
 use std::sync::Arc;
 
-use common::{Golden, Schedule, max_abs_diff, repo_root, run};
+use common::{Golden, Schedule, assert_same_under_schedules, max_abs_diff, repo_root, run};
 use half::bf16;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::{ActivationDtype, WeightFormat, WeightMatrix};
@@ -73,14 +73,6 @@ fn load_bf16(name: &str) -> (Model, Golden) {
     (model, golden)
 }
 
-fn prompts(golden: &Golden) -> Vec<Vec<u32>> {
-    golden
-        .prompts
-        .iter()
-        .map(|p| p.prompt_ids.clone())
-        .collect()
-}
-
 #[test]
 fn the_loader_keeps_the_converted_matrices_in_bf16() {
     // Guards the test set-up: without bf16 matrices the flag would change nothing.
@@ -105,7 +97,7 @@ fn the_loader_keeps_the_converted_matrices_in_bf16() {
 fn bf16_activations_stay_close_to_f32_activations_and_goldens() {
     for name in FIXTURES {
         let (model, golden) = load_bf16(name);
-        let prompts = prompts(&golden);
+        let prompts = golden.prompt_ids();
         let f32_act = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
         let model = model
             .with_kv_dtype(KvDtype::Bfloat16)
@@ -145,20 +137,17 @@ fn bf16_activation_results_do_not_depend_on_batching_or_chunking() {
         let model = model
             .with_kv_dtype(KvDtype::Bfloat16)
             .with_activation_dtype(ActivationDtype::Bfloat16);
-        let prompts = prompts(&golden);
-        let alone = run(&model, &prompts, 12, usize::MAX, Schedule::OneAtATime);
-        for (schedule, chunk) in [
-            (Schedule::Together, usize::MAX),
-            (Schedule::Together, 5),
-            (Schedule::Staggered, 7),
-        ] {
-            let other = run(&model, &prompts, 12, chunk, schedule);
-            for (i, (a, b)) in alone.iter().zip(&other).enumerate() {
-                assert_eq!(
-                    a, b,
-                    "{name} prompt {i} {schedule:?} chunk {chunk}: results differ"
-                );
-            }
-        }
+        let prompts = golden.prompt_ids();
+        assert_same_under_schedules(
+            name,
+            &model,
+            &prompts,
+            12,
+            &[
+                (Schedule::Together, usize::MAX),
+                (Schedule::Together, 5),
+                (Schedule::Staggered, 7),
+            ],
+        );
     }
 }

@@ -11,11 +11,7 @@ const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
 fn logits_and_greedy_tokens_match_transformers() {
     for name in FIXTURES {
         let (model, golden) = load_fixture(name);
-        let prompts: Vec<Vec<u32>> = golden
-            .prompts
-            .iter()
-            .map(|p| p.prompt_ids.clone())
-            .collect();
+        let prompts = golden.prompt_ids();
         let outcomes = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
         for (p, o) in golden.prompts.iter().zip(&outcomes) {
             let diff = max_abs_diff(&o.prompt_logits, &p.last_logits);
@@ -37,11 +33,7 @@ fn logits_and_greedy_tokens_match_transformers() {
 fn results_do_not_depend_on_batching_or_chunking() {
     for name in FIXTURES {
         let (model, golden) = load_fixture(name);
-        let prompts: Vec<Vec<u32>> = golden
-            .prompts
-            .iter()
-            .map(|p| p.prompt_ids.clone())
-            .collect();
+        let prompts = golden.prompt_ids();
         let alone = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
         for (schedule, chunk) in [
             (Schedule::Together, usize::MAX),

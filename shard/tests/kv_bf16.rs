@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Schedule, load_fixture, max_abs_diff, run};
+use common::{Schedule, assert_same_under_schedules, load_fixture, max_abs_diff, run};
 use tessera_shard::KvDtype;
 
 const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
@@ -13,19 +13,11 @@ const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
 /// observed values.
 const BF16_RELATIVE_TOLERANCE: f32 = 2e-2;
 
-fn prompts(golden: &common::Golden) -> Vec<Vec<u32>> {
-    golden
-        .prompts
-        .iter()
-        .map(|p| p.prompt_ids.clone())
-        .collect()
-}
-
 #[test]
 fn bf16_kv_logits_stay_close_to_f32_kv() {
     for name in FIXTURES {
         let (model, golden) = load_fixture(name);
-        let prompts = prompts(&golden);
+        let prompts = golden.prompt_ids();
         let f32_kv = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
         let model = model.with_kv_dtype(KvDtype::Bfloat16);
         let bf16_kv = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
@@ -57,23 +49,20 @@ fn bf16_kv_results_do_not_depend_on_batching_or_chunking() {
     for name in FIXTURES {
         let (model, golden) = load_fixture(name);
         let model = model.with_kv_dtype(KvDtype::Bfloat16);
-        let prompts = prompts(&golden);
-        let alone = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
-        for (schedule, chunk) in [
-            (Schedule::Together, usize::MAX),
-            (Schedule::Together, 1),
-            (Schedule::Together, 7),
-            (Schedule::Staggered, 7),
-            (Schedule::OneAtATime, 64),
-        ] {
-            let other = run(&model, &prompts, 20, chunk, schedule);
-            for (i, (a, b)) in alone.iter().zip(&other).enumerate() {
-                assert_eq!(
-                    a, b,
-                    "{name} prompt {i} {schedule:?} chunk {chunk}: bf16 KV results differ"
-                );
-            }
-        }
+        let prompts = golden.prompt_ids();
+        assert_same_under_schedules(
+            name,
+            &model,
+            &prompts,
+            20,
+            &[
+                (Schedule::Together, usize::MAX),
+                (Schedule::Together, 1),
+                (Schedule::Together, 7),
+                (Schedule::Staggered, 7),
+                (Schedule::OneAtATime, 64),
+            ],
+        );
     }
 }
 

@@ -38,6 +38,34 @@ pub fn load_fixture(name: &str) -> (Model, Golden) {
     (model, golden)
 }
 
+impl Golden {
+    /// The prompts' token ids.
+    pub fn prompt_ids(&self) -> Vec<Vec<u32>> {
+        self.prompts.iter().map(|p| p.prompt_ids.clone()).collect()
+    }
+}
+
+/// Asserts that every `(schedule, chunk)` gives exactly the outcomes of running each prompt
+/// alone, unchunked (`steps` greedy tokens each).
+pub fn assert_same_under_schedules(
+    name: &str,
+    model: &Model,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    schedules: &[(Schedule, usize)],
+) {
+    let alone = run(model, prompts, steps, usize::MAX, Schedule::OneAtATime);
+    for &(schedule, chunk) in schedules {
+        let other = run(model, prompts, steps, chunk, schedule);
+        for (i, (a, b)) in alone.iter().zip(&other).enumerate() {
+            assert_eq!(
+                a, b,
+                "{name} prompt {i} {schedule:?} chunk {chunk}: results differ"
+            );
+        }
+    }
+}
+
 /// How the driver groups work into forward passes.
 #[derive(Clone, Copy, Debug)]
 pub enum Schedule {

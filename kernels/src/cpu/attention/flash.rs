@@ -204,12 +204,10 @@ pub(crate) fn flash_attention<T: KvElem>(
             continue;
         }
         let (pa, pb) = partitions(s);
-        let head_groups: Vec<Range<usize>> = if whole_slots && s.rows <= QUERY_TILE {
-            std::iter::once(0..layout.kv_heads).collect()
-        } else {
-            (0..layout.kv_heads).map(|h| h..h + 1).collect()
-        };
-        for kv_heads in head_groups {
+        let whole = whole_slots && s.rows <= QUERY_TILE;
+        let groups = if whole { 1 } else { layout.kv_heads };
+        for g in 0..groups {
+            let kv_heads = if whole { 0..layout.kv_heads } else { g..g + 1 };
             if s.rows <= QUERY_TILE && pb > pa {
                 tasks.extend((pa..=pb).map(|part| Task {
                     seq: si,
@@ -368,18 +366,19 @@ fn attend_partition<T: KvElem>(
                 prefetched += KEY_TILE;
             }
         }
-        let group_tiles: Vec<TileSpan> = (0..tiles)
-            .map(|i| TileSpan::new(ctx, s, t, tile + i * KEY_TILE, key_lo, key_hi))
-            .collect();
+        let mut spans = [TileSpan::default(); DECODE_TILES];
+        for (i, span) in spans[..tiles].iter_mut().enumerate() {
+            *span = TileSpan::new(ctx, s, t, tile + i * KEY_TILE, key_lo, key_hi);
+        }
+        let spans = &spans[..tiles];
         for (h, kv_head) in t.kv_heads.clone().enumerate() {
             let q = &sc.q[h * n * hd..(h + 1) * n * hd];
-            for (i, span) in group_tiles.iter().enumerate() {
+            for (i, span) in spans.iter().enumerate() {
                 if span.ra < span.rb {
                     let krows = load_tile(ctx, s, span, kv_head, true, &mut sc.ks);
                     (ctx.ops.transpose)(krows, &mut sc.kt[i * hd * KEY_TILE..]);
                 }
             }
-            let spans = &group_tiles;
             if group > 1 && spans.iter().all(|sp| sp.ra < sp.rb) {
                 // One row: the group's tiles' scores in one pass.
                 (ctx.ops.scores_tiles)(q, &sc.kt, hd, spans.len(), &mut sc.scores);
@@ -428,6 +427,7 @@ fn attend_partition<T: KvElem>(
 }
 
 /// One key tile of an item: its positions and the item's rows that see any of them.
+#[derive(Clone, Copy, Default)]
 struct TileSpan {
     /// First position of the (aligned) tile.
     tile: usize,

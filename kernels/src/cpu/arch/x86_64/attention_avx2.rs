@@ -10,6 +10,8 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
+use super::avx2::{hsum, mask};
+
 use crate::cpu::attention::tile::{
     EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps, scores_tile_by_tile,
 };
@@ -28,28 +30,6 @@ const _: () = assert!(KEY_TILE == 16);
 
 /// Query vectors per register block of `scores` (two accumulators each).
 const QB: usize = 6;
-
-/// A mask selecting lanes `0..n` (`n` clamped to 0..=8) for `maskload`/`maskstore`.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn lanes_below(n: usize) -> __m256i {
-    let n = n.min(8) as i32;
-    _mm256_cmpgt_epi32(
-        _mm256_set1_epi32(n),
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-    )
-}
-
-/// The fixed tree: `l + 8`, `l + 4`, `l + 2`, `l + 1`.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn hsum(lo: __m256, hi: __m256) -> f32 {
-    let s8 = _mm256_add_ps(lo, hi);
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
-    _mm_cvtss_f32(s1)
-}
 
 /// Largest lane (exact, so the order does not matter).
 #[target_feature(enable = "avx2")]
@@ -203,7 +183,7 @@ impl Value for f32 {
     #[inline(always)]
     unsafe fn load(p: *const f32, n: usize) -> __m256 {
         // SAFETY: the caller guarantees AVX2 and `n` readable values.
-        unsafe { _mm256_maskload_ps(p, lanes_below(n)) }
+        unsafe { _mm256_maskload_ps(p, mask(n)) }
     }
 }
 
@@ -248,7 +228,7 @@ unsafe fn pv_block<const N: usize, E: Value>(
     unsafe {
         while c < hd {
             let n = (hd - c).min(8);
-            let mask = lanes_below(n);
+            let mask = mask(n);
             let mut acc = [_mm256_setzero_ps(); N];
             for (h, a) in acc.iter_mut().enumerate() {
                 let x = _mm256_maskload_ps(o.add(h * hd + c), mask);

@@ -10,6 +10,8 @@ use std::arch::x86_64::*;
 
 use half::bf16;
 
+use super::avx512::hsum;
+
 use crate::cpu::attention::tile::{
     EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps, scores_tile_by_tile,
 };
@@ -28,19 +30,6 @@ const _: () = assert!(KEY_TILE == 16);
 
 /// Query vectors per register block of `scores`.
 const QB: usize = 8;
-
-/// The fixed tree `l + 8`, `l + 4`, `l + 2`, `l + 1`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn hsum(v: __m512) -> f32 {
-    let lo = _mm512_castps512_ps256(v);
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    let s8 = _mm256_add_ps(lo, hi);
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
-    _mm_cvtss_f32(s1)
-}
 
 /// `2^x` for `x <= 0`, lane-wise as `tile::exp2_portable` but with fused multiply-adds.
 #[target_feature(enable = "avx512f")]

@@ -43,7 +43,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
 /// A mask selecting lanes `0..n` (`n` clamped to 0..=8) for `maskload`/`maskstore`.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn mask(n: usize) -> __m256i {
+pub(crate) fn mask(n: usize) -> __m256i {
     let n = n.min(8) as i32;
     _mm256_cmpgt_epi32(
         _mm256_set1_epi32(n),
@@ -54,7 +54,7 @@ fn mask(n: usize) -> __m256i {
 /// The fixed tree: `l + 8`, `l + 4`, `l + 2`, `l + 1`.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn hsum(lo: __m256, hi: __m256) -> f32 {
+pub(crate) fn hsum(lo: __m256, hi: __m256) -> f32 {
     let s8 = _mm256_add_ps(lo, hi);
     let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
     let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
