@@ -337,7 +337,9 @@ fn run_engine(model: &Model, reps: usize) -> Measured {
     let vocab = model.config().vocab_size;
     let max_batch = *BATCHES.iter().max().unwrap();
     let blocks_per_seq = SEQ_CAPACITY / BLOCK;
-    let mut cache = model.new_cache(max_batch * blocks_per_seq, BLOCK);
+    let mut cache = model
+        .new_cache(max_batch * blocks_per_seq, BLOCK)
+        .expect("a host cache");
     let tables: Vec<Vec<u32>> = (0..max_batch)
         .map(|b| {
             (0..blocks_per_seq)

@@ -93,16 +93,16 @@ pub struct Engine {
 
 impl Engine {
     /// An engine over `model` with a cache of `num_blocks` blocks.
-    pub fn new(model: Model, num_blocks: usize, block_size: usize) -> Self {
-        let cache = model.new_cache(num_blocks, block_size);
-        Self {
+    pub fn new(model: Model, num_blocks: usize, block_size: usize) -> Result<Self, EngineError> {
+        let cache = model.new_cache(num_blocks, block_size)?;
+        Ok(Self {
             model,
             cache,
             sequences: HashMap::new(),
             batches: HashMap::new(),
             speculation: None,
             draft: None,
-        }
+        })
     }
 
     /// Uses `draft` to propose tokens (`Speculator::Draft`). It must share the tokenizer:
@@ -115,7 +115,7 @@ impl Engine {
                  must share the model's tokenizer"
             )));
         }
-        let cache = draft.new_cache(self.num_blocks(), self.block_size());
+        let cache = draft.new_cache(self.num_blocks(), self.block_size())?;
         self.draft = Some(Draft {
             model: draft,
             cache,
@@ -200,16 +200,32 @@ impl Engine {
     }
 
     /// Replaces the cache with one of `num_blocks` blocks, dropping every sequence.
-    pub fn resize_cache(&mut self, num_blocks: usize) {
+    pub fn resize_cache(&mut self, num_blocks: usize) -> Result<(), EngineError> {
         self.clear(None);
         // Free the old pages before allocating the new ones.
-        self.cache = self.model.new_cache(0, self.block_size());
-        self.cache = self.model.new_cache(num_blocks, self.block_size());
         let bs = self.block_size();
+        self.cache = self.model.new_cache(0, bs)?;
+        self.cache = self.model.new_cache(num_blocks, bs)?;
         if let Some(d) = self.draft.as_mut() {
-            d.cache = d.model.new_cache(0, bs);
-            d.cache = d.model.new_cache(num_blocks, bs);
+            d.cache = d.model.new_cache(0, bs)?;
+            d.cache = d.model.new_cache(num_blocks, bs)?;
         }
+        Ok(())
+    }
+
+    /// On a GPU, the bytes of KV cache (model and draft) that fit in `fraction` of the free
+    /// device memory once a pass of `max_tokens` has its activations; `None` on the CPU.
+    /// Shrinks the cache to one block first, so that the old cache does not count as used.
+    pub fn device_kv_budget(
+        &mut self,
+        fraction: f32,
+        max_tokens: usize,
+    ) -> Result<Option<u64>, EngineError> {
+        if self.model.device_kv_budget(fraction, max_tokens)?.is_none() {
+            return Ok(None);
+        }
+        self.resize_cache(1)?;
+        self.model.device_kv_budget(fraction, max_tokens)
     }
 
     /// Bytes one KV block takes, for the model and its draft together.

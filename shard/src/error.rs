@@ -21,4 +21,8 @@ pub enum EngineError {
     /// A batch asked for something the model or the cache cannot do.
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// The GPU (or its libraries) could not do what was asked: missing driver, out of
+    /// memory, a kernel launch that failed.
+    #[error("GPU: {0}")]
+    Device(String),
 }

@@ -57,6 +57,9 @@ impl KvDtype {
 pub(crate) enum KvPages {
     F32(Vec<(Vec<f32>, Vec<f32>)>),
     Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
+    /// In GPU memory (`crate::model::cuda`).
+    #[cfg(feature = "cuda")]
+    Cuda(crate::model::CudaKv),
 }
 
 /// K and V pages for every layer. Which blocks belong to which sequence is decided by the
@@ -107,9 +110,11 @@ impl KvCache {
 
     /// Element type.
     pub fn dtype(&self) -> KvDtype {
-        match self.pages {
+        match &self.pages {
             KvPages::F32(_) => KvDtype::Float32,
             KvPages::Bf16(_) => KvDtype::Bfloat16,
+            #[cfg(feature = "cuda")]
+            KvPages::Cuda(kv) => kv.dtype(),
         }
     }
 
@@ -118,6 +123,8 @@ impl KvCache {
         match &self.pages {
             KvPages::F32(l) => l.len(),
             KvPages::Bf16(l) => l.len(),
+            #[cfg(feature = "cuda")]
+            KvPages::Cuda(kv) => kv.num_layers(),
         }
     }
 

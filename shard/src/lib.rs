@@ -4,7 +4,7 @@
 //! use tessera_shard::{LogitsWanted, Model, SequenceChunk};
 //! let files = tessera_formats::ModelFiles::open("fixtures/tiny-llama".as_ref())?;
 //! let model = Model::load(&files)?;
-//! let mut cache = model.new_cache(64, 16);
+//! let mut cache = model.new_cache(64, 16)?;
 //! let chunk = SequenceChunk { tokens: &[1, 2, 3], start_position: 0, block_table: &[0], logits: LogitsWanted::Last };
 //! let out = model.forward(&[chunk], &mut cache)?;
 //! assert_eq!(out.last(0).map(|l| l.len()), Some(model.config().vocab_size));
@@ -25,4 +25,6 @@ pub mod telemetry;
 pub use core::{Engine, NewSequence, StepOutput, StepTimings};
 pub use error::EngineError;
 pub use kv_cache::{KvCache, KvDtype};
+#[cfg(feature = "cuda")]
+pub use model::CudaOptions;
 pub use model::{ForwardOutput, LogitsWanted, Model, SequenceChunk, WeightLayout};

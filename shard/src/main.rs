@@ -12,7 +12,7 @@ use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig
 use tessera_shard::service::{ShardInfo, ShardService};
 use tessera_shard::speculative::{SpeculationConfig, Speculator};
 use tessera_shard::telemetry::{self, TelemetryConfig};
-use tessera_shard::{Engine, KvDtype, Model};
+use tessera_shard::{Engine, KvDtype, Model, WeightLayout};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
@@ -56,9 +56,15 @@ struct Args {
     /// Bytes the KV cache may use on CPU (suffixes K, M, G accepted).
     #[arg(long, default_value = "1G", value_parser = parse_bytes)]
     kv_cache_memory: u64,
-    /// Fraction of device memory for weights and KV cache (GPU only).
+    /// Share of the GPU's free memory (after the weights and a worst-case pass's
+    /// activations) the KV cache takes, in (0, 1] (GPU only; vLLM's gpu-memory-utilization).
     #[arg(long, default_value_t = 0.9)]
     memory_fraction: f32,
+    /// Where the forward pass runs: `cpu`; `cuda` (GPU number `rank`, in bf16, or f32 with
+    /// `--dtype float32`; needs a build with `--features cuda`); or `auto` (`cuda` when this
+    /// build has it and the GPU is there, else `cpu`).
+    #[arg(long, env = "TESSERA_DEVICE", default_value = "auto")]
+    device: String,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -132,6 +138,12 @@ async fn main() -> anyhow::Result<()> {
     if dtype != "auto" && KvDtype::from_name(dtype).is_none() {
         bail!("--dtype {dtype:?}: unknown; use auto, float32 or bfloat16");
     }
+    if !(args.memory_fraction > 0.0 && args.memory_fraction <= 1.0) {
+        bail!(
+            "--memory-fraction {}: must be in (0, 1]",
+            args.memory_fraction
+        );
+    }
     if args.block_size == 0 {
         bail!("--block-size must be at least 1");
     }
@@ -142,32 +154,45 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = partition.check(&files.config) {
         bail!("--num-shard {}: {e}", args.world_size);
     }
-    let kv_dtype = KvDtype::from_name(dtype).unwrap_or_else(|| KvDtype::auto(&files));
+    let on_gpu = use_gpu(&args.device, args.rank as usize)?;
+    // A GPU computes in bf16 unless asked for f32, whatever the weights' format.
+    let kv_dtype = match KvDtype::from_name(dtype) {
+        Some(d) => d,
+        None if on_gpu => KvDtype::Bfloat16,
+        None => KvDtype::auto(&files),
+    };
     tracing::info!(kv_dtype = kv_dtype.name(), "KV cache element type");
     let comm = communicator(&args)?;
     let activations = match dtype {
         "bfloat16" => ActivationDtype::Bfloat16,
         _ => ActivationDtype::Float32,
     };
-    let model = Model::load_sharded(&files, comm)?
+    let layout = if on_gpu {
+        // Dequantized once on the way to the GPU: no int8 repacking first.
+        WeightLayout::Exact
+    } else {
+        WeightLayout::from_env()
+    };
+    let model = Model::load_sharded_with(&files, comm, layout)?
         .with_kv_dtype(kv_dtype)
         .with_activation_dtype(activations);
+    let model = place(model, on_gpu, args.rank as usize)?;
     let weights_dtype = model.weights_dtype();
     // Unmap the model files: this rank keeps only its slices.
     drop(files);
     // A minimal cache until Warmup sizes it from the memory budget.
-    let mut engine = Engine::new(model, 2, args.block_size).with_speculation(SpeculationConfig {
+    tracing::info!(device = %model.device(), "model loaded");
+    let mut engine = Engine::new(model, 2, args.block_size)?.with_speculation(SpeculationConfig {
         depth: args.speculate as usize,
         speculator,
     });
     if let (Speculator::Draft, Some(path)) = (speculator, &args.draft_model_id) {
         let draft = ModelFiles::open(path)?;
         tracing::info!(draft = %path.display(), "loading the draft model");
-        engine = engine.with_draft(
-            Model::load(&draft)?
-                .with_kv_dtype(kv_dtype)
-                .with_activation_dtype(activations),
-        )?;
+        let draft = Model::load_with(&draft, layout)?
+            .with_kv_dtype(kv_dtype)
+            .with_activation_dtype(activations);
+        engine = engine.with_draft(place(draft, on_gpu, args.rank as usize)?)?;
     }
     let info = ShardInfo {
         dtype: weights_dtype.into(),
@@ -177,7 +202,8 @@ async fn main() -> anyhow::Result<()> {
             .map(|r| format!("{}-{r}", args.uds_path))
             .collect(),
     };
-    let service = ShardService::new(engine, info, args.kv_cache_memory);
+    let service = ShardService::new(engine, info, args.kv_cache_memory)
+        .with_memory_fraction(args.memory_fraction);
 
     match std::fs::remove_file(&socket) {
         Ok(()) => {}
@@ -274,6 +300,56 @@ fn nccl(
         "--comm nccl: this tessera-shard was built without GPU support; rebuild with \
          `cargo build --features cuda`, or use --comm shm for CPU shards"
     )
+}
+
+/// Whether `--device` puts this rank's pass on its GPU.
+#[cfg(feature = "cuda")]
+fn use_gpu(device: &str, rank: usize) -> anyhow::Result<bool> {
+    use tessera_kernels::cuda::{CudaLibs, cudarc::driver::CudaContext};
+    match device {
+        "cpu" => Ok(false),
+        "cuda" => Ok(true),
+        "auto" => {
+            let present = CudaLibs::probe().driver
+                && CudaContext::device_count().is_ok_and(|n| rank < n.max(0) as usize);
+            if !present {
+                tracing::info!(
+                    "--device auto: no GPU {rank} (or no CUDA driver); running on the CPU"
+                );
+            }
+            Ok(present)
+        }
+        other => bail!("--device {other:?}: unknown; use auto, cpu or cuda"),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn use_gpu(device: &str, _rank: usize) -> anyhow::Result<bool> {
+    match device {
+        "cpu" | "auto" => Ok(false),
+        "cuda" => bail!(
+            "--device cuda: this tessera-shard was built without GPU support; rebuild with \
+             `cargo build --release --features cuda`, or use --device cpu"
+        ),
+        other => bail!("--device {other:?}: unknown; use auto, cpu or cuda"),
+    }
+}
+
+/// Moves `model` to GPU `rank` when `on_gpu`.
+#[cfg(feature = "cuda")]
+fn place(model: Model, on_gpu: bool, rank: usize) -> anyhow::Result<Model> {
+    if !on_gpu {
+        return Ok(model);
+    }
+    let options = tessera_shard::CudaOptions { device: rank };
+    model
+        .into_cuda(&options)
+        .with_context(|| format!("moving the model to GPU {rank}"))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn place(model: Model, _on_gpu: bool, _rank: usize) -> anyhow::Result<Model> {
+    Ok(model)
 }
 
 #[cfg(test)]

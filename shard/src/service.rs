@@ -32,8 +32,10 @@ pub struct ShardInfo {
 pub struct ShardService {
     engine: Arc<Mutex<Engine>>,
     info: Arc<ShardInfo>,
-    /// Bytes the KV cache may use, for `Warmup`.
+    /// Bytes the KV cache may use, for `Warmup` (CPU).
     kv_cache_memory: u64,
+    /// Share of the GPU's free memory the KV cache may use, for `Warmup` (GPU).
+    memory_fraction: f32,
 }
 
 impl ShardService {
@@ -43,7 +45,15 @@ impl ShardService {
             engine: Arc::new(Mutex::new(engine)),
             info: Arc::new(info),
             kv_cache_memory,
+            memory_fraction: 0.9,
         }
+    }
+
+    /// Sizes a GPU model's KV cache at `Warmup` to `fraction` of the free device memory
+    /// (after the weights and a worst-case pass's activations); 0.9 unless set.
+    pub fn with_memory_fraction(mut self, fraction: f32) -> Self {
+        self.memory_fraction = fraction;
+        self
     }
 
     /// Runs `f` on the engine on a blocking thread (forward passes take milliseconds to
@@ -219,22 +229,28 @@ impl TextGenerationService for ShardService {
         request: Request<pb::WarmupRequest>,
     ) -> Result<Response<pb::WarmupResponse>, Status> {
         let r = request.into_inner();
-        let budget = self.kv_cache_memory;
+        let (bytes, fraction) = (self.kv_cache_memory, self.memory_fraction);
         let (num_blocks, block_size) = self
             .with_engine(move |engine| {
                 let bs = engine.block_size();
                 let per_block = engine.block_bytes() as u64;
+                let prefill = r.max_batch_prefill_tokens as usize;
+                let (budget, flag) = match engine.device_kv_budget(fraction, prefill)? {
+                    Some(device) => (device, "--memory-fraction"),
+                    None => (bytes, "--kv-cache-memory"),
+                };
                 let num_blocks = (budget / per_block) as usize;
                 let needed = (r.max_total_tokens as usize).div_ceil(bs) + 1;
                 if num_blocks < needed {
                     return Err(EngineError::InvalidBatch(format!(
-                        "--kv-cache-memory {budget} bytes holds {num_blocks} blocks of {bs} tokens \
-                         ({per_block} bytes each); one request of --max-total-tokens {} needs {needed}: \
-                         raise --kv-cache-memory or lower --max-total-tokens",
+                        "{flag} leaves {budget} bytes for the KV cache: {num_blocks} blocks of \
+                         {bs} tokens ({per_block} bytes each); one request of \
+                         --max-total-tokens {} needs {needed}: raise {flag} or lower \
+                         --max-total-tokens",
                         r.max_total_tokens
                     )));
                 }
-                engine.resize_cache(num_blocks);
+                engine.resize_cache(num_blocks)?;
                 // Worst case on CPU is compute, not memory: a bounded prefill warms the
                 // thread pool and faults the weights in without delaying start-up for long.
                 engine.warmup((r.max_batch_prefill_tokens as usize).min(256))?;

@@ -71,8 +71,8 @@ fn bf16_kv_results_do_not_depend_on_batching_or_chunking() {
 fn bf16_blocks_take_half_the_bytes() {
     use tessera_shard::Engine;
     let (model, _) = load_fixture("tiny-llama");
-    let f32_bytes = Engine::new(model, 2, 16).block_bytes();
+    let f32_bytes = Engine::new(model, 2, 16).unwrap().block_bytes();
     let (model, _) = load_fixture("tiny-llama");
-    let engine = Engine::new(model.with_kv_dtype(KvDtype::Bfloat16), 2, 16);
+    let engine = Engine::new(model.with_kv_dtype(KvDtype::Bfloat16), 2, 16).unwrap();
     assert_eq!(engine.block_bytes() * 2, f32_bytes);
 }

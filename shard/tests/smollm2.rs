@@ -151,6 +151,7 @@ fn speculative_greedy_tokens_match_transformers() {
         (Speculator::Draft, 3),
     ] {
         let mut engine = Engine::new(load(), 1 + 16 * 64, 16)
+            .unwrap()
             .with_speculation(SpeculationConfig { depth, speculator });
         if speculator == Speculator::Draft {
             engine = engine.with_draft(load()).unwrap();
@@ -198,7 +199,7 @@ fn int8_products_agree_with_exact_f32() {
         .collect();
     sequences.push([&golden.chat.prompt_ids[..], &golden.chat.greedy_ids[..]].concat());
     let all_logits = |model: &Model, tokens: &[u32]| {
-        let mut cache = model.new_cache(tokens.len().div_ceil(16) + 1, 16);
+        let mut cache = model.new_cache(tokens.len().div_ceil(16) + 1, 16).unwrap();
         let blocks: Vec<u32> = (1..=tokens.len().div_ceil(16) as u32).collect();
         let chunk = SequenceChunk {
             tokens,

@@ -15,6 +15,7 @@ const BLOCK: usize = 16;
 fn draft_engine(model: Model, depth: usize, draft: &str) -> Engine {
     let (draft, _) = load_fixture(draft);
     Engine::new(model, 1 + 16 * 64, BLOCK)
+        .unwrap()
         .with_speculation(SpeculationConfig {
             depth,
             speculator: Speculator::Draft,
@@ -24,10 +25,12 @@ fn draft_engine(model: Model, depth: usize, draft: &str) -> Engine {
 }
 
 fn engine(model: Model, depth: usize) -> Engine {
-    Engine::new(model, 1 + 16 * 64, BLOCK).with_speculation(SpeculationConfig {
-        depth,
-        speculator: Speculator::Ngram,
-    })
+    Engine::new(model, 1 + 16 * 64, BLOCK)
+        .unwrap()
+        .with_speculation(SpeculationConfig {
+            depth,
+            speculator: Speculator::Ngram,
+        })
 }
 
 #[test]

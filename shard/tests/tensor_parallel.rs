@@ -254,7 +254,7 @@ fn sampling_picks_the_same_tokens_on_every_rank() {
         ShmConfig::default(),
         WeightLayout::default(),
         move |_, model| {
-            let mut engine = Engine::new(model, 1 + 16 * 10, 16);
+            let mut engine = Engine::new(model, 1 + 16 * 10, 16).unwrap();
             // Health checks run out of step with the other rank: no collective.
             engine.health_check().unwrap();
             let new: Vec<NewSequence> = prompts
@@ -320,7 +320,7 @@ fn a_rank_that_stops_answering_fails_the_pass_instead_of_hanging() {
         if rank == 1 {
             return None; // leaves the group without running the pass
         }
-        let mut engine = Engine::new(model, 8, 16);
+        let mut engine = Engine::new(model, 8, 16).unwrap();
         let start = std::time::Instant::now();
         let err = engine.warmup(8).unwrap_err().to_string();
         let health = engine.health_check().map_err(|e| e.to_string());

@@ -32,7 +32,7 @@ pub async fn start_shard(
     let socket = format!("{}-0", prefix.display());
     let files = ModelFiles::open(&fixture()).expect("fixture model");
     let model = Model::load(&files).expect("load fixture");
-    let engine = Engine::new(model, 2, 16);
+    let engine = Engine::new(model, 2, 16).expect("a two-block cache");
     let info = ShardInfo {
         dtype: "float32".into(),
         rank: 0,

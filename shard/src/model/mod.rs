@@ -11,6 +11,12 @@
 //! vocabulary slice are all-gathered at the end, so every rank samples from the same
 //! logits. With one rank no collective runs and the pass is exactly the single-shard one.
 
+mod backend;
+mod batch;
+mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod forward;
 mod rope;
 mod weights;
 
@@ -18,17 +24,20 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use tessera_formats::{ModelConfig, ModelFiles};
-use tessera_kernels::cpu::attention::KvElem;
-use tessera_kernels::cpu::{
-    ActivationDtype, WeightFormat, activation, attention, linear_weights_as, norm,
-    rope as rope_kernel,
-};
+use tessera_kernels::cpu::{ActivationDtype, attention};
 
 use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
-use crate::kv_cache::{KvCache, KvDtype, KvPages};
+use crate::kv_cache::{KvCache, KvDtype};
+use backend::Dims;
+use batch::FlatBatch;
+use cpu::CpuBackend;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::CudaKv;
+#[cfg(feature = "cuda")]
+pub use cuda::CudaOptions;
+use weights::ModelWeights;
 pub use weights::WeightLayout;
-use weights::{Linear, ModelWeights};
 
 /// Which positions of a chunk need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,13 +91,21 @@ impl ForwardOutput {
 /// A loaded model, ready to run batches against a [`KvCache`].
 pub struct Model {
     config: ModelConfig,
-    weights: ModelWeights,
-    inv_freq: Vec<f32>,
     comm: Arc<dyn Communicator>,
     partition: Partition,
     heads: HeadSplit,
     kv_dtype: KvDtype,
-    activations: ActivationDtype,
+    /// The storage format of most weight bytes, as loaded from the files.
+    weights_dtype: &'static str,
+    compute: Compute,
+}
+
+/// Where the forward pass runs.
+#[allow(clippy::large_enum_variant)] // one per model, never moved on a hot path
+enum Compute {
+    Cpu(CpuBackend),
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CudaModel),
 }
 
 impl Model {
@@ -134,16 +151,77 @@ impl Model {
             &heads,
             layout,
         )?;
+        let cfg = &files.config;
+        let dims = Dims {
+            hidden: cfg.hidden_size,
+            head_dim: cfg.head_dim,
+            heads: heads.q.len(),
+            kv_heads: heads.kv.len(),
+            intermediate: weights.layers.first().map_or(0, |l| l.down.in_features()),
+        };
         Ok(Self {
-            inv_freq: rope::inv_freq(&files.config),
-            config: files.config.clone(),
-            weights,
+            config: cfg.clone(),
+            weights_dtype: weights.storage_dtype(),
+            compute: Compute::Cpu(CpuBackend {
+                weights,
+                dims,
+                inv_freq: rope::inv_freq(cfg),
+                eps: cfg.rms_norm_eps,
+                window: cfg.sliding_window,
+                activations: ActivationDtype::Float32,
+                comm: comm.clone(),
+                world_size: partition.world_size,
+            }),
             comm,
             partition,
             heads,
             kv_dtype: KvDtype::Float32,
-            activations: ActivationDtype::Float32,
         })
+    }
+
+    /// Moves the weights to GPU `options.device` (this rank's), where every later pass runs,
+    /// in the element type of [`Self::kv_dtype`] (bf16 or f32) for weights, activations and
+    /// the KV cache alike. Set the KV dtype first.
+    #[cfg(feature = "cuda")]
+    pub fn into_cuda(self, options: &CudaOptions) -> Result<Self, EngineError> {
+        let cpu = match self.compute {
+            Compute::Cpu(cpu) => cpu,
+            Compute::Cuda(_) => {
+                return Err(EngineError::Device("the model is already on a GPU".into()));
+            }
+        };
+        let gpu = cuda::CudaModel::upload(cpu, self.kv_dtype, options)?;
+        Ok(Self {
+            compute: Compute::Cuda(gpu),
+            ..self
+        })
+    }
+
+    /// `"cpu"`, or the GPU's name.
+    pub fn device(&self) -> String {
+        match &self.compute {
+            Compute::Cpu(_) => "cpu".into(),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(gpu) => gpu.device_name(),
+        }
+    }
+
+    /// Bytes of KV cache that fit in `fraction` of the GPU's free memory, less what a pass
+    /// of `max_tokens` tokens allocates (`None` on the CPU, whose budget is a byte count).
+    /// Call with the smallest cache allocated: what is free is what the weights leave.
+    pub fn device_kv_budget(
+        &self,
+        fraction: f32,
+        max_tokens: usize,
+    ) -> Result<Option<u64>, EngineError> {
+        match &self.compute {
+            Compute::Cpu(_) => {
+                let _ = (fraction, max_tokens);
+                Ok(None)
+            }
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(gpu) => gpu.kv_budget(fraction, max_tokens).map(Some),
+        }
     }
 
     /// This rank's place in the tensor-parallel group.
@@ -155,13 +233,6 @@ impl Model {
     /// can run out of step with them, as health checks do).
     pub fn check_peers(&self) -> Result<(), EngineError> {
         Ok(self.comm.check_peers()?)
-    }
-
-    fn all_reduce(&self, data: &mut [f32]) -> Result<(), EngineError> {
-        if self.partition.world_size > 1 {
-            self.comm.all_reduce_f32(data)?;
-        }
-        Ok(())
     }
 
     /// The model's configuration.
@@ -186,47 +257,32 @@ impl Model {
     }
 
     /// Rounds the activations of products with bf16-stored weights to bf16 (f32 unless set;
-    /// see [`ActivationDtype`]).
+    /// see [`ActivationDtype`]). CPU only: on a GPU the element type is the KV dtype's.
+    #[allow(irrefutable_let_patterns)] // refutable with `cuda`
     pub fn with_activation_dtype(mut self, dtype: ActivationDtype) -> Self {
-        self.activations = dtype;
+        if let Compute::Cpu(cpu) = &mut self.compute {
+            cpu.activations = dtype;
+        }
         self
     }
 
     /// What products round their activations to.
     pub fn activation_dtype(&self) -> ActivationDtype {
-        self.activations
+        match &self.compute {
+            Compute::Cpu(cpu) => cpu.activations,
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(_) => match self.kv_dtype {
+                KvDtype::Float32 => ActivationDtype::Float32,
+                KvDtype::Bfloat16 => ActivationDtype::Bfloat16,
+            },
+        }
     }
 
-    /// The storage format of most of this rank's weight bytes, as `/info` reports it:
-    /// `float32`, `bfloat16`, `float16`, or the GGUF block type (`Q4_1`, `Q4_K`…).
+    /// The storage format of most of this rank's weight bytes in the model's files, as
+    /// `/info` reports it: `float32`, `bfloat16`, `float16`, or the GGUF block type (`Q4_1`,
+    /// `Q4_K`…).
     pub fn weights_dtype(&self) -> &'static str {
-        let w = &self.weights;
-        let matrices = w
-            .layers
-            .iter()
-            .flat_map(|l| {
-                [
-                    &l.qkv.weight,
-                    &l.o.weight,
-                    &l.gate_up.weight,
-                    &l.down.weight,
-                ]
-            })
-            .chain(std::iter::once(&w.embed))
-            .chain(w.lm_head.as_ref());
-        let mut bytes: Vec<(WeightFormat, usize)> = Vec::new();
-        for m in matrices {
-            match bytes.iter_mut().find(|(f, _)| *f == m.format()) {
-                Some((_, b)) => *b += m.storage_bytes(),
-                None => bytes.push((m.format(), m.storage_bytes())),
-            }
-        }
-        match bytes.iter().max_by_key(|(_, b)| *b).map(|(f, _)| *f) {
-            Some(WeightFormat::F32) | None => "float32",
-            Some(WeightFormat::Bf16) => "bfloat16",
-            Some(WeightFormat::F16) => "float16",
-            Some(f) => f.name(),
-        }
+        self.weights_dtype
     }
 
     /// Element type of the caches [`Model::new_cache`] makes.
@@ -234,14 +290,20 @@ impl Model {
         self.kv_dtype
     }
 
-    /// A cache of `num_blocks` blocks of `block_size` tokens for this model.
-    pub fn new_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
-        KvCache::with_dtype(
-            self.config.num_layers,
-            num_blocks,
-            self.kv_layout(block_size),
-            self.kv_dtype,
-        )
+    /// A cache of `num_blocks` blocks of `block_size` tokens for this model, in the memory
+    /// its pass runs in (host or GPU).
+    pub fn new_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache, EngineError> {
+        let layout = self.kv_layout(block_size);
+        match &self.compute {
+            Compute::Cpu(_) => Ok(KvCache::with_dtype(
+                self.config.num_layers,
+                num_blocks,
+                layout,
+                self.kv_dtype,
+            )),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(gpu) => gpu.new_cache(self.config.num_layers, num_blocks, layout),
+        }
     }
 
     fn check(&self, chunks: &[SequenceChunk<'_>], cache: &KvCache) -> Result<(), EngineError> {
@@ -292,173 +354,32 @@ impl Model {
         chunks: &[SequenceChunk<'_>],
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, EngineError> {
-        // On one of rayon's threads: a pass makes a hundred or more parallel calls, and each
-        // one from outside the pool would hand its work over and sleep until it is done
-        // (measured: 6.2 → 4.7 ms per SmolLM2 decode step). Not under tensor parallelism:
-        // ranks that share a process (and so a pool) would each hold a pool thread while
-        // waiting in the all-reduce for a rank that cannot get one.
-        if self.partition.world_size == 1 {
-            rayon::scope(|_| self.forward_on_pool(chunks, cache))
-        } else {
-            self.forward_on_pool(chunks, cache)
-        }
-    }
-
-    fn forward_on_pool(
-        &self,
-        chunks: &[SequenceChunk<'_>],
-        cache: &mut KvCache,
-    ) -> Result<ForwardOutput, EngineError> {
         self.check(chunks, cache)?;
-        let cfg = &self.config;
-        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-        // This rank's heads and intermediate width (all of them with one rank).
-        let (nh, nkv) = (self.heads.q.len(), self.heads.kv.len());
-        let inter = self
-            .weights
-            .layers
-            .first()
-            .map_or(0, |l| l.down.in_features());
-        let bs = cache.layout.block_size;
-
-        // Flatten the batch.
-        let mut input_ids = Vec::new();
-        let mut positions = Vec::new();
-        let mut slots = Vec::new();
-        let mut seqs = Vec::with_capacity(chunks.len());
-        let mut logit_rows = Vec::new();
-        let mut out_rows = Vec::with_capacity(chunks.len());
-        for c in chunks {
-            let first_row = input_ids.len();
-            for (i, &t) in c.tokens.iter().enumerate() {
-                let p = c.start_position + i;
-                input_ids.push(t);
-                positions.push(p as u32);
-                slots.push(c.block_table[p / bs] as usize * bs + p % bs);
+        let batch = FlatBatch::new(chunks, cache.layout.block_size);
+        let layers = self.config.num_layers;
+        let logits = match &self.compute {
+            // On one of rayon's threads: a pass makes a hundred or more parallel calls, and
+            // each one from outside the pool would hand its work over and sleep until it is
+            // done (measured: 6.2 → 4.7 ms per SmolLM2 decode step). Not under tensor
+            // parallelism: ranks that share a process (and so a pool) would each hold a pool
+            // thread while waiting in the all-reduce for a rank that cannot get one.
+            Compute::Cpu(cpu) if self.partition.world_size == 1 => {
+                rayon::scope(|_| forward::forward(cpu, cpu.dims, layers, &batch, &mut cache.pages))?
             }
-            seqs.push(attention::AttentionSeq {
-                first_row,
-                rows: c.tokens.len(),
-                first_position: c.start_position,
-                block_table: c.block_table,
-            });
-            let before = logit_rows.len();
-            match c.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last if !c.tokens.is_empty() => {
-                    logit_rows.push(first_row + c.tokens.len() - 1)
-                }
-                LogitsWanted::Last => {}
-                LogitsWanted::All => logit_rows.extend(first_row..first_row + c.tokens.len()),
-            }
-            out_rows.push(before..logit_rows.len());
-        }
-        let t = input_ids.len();
-
-        // Vocabulary-parallel lookup: rows of other ranks' tokens stay zero here, and the
-        // all-reduce adds exact zeros, so every rank ends with the exact embedding rows.
-        let vocab = &self.weights.vocab;
-        let mut residual = vec![0f32; t * h];
-        for (row, &id) in residual.chunks_exact_mut(h).zip(&input_ids) {
-            if vocab.contains(&(id as usize)) {
-                let local = id as usize - vocab.start;
-                self.weights.embed.row_f32(local, row);
-            }
-        }
-        self.all_reduce(&mut residual)?;
-        let (cos, sin) = rope_kernel::cos_sin(&self.inv_freq, &positions);
-        let qkv_width = (nh + 2 * nkv) * hd;
-        let mut normed = vec![0f32; t * h];
-        let mut qkv = vec![0f32; t * qkv_width];
-        let mut attn = vec![0f32; t * nh * hd];
-        let mut proj = vec![0f32; t * h];
-        let mut gate_up = vec![0f32; t * 2 * inter];
-        let mut act = vec![0f32; t * inter];
-        let scale = 1.0 / (hd as f32).sqrt();
-
-        for (li, layer) in self.weights.layers.iter().enumerate() {
-            if li == 0 {
-                norm::rms_norm(&residual, &layer.input_norm, cfg.rms_norm_eps, &mut normed);
-            } else {
-                norm::add_rms_norm(
-                    &mut residual,
-                    &proj,
-                    &layer.input_norm,
-                    cfg.rms_norm_eps,
-                    &mut normed,
-                );
-            }
-            self.linear(&normed, &layer.qkv, t, &mut qkv);
-            // Queries rotate in place; keys rotate as they are written into the cache.
-            rope_kernel::apply_rope(&mut qkv, qkv_width, 0, nh, hd, &cos, &sin);
-            let step = AttentionStep {
-                layout: cache.layout,
-                qkv: &qkv,
-                qkv_width,
-                heads: nh,
-                kv_heads: nkv,
-                slots: &slots,
-                seqs: &seqs,
-                scale,
-                window: cfg.sliding_window,
-                rope: (&cos, &sin),
-            };
-            match &mut cache.pages {
-                KvPages::F32(layers) => step.run(&mut layers[li], &mut attn),
-                KvPages::Bf16(layers) => step.run(&mut layers[li], &mut attn),
-            }
-            self.linear(&attn, &layer.o, t, &mut proj);
-            self.all_reduce(&mut proj)?;
-            norm::add_rms_norm(
-                &mut residual,
-                &proj,
-                &layer.post_attention_norm,
-                cfg.rms_norm_eps,
-                &mut normed,
-            );
-            self.linear(&normed, &layer.gate_up, t, &mut gate_up);
-            activation::silu_mul(&gate_up, inter, &mut act);
-            self.linear(&act, &layer.down, t, &mut proj);
-            self.all_reduce(&mut proj)?;
-        }
-
-        // Only the rows that need logits go through the final norm and the LM head.
-        let rows = logit_rows.len();
-        let mut last = Vec::with_capacity(rows * h);
-        for &r in &logit_rows {
-            let res = &residual[r * h..(r + 1) * h];
-            last.extend(
-                res.iter()
-                    .zip(&proj[r * h..(r + 1) * h])
-                    .map(|(a, b)| a + b),
-            );
-        }
-        let mut last_normed = vec![0f32; rows * h];
-        norm::rms_norm(
-            &last,
-            &self.weights.final_norm,
-            cfg.rms_norm_eps,
-            &mut last_normed,
-        );
-        let head = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        let local_vocab = vocab.len();
-        let mut logits = vec![0f32; rows * local_vocab];
-        debug_assert_eq!(head.cols(), h);
-        linear_weights_as(
-            &last_normed,
-            head,
-            None,
-            rows,
-            &mut logits,
-            self.activations,
-        );
-        if self.partition.world_size > 1 {
-            logits = self.gather_logits(&logits, rows)?;
-        }
+            Compute::Cpu(cpu) => forward::forward(cpu, cpu.dims, layers, &batch, &mut cache.pages)?,
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(gpu) => gpu.forward(layers, &batch, &mut cache.pages)?,
+        };
+        let rows = batch.logit_rows.len();
+        let logits = if self.partition.world_size > 1 {
+            self.gather_logits(&logits, rows)?
+        } else {
+            logits
+        };
         Ok(ForwardOutput {
             logits,
-            vocab_size: cfg.vocab_size,
-            rows: out_rows,
+            vocab_size: self.config.vocab_size,
+            rows: batch.out_rows,
         })
     }
 }
@@ -483,64 +404,5 @@ impl Model {
             column += n;
         }
         Ok(logits)
-    }
-}
-
-/// One layer's cache write and attention, for either cache element type.
-struct AttentionStep<'a> {
-    layout: attention::KvLayout,
-    qkv: &'a [f32],
-    qkv_width: usize,
-    heads: usize,
-    kv_heads: usize,
-    slots: &'a [usize],
-    seqs: &'a [attention::AttentionSeq<'a>],
-    scale: f32,
-    window: Option<usize>,
-    /// The tokens' rotary cosines and sines, applied to the keys as they are written.
-    rope: (&'a [f32], &'a [f32]),
-}
-
-impl AttentionStep<'_> {
-    /// Writes the new tokens' K/V (keys rotated, converted to `T`) and attends over the cache.
-    fn run<T: KvElem>(&self, (ck, cv): &mut (Vec<T>, Vec<T>), out: &mut [f32]) {
-        let hd = self.layout.head_dim;
-        attention::write_kv(
-            self.layout,
-            ck,
-            cv,
-            self.qkv,
-            self.qkv_width,
-            self.heads * hd,
-            (self.heads + self.kv_heads) * hd,
-            self.slots,
-            Some(self.rope),
-        );
-        attention::paged_attention(
-            self.layout,
-            ck,
-            cv,
-            self.qkv,
-            self.qkv_width,
-            self.heads,
-            self.seqs,
-            self.scale,
-            self.window,
-            out,
-        );
-    }
-}
-
-impl Model {
-    fn linear(&self, x: &[f32], layer: &Linear, rows: usize, out: &mut [f32]) {
-        debug_assert_eq!(out.len(), rows * layer.out_features());
-        linear_weights_as(
-            x,
-            &layer.weight,
-            layer.bias.as_deref(),
-            rows,
-            out,
-            self.activations,
-        );
     }
 }

@@ -20,7 +20,7 @@
 use std::ops::Range;
 
 use tessera_formats::{ModelConfig, NativeTensor, WeightSource};
-use tessera_kernels::cpu::WeightMatrix;
+use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 
 use crate::EngineError;
 use crate::comm::{HeadSplit, Partition};
@@ -90,6 +90,39 @@ pub(crate) struct ModelWeights {
     pub(crate) final_norm: Vec<f32>,
     /// `None` when tied to `embed`; this rank's `vocab` rows.
     pub(crate) lm_head: Option<WeightMatrix>,
+}
+
+impl ModelWeights {
+    /// The storage format of most weight bytes: `float32`, `bfloat16`, `float16`, or the
+    /// GGUF block type (`Q4_1`, `Q4_K`…).
+    pub(crate) fn storage_dtype(&self) -> &'static str {
+        let matrices = self
+            .layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    &l.qkv.weight,
+                    &l.o.weight,
+                    &l.gate_up.weight,
+                    &l.down.weight,
+                ]
+            })
+            .chain(std::iter::once(&self.embed))
+            .chain(self.lm_head.as_ref());
+        let mut bytes: Vec<(WeightFormat, usize)> = Vec::new();
+        for m in matrices {
+            match bytes.iter_mut().find(|(f, _)| *f == m.format()) {
+                Some((_, b)) => *b += m.storage_bytes(),
+                None => bytes.push((m.format(), m.storage_bytes())),
+            }
+        }
+        match bytes.iter().max_by_key(|(_, b)| *b).map(|(f, _)| *f) {
+            Some(WeightFormat::F32) | None => "float32",
+            Some(WeightFormat::Bf16) => "bfloat16",
+            Some(WeightFormat::F16) => "float16",
+            Some(f) => f.name(),
+        }
+    }
 }
 
 /// Which part of a tensor a rank loads.

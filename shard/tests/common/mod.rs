@@ -105,7 +105,7 @@ pub fn run(
     schedule: Schedule,
 ) -> Vec<Outcome> {
     let block_size = 4;
-    let mut cache: KvCache = model.new_cache(1024, block_size);
+    let mut cache: KvCache = model.new_cache(1024, block_size).unwrap();
     let mut next_block = 1u32; // block 0 stays unused, like the router's null block
     let mut seqs: Vec<Seq> = prompts
         .iter()

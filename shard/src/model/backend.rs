@@ -1,0 +1,127 @@
+//! The operations a forward pass is made of, as a device implements them. The pass itself
+//! (`super::forward`) is written once against this trait; the CPU backend (`super::cpu`) and
+//! the CUDA one (`super::cuda`, feature `cuda`) each own their weights and buffers.
+
+use super::batch::FlatBatch;
+use crate::EngineError;
+
+/// Which RMSNorm weight to apply.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Norm {
+    /// Before attention in layer `i`.
+    Input(usize),
+    /// Before the MLP in layer `i`.
+    PostAttention(usize),
+}
+
+/// Which projection of a layer to multiply by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Proj {
+    /// `[q | k | v]`.
+    Qkv,
+    /// Attention output (row-parallel).
+    O,
+    /// `[gate | up]`.
+    GateUp,
+    /// MLP output (row-parallel).
+    Down,
+}
+
+/// This rank's widths of one layer's tensors.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dims {
+    pub(crate) hidden: usize,
+    pub(crate) head_dim: usize,
+    /// Query heads of this rank.
+    pub(crate) heads: usize,
+    /// KV heads of this rank.
+    pub(crate) kv_heads: usize,
+    /// MLP width of this rank.
+    pub(crate) intermediate: usize,
+}
+
+impl Dims {
+    pub(crate) fn qkv_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+}
+
+/// A device's weights and kernels. Buffers hold `[rows, width]` row-major activations.
+pub(crate) trait Backend {
+    /// An activation buffer.
+    type Act;
+    /// Every layer's K and V pages.
+    type Kv;
+    /// A pass's index arrays (positions, slots, block tables…) where the kernels read them.
+    type Batch<'a>
+    where
+        Self: 'a;
+
+    fn upload<'a>(&'a self, batch: &'a FlatBatch<'a>) -> Result<Self::Batch<'a>, EngineError>;
+
+    /// A zeroed buffer of `len` values.
+    fn zeros(&self, len: usize) -> Result<Self::Act, EngineError>;
+
+    /// This rank's embedding rows of the batch's tokens (zero rows for other ranks' tokens).
+    fn embed(&self, batch: &Self::Batch<'_>, out: &mut Self::Act) -> Result<(), EngineError>;
+
+    fn rms_norm(
+        &self,
+        norm: Norm,
+        x: &Self::Act,
+        out: &mut Self::Act,
+        rows: usize,
+    ) -> Result<(), EngineError>;
+
+    /// `residual += x; out = rms_norm(residual)`.
+    fn add_rms_norm(
+        &self,
+        norm: Norm,
+        residual: &mut Self::Act,
+        x: &Self::Act,
+        out: &mut Self::Act,
+        rows: usize,
+    ) -> Result<(), EngineError>;
+
+    /// `out = x · Wᵀ (+ bias)` for layer `layer`'s projection `proj`.
+    fn linear(
+        &self,
+        layer: usize,
+        proj: Proj,
+        x: &Self::Act,
+        out: &mut Self::Act,
+        rows: usize,
+    ) -> Result<(), EngineError>;
+
+    /// Rotates q and k, writes k and v into layer `layer`'s pages, and attends: `out` gets
+    /// `[rows, heads · head_dim]`.
+    fn attention(
+        &self,
+        layer: usize,
+        batch: &Self::Batch<'_>,
+        qkv: &mut Self::Act,
+        kv: &mut Self::Kv,
+        out: &mut Self::Act,
+    ) -> Result<(), EngineError>;
+
+    /// `out = silu(gate) · up` of `[gate | up]` rows of `2 · width`.
+    fn silu_mul(
+        &self,
+        gate_up: &Self::Act,
+        out: &mut Self::Act,
+        rows: usize,
+        width: usize,
+    ) -> Result<(), EngineError>;
+
+    /// Sums `x` across the tensor-parallel ranks (nothing with one rank).
+    fn all_reduce(&self, x: &mut Self::Act) -> Result<(), EngineError>;
+
+    /// Final norm of `residual + proj` and this rank's vocabulary slice of the LM head, for
+    /// the batch's logit rows: `[logit rows, local vocab]` on the host.
+    fn logits(
+        &self,
+        batch: &Self::Batch<'_>,
+        residual: &Self::Act,
+        proj: &Self::Act,
+    ) -> Result<Vec<f32>, EngineError>;
+}

@@ -1,0 +1,259 @@
+//! The CPU backend: weights in host memory in their file's format, activations in f32, the
+//! SIMD kernels of `tessera_kernels::cpu`, and the communicator's host all-reduce.
+
+use std::sync::Arc;
+
+use tessera_kernels::cpu::attention::{self, KvElem, KvLayout};
+use tessera_kernels::cpu::{
+    ActivationDtype, activation, linear_weights_as, norm, rope as rope_kernel,
+};
+
+use super::backend::{Backend, Dims, Norm, Proj};
+use super::batch::FlatBatch;
+use super::weights::{Linear, ModelWeights};
+use crate::EngineError;
+use crate::comm::Communicator;
+use crate::kv_cache::KvPages;
+
+pub(crate) struct CpuBackend {
+    pub(crate) weights: ModelWeights,
+    pub(crate) dims: Dims,
+    pub(crate) inv_freq: Vec<f32>,
+    pub(crate) eps: f32,
+    pub(crate) window: Option<usize>,
+    pub(crate) activations: ActivationDtype,
+    pub(crate) comm: Arc<dyn Communicator>,
+    pub(crate) world_size: usize,
+}
+
+/// A pass on the CPU: the flattened batch and its tokens' rotary cosines and sines.
+pub(crate) struct CpuBatch<'a> {
+    flat: &'a FlatBatch<'a>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl CpuBackend {
+    fn norm_weight(&self, norm: Norm) -> &[f32] {
+        match norm {
+            Norm::Input(l) => &self.weights.layers[l].input_norm,
+            Norm::PostAttention(l) => &self.weights.layers[l].post_attention_norm,
+        }
+    }
+
+    fn projection(&self, layer: usize, proj: Proj) -> &Linear {
+        let l = &self.weights.layers[layer];
+        match proj {
+            Proj::Qkv => &l.qkv,
+            Proj::O => &l.o,
+            Proj::GateUp => &l.gate_up,
+            Proj::Down => &l.down,
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Act = Vec<f32>;
+    type Kv = KvPages;
+    type Batch<'a> = CpuBatch<'a>;
+
+    fn upload<'a>(&'a self, flat: &'a FlatBatch<'a>) -> Result<CpuBatch<'a>, EngineError> {
+        let (cos, sin) = rope_kernel::cos_sin(&self.inv_freq, &flat.positions);
+        Ok(CpuBatch { flat, cos, sin })
+    }
+
+    fn zeros(&self, len: usize) -> Result<Vec<f32>, EngineError> {
+        Ok(vec![0f32; len])
+    }
+
+    fn embed(&self, batch: &CpuBatch<'_>, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        // Vocabulary-parallel lookup: rows of other ranks' tokens stay zero here, and the
+        // all-reduce adds exact zeros, so every rank ends with the exact embedding rows.
+        let vocab = &self.weights.vocab;
+        let h = self.dims.hidden;
+        for (row, &id) in out.chunks_exact_mut(h).zip(&batch.flat.input_ids) {
+            if vocab.contains(&(id as usize)) {
+                self.weights.embed.row_f32(id as usize - vocab.start, row);
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        which: Norm,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        _rows: usize,
+    ) -> Result<(), EngineError> {
+        norm::rms_norm(x, self.norm_weight(which), self.eps, out);
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        which: Norm,
+        residual: &mut Vec<f32>,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        _rows: usize,
+    ) -> Result<(), EngineError> {
+        norm::add_rms_norm(residual, x, self.norm_weight(which), self.eps, out);
+        Ok(())
+    }
+
+    fn linear(
+        &self,
+        layer: usize,
+        proj: Proj,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let l = self.projection(layer, proj);
+        debug_assert_eq!(out.len(), rows * l.out_features());
+        linear_weights_as(x, &l.weight, l.bias.as_deref(), rows, out, self.activations);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        layer: usize,
+        batch: &CpuBatch<'_>,
+        qkv: &mut Vec<f32>,
+        kv: &mut KvPages,
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        let d = self.dims;
+        let qkv_width = d.qkv_width();
+        // Queries rotate in place; keys rotate as they are written into the cache.
+        rope_kernel::apply_rope(
+            qkv, qkv_width, 0, d.heads, d.head_dim, &batch.cos, &batch.sin,
+        );
+        let step = AttentionStep {
+            layout: KvLayout {
+                block_size: batch.flat.block_size,
+                kv_heads: d.kv_heads,
+                head_dim: d.head_dim,
+            },
+            qkv,
+            qkv_width,
+            heads: d.heads,
+            kv_heads: d.kv_heads,
+            slots: &batch.flat.slots,
+            seqs: &batch.flat.seqs,
+            scale: 1.0 / (d.head_dim as f32).sqrt(),
+            window: self.window,
+            rope: (&batch.cos, &batch.sin),
+        };
+        match kv {
+            KvPages::F32(layers) => step.run(&mut layers[layer], out),
+            KvPages::Bf16(layers) => step.run(&mut layers[layer], out),
+            #[cfg(feature = "cuda")]
+            KvPages::Cuda(_) => {
+                return Err(EngineError::InvalidBatch(
+                    "a CPU model was given a KV cache in GPU memory".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn silu_mul(
+        &self,
+        gate_up: &Vec<f32>,
+        out: &mut Vec<f32>,
+        _rows: usize,
+        width: usize,
+    ) -> Result<(), EngineError> {
+        activation::silu_mul(gate_up, width, out);
+        Ok(())
+    }
+
+    fn all_reduce(&self, x: &mut Vec<f32>) -> Result<(), EngineError> {
+        if self.world_size > 1 {
+            self.comm.all_reduce_f32(x)?;
+        }
+        Ok(())
+    }
+
+    fn logits(
+        &self,
+        batch: &CpuBatch<'_>,
+        residual: &Vec<f32>,
+        proj: &Vec<f32>,
+    ) -> Result<Vec<f32>, EngineError> {
+        // Only the rows that need logits go through the final norm and the LM head.
+        let h = self.dims.hidden;
+        let rows = batch.flat.logit_rows.len();
+        let mut last = Vec::with_capacity(rows * h);
+        for &r in &batch.flat.logit_rows {
+            let res = &residual[r * h..(r + 1) * h];
+            last.extend(
+                res.iter()
+                    .zip(&proj[r * h..(r + 1) * h])
+                    .map(|(a, b)| a + b),
+            );
+        }
+        let mut last_normed = vec![0f32; rows * h];
+        norm::rms_norm(&last, &self.weights.final_norm, self.eps, &mut last_normed);
+        let w = &self.weights;
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+        debug_assert_eq!(head.cols(), h);
+        let mut logits = vec![0f32; rows * w.vocab.len()];
+        linear_weights_as(
+            &last_normed,
+            head,
+            None,
+            rows,
+            &mut logits,
+            self.activations,
+        );
+        Ok(logits)
+    }
+}
+
+/// One layer's cache write and attention, for either cache element type.
+struct AttentionStep<'a> {
+    layout: KvLayout,
+    qkv: &'a [f32],
+    qkv_width: usize,
+    heads: usize,
+    kv_heads: usize,
+    slots: &'a [usize],
+    seqs: &'a [attention::AttentionSeq<'a>],
+    scale: f32,
+    window: Option<usize>,
+    /// The tokens' rotary cosines and sines, applied to the keys as they are written.
+    rope: (&'a [f32], &'a [f32]),
+}
+
+impl AttentionStep<'_> {
+    /// Writes the new tokens' K/V (keys rotated, converted to `T`) and attends over the cache.
+    fn run<T: KvElem>(&self, (ck, cv): &mut (Vec<T>, Vec<T>), out: &mut [f32]) {
+        let hd = self.layout.head_dim;
+        attention::write_kv(
+            self.layout,
+            ck,
+            cv,
+            self.qkv,
+            self.qkv_width,
+            self.heads * hd,
+            (self.heads + self.kv_heads) * hd,
+            self.slots,
+            Some(self.rope),
+        );
+        attention::paged_attention(
+            self.layout,
+            ck,
+            cv,
+            self.qkv,
+            self.qkv_width,
+            self.heads,
+            self.seqs,
+            self.scale,
+            self.window,
+            out,
+        );
+    }
+}

@@ -1,0 +1,694 @@
+//! The CUDA backend (feature `cuda`): weights, activations and the paged KV cache in GPU
+//! memory in one element type (bf16, or f32 for checking against the CPU), the kernels of
+//! `kernels/cuda/` for everything but the products, and cuBLASLt for the products.
+//!
+//! Quantized GGUF weights are dequantized once at load (into the element type): the
+//! weight-only GEMV kernels cover Q8_0 and Q4_0 only, not SmolLM2's Q4_1, so every format
+//! takes the same cuBLASLt path for now. Under tensor parallelism each all-reduce goes
+//! through the host (the communicator's), which is correct with any communicator but not
+//! fast; NCCL on device buffers is the next step.
+
+use std::sync::Arc;
+
+use half::bf16;
+use tessera_kernels::cpu::attention::KvLayout;
+use tessera_kernels::cuda::cudarc::cublaslt::{CudaBlasLT, Matmul};
+use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
+use tessera_kernels::cuda::{
+    CacheView, CudaError, DecodeArgs, Gemm, GpuDevice, GpuFloat, GpuKernels, PrefillArgs, PtxCache,
+    RopeCacheArgs,
+};
+
+use super::backend::{Backend, Dims, Norm, Proj};
+use super::batch::FlatBatch;
+use super::cpu::CpuBackend;
+use super::weights::Linear;
+use crate::EngineError;
+use crate::comm::Communicator;
+use crate::kv_cache::{KvCache, KvDtype, KvPages};
+
+/// Where [`super::Model::into_cuda`] puts a model.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaOptions {
+    /// CUDA device ordinal (after `CUDA_VISIBLE_DEVICES`); a shard uses its rank's.
+    pub device: usize,
+}
+
+fn device_error(e: impl Into<CudaError>) -> EngineError {
+    EngineError::Device(e.into().to_string())
+}
+
+/// An element type the backend runs in, and how it finds its pages in a [`CudaKv`].
+pub(crate) trait DeviceElem: GpuFloat {
+    fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<Self>, CudaSlice<Self>)>>;
+    fn wrap(pages: Vec<(CudaSlice<Self>, CudaSlice<Self>)>) -> CudaKv;
+}
+
+impl DeviceElem for f32 {
+    fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<f32>, CudaSlice<f32>)>> {
+        match kv {
+            CudaKv::F32(p) => Some(p),
+            CudaKv::Bf16(_) => None,
+        }
+    }
+    fn wrap(pages: Vec<(CudaSlice<f32>, CudaSlice<f32>)>) -> CudaKv {
+        CudaKv::F32(pages)
+    }
+}
+
+impl DeviceElem for bf16 {
+    fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>> {
+        match kv {
+            CudaKv::Bf16(p) => Some(p),
+            CudaKv::F32(_) => None,
+        }
+    }
+    fn wrap(pages: Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>) -> CudaKv {
+        CudaKv::Bf16(pages)
+    }
+}
+
+/// Every layer's K and V pages in GPU memory, `[num_blocks · block_size, kv_heads, head_dim]`.
+pub(crate) enum CudaKv {
+    F32(Vec<(CudaSlice<f32>, CudaSlice<f32>)>),
+    Bf16(Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>),
+}
+
+impl CudaKv {
+    pub(crate) fn dtype(&self) -> KvDtype {
+        match self {
+            CudaKv::F32(_) => KvDtype::Float32,
+            CudaKv::Bf16(_) => KvDtype::Bfloat16,
+        }
+    }
+
+    pub(crate) fn num_layers(&self) -> usize {
+        match self {
+            CudaKv::F32(p) => p.len(),
+            CudaKv::Bf16(p) => p.len(),
+        }
+    }
+}
+
+/// A model on a GPU, in one of the element types.
+pub(crate) enum CudaModel {
+    F32(CudaBackend<f32>),
+    Bf16(CudaBackend<bf16>),
+}
+
+impl CudaModel {
+    /// Opens the device and uploads `cpu`'s weights in `dtype` (consuming the host copy).
+    pub(crate) fn upload(
+        cpu: CpuBackend,
+        dtype: KvDtype,
+        options: &CudaOptions,
+    ) -> Result<Self, EngineError> {
+        let device = GpuDevice::open(options.device).map_err(device_error)?;
+        tracing::info!(
+            gpu = device.name(),
+            capability = ?device.compute_capability(),
+            dtype = dtype.name(),
+            "uploading weights to the GPU"
+        );
+        Ok(match dtype {
+            KvDtype::Float32 => CudaModel::F32(CudaBackend::upload(cpu, device)?),
+            KvDtype::Bfloat16 => CudaModel::Bf16(CudaBackend::upload(cpu, device)?),
+        })
+    }
+
+    pub(crate) fn device_name(&self) -> String {
+        match self {
+            CudaModel::F32(b) => b.device.name().to_string(),
+            CudaModel::Bf16(b) => b.device.name().to_string(),
+        }
+    }
+
+    pub(crate) fn new_cache(
+        &self,
+        num_layers: usize,
+        num_blocks: usize,
+        layout: KvLayout,
+    ) -> Result<KvCache, EngineError> {
+        let kv = match self {
+            CudaModel::F32(b) => b.new_pages(num_layers, num_blocks, layout)?,
+            CudaModel::Bf16(b) => b.new_pages(num_layers, num_blocks, layout)?,
+        };
+        Ok(KvCache {
+            layout,
+            num_blocks,
+            pages: KvPages::Cuda(kv),
+        })
+    }
+
+    pub(crate) fn kv_budget(&self, fraction: f32, max_tokens: usize) -> Result<u64, EngineError> {
+        match self {
+            CudaModel::F32(b) => b.kv_budget(fraction, max_tokens),
+            CudaModel::Bf16(b) => b.kv_budget(fraction, max_tokens),
+        }
+    }
+
+    pub(crate) fn forward(
+        &self,
+        layers: usize,
+        batch: &FlatBatch<'_>,
+        pages: &mut KvPages,
+    ) -> Result<Vec<f32>, EngineError> {
+        let KvPages::Cuda(kv) = pages else {
+            return Err(EngineError::InvalidBatch(
+                "a GPU model was given a KV cache in host memory".into(),
+            ));
+        };
+        if batch.tokens() == 0 {
+            return Ok(Vec::new());
+        }
+        match self {
+            CudaModel::F32(b) => super::forward::forward(b, b.dims, layers, batch, kv),
+            CudaModel::Bf16(b) => super::forward::forward(b, b.dims, layers, batch, kv),
+        }
+    }
+}
+
+struct GpuLinear<T> {
+    weight: CudaSlice<T>,
+    bias: Option<CudaSlice<T>>,
+    out_features: usize,
+    in_features: usize,
+}
+
+struct GpuLayer<T> {
+    input_norm: CudaSlice<T>,
+    post_attention_norm: CudaSlice<T>,
+    qkv: GpuLinear<T>,
+    o: GpuLinear<T>,
+    gate_up: GpuLinear<T>,
+    down: GpuLinear<T>,
+}
+
+pub(crate) struct CudaBackend<T> {
+    device: GpuDevice,
+    kernels: GpuKernels,
+    gemm: Gemm,
+    layers: Vec<GpuLayer<T>>,
+    /// This rank's vocabulary rows, `[local vocab, hidden]`.
+    embed: CudaSlice<T>,
+    /// `None` when tied to `embed`.
+    lm_head: Option<CudaSlice<T>>,
+    final_norm: CudaSlice<T>,
+    vocab_start: usize,
+    local_vocab: usize,
+    inv_freq: CudaSlice<f32>,
+    pub(crate) dims: Dims,
+    eps: f32,
+    window: Option<usize>,
+    comm: Arc<dyn Communicator>,
+    world_size: usize,
+}
+
+fn to_elems<T: GpuFloat>(values: &[f32]) -> Vec<T> {
+    values.iter().map(|&v| T::from_f32(v)).collect()
+}
+
+/// Copies `values` to the device; an empty slice becomes one zero (no zero-byte allocation).
+fn upload_i32(stream: &Arc<CudaStream>, values: &[i32]) -> Result<CudaSlice<i32>, EngineError> {
+    let padded: &[i32] = if values.is_empty() { &[0] } else { values };
+    stream.clone_htod(padded).map_err(device_error)
+}
+
+fn index_i32(v: usize, what: &str) -> Result<i32, EngineError> {
+    i32::try_from(v)
+        .map_err(|_| EngineError::InvalidBatch(format!("{what} {v} does not fit in 32 bits")))
+}
+
+impl<T: DeviceElem> CudaBackend<T>
+where
+    CudaBlasLT: Matmul<T>,
+{
+    fn upload(cpu: CpuBackend, device: GpuDevice) -> Result<Self, EngineError> {
+        let kernels =
+            GpuKernels::load(&device, &PtxCache::default_location()).map_err(device_error)?;
+        let gemm = Gemm::new(device.stream().clone()).map_err(device_error)?;
+        let stream = device.stream().clone();
+        let put = |values: &[f32]| -> Result<CudaSlice<T>, EngineError> {
+            stream
+                .clone_htod(&to_elems::<T>(values))
+                .map_err(device_error)
+        };
+        let linear = |l: &Linear| -> Result<GpuLinear<T>, EngineError> {
+            Ok(GpuLinear {
+                weight: put(&l.weight.to_f32())?,
+                bias: l.bias.as_deref().map(put).transpose()?,
+                out_features: l.out_features(),
+                in_features: l.in_features(),
+            })
+        };
+        let w = cpu.weights;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            layers.push(GpuLayer {
+                input_norm: put(&l.input_norm)?,
+                post_attention_norm: put(&l.post_attention_norm)?,
+                qkv: linear(&l.qkv)?,
+                o: linear(&l.o)?,
+                gate_up: linear(&l.gate_up)?,
+                down: linear(&l.down)?,
+            });
+        }
+        let embed = put(&w.embed.to_f32())?;
+        let lm_head = w.lm_head.as_ref().map(|m| put(&m.to_f32())).transpose()?;
+        let final_norm = put(&w.final_norm)?;
+        let inv_freq = stream.clone_htod(&cpu.inv_freq).map_err(device_error)?;
+        stream.synchronize().map_err(device_error)?;
+        Ok(CudaBackend {
+            kernels,
+            gemm,
+            layers,
+            embed,
+            lm_head,
+            final_norm,
+            vocab_start: w.vocab.start,
+            local_vocab: w.vocab.len(),
+            inv_freq,
+            dims: cpu.dims,
+            eps: cpu.eps,
+            window: cpu.window,
+            comm: cpu.comm,
+            world_size: cpu.world_size,
+            device,
+        })
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.device.stream()
+    }
+
+    fn new_pages(
+        &self,
+        num_layers: usize,
+        num_blocks: usize,
+        layout: KvLayout,
+    ) -> Result<CudaKv, EngineError> {
+        // At least one slot per layer: a zero-block cache (between resizes) allocates nothing
+        // real, and the kernels never see it.
+        let len = (num_blocks * layout.block_size * layout.slot_width()).max(1);
+        let mut pages = Vec::with_capacity(num_layers);
+        for _ in 0..num_layers {
+            let k = self.stream().alloc_zeros::<T>(len);
+            let v = self.stream().alloc_zeros::<T>(len);
+            match (k, v) {
+                (Ok(k), Ok(v)) => pages.push((k, v)),
+                (Err(e), _) | (_, Err(e)) => {
+                    return Err(EngineError::Device(format!(
+                        "allocating {num_blocks} KV blocks of {} tokens: {e}; lower \
+                         --memory-fraction's share for the cache or --max-total-tokens",
+                        layout.block_size
+                    )));
+                }
+            }
+        }
+        Ok(T::wrap(pages))
+    }
+
+    /// Device bytes one pass of `tokens` tokens allocates (activations, logits, scratch),
+    /// with a margin for cuBLASLt's workspace.
+    fn activation_bytes(&self, tokens: usize) -> u64 {
+        let d = self.dims;
+        let values = tokens
+            * (3 * d.hidden
+                + d.qkv_width()
+                + d.heads * d.head_dim
+                + 3 * d.intermediate
+                + self.local_vocab);
+        (values * std::mem::size_of::<T>()) as u64 * 5 / 4 + (256 << 20)
+    }
+
+    fn kv_budget(&self, fraction: f32, max_tokens: usize) -> Result<u64, EngineError> {
+        let (free, total) = self.device.memory().map_err(device_error)?;
+        let usable = (free as f64 * f64::from(fraction)) as u64;
+        let budget = usable.saturating_sub(self.activation_bytes(max_tokens));
+        tracing::info!(
+            free_mib = free >> 20,
+            total_mib = total >> 20,
+            kv_mib = budget >> 20,
+            fraction,
+            "GPU memory for the KV cache"
+        );
+        Ok(budget)
+    }
+
+    fn projection(&self, layer: usize, proj: Proj) -> &GpuLinear<T> {
+        let l = &self.layers[layer];
+        match proj {
+            Proj::Qkv => &l.qkv,
+            Proj::O => &l.o,
+            Proj::GateUp => &l.gate_up,
+            Proj::Down => &l.down,
+        }
+    }
+
+    fn norm_weight(&self, norm: Norm) -> &CudaSlice<T> {
+        match norm {
+            Norm::Input(l) => &self.layers[l].input_norm,
+            Norm::PostAttention(l) => &self.layers[l].post_attention_norm,
+        }
+    }
+}
+
+/// A pass's index arrays on the device.
+pub(crate) struct GpuBatch {
+    ids: CudaSlice<i32>,
+    positions: CudaSlice<i32>,
+    slots: CudaSlice<i32>,
+    /// `[num_seqs, max_blocks]`, unused entries 0.
+    block_tables: CudaSlice<i32>,
+    max_blocks: usize,
+    num_seqs: usize,
+    tokens: usize,
+    block_size: usize,
+    /// Every sequence has exactly one new row: the paged decode kernel runs.
+    decode: bool,
+    /// Decode: each sequence's context length, its new token included.
+    context_lens: CudaSlice<i32>,
+    max_context: usize,
+    /// Prefill: first row of each sequence, then the total.
+    cu_seqlens: CudaSlice<i32>,
+    /// Prefill: position of each sequence's first row.
+    first_pos: CudaSlice<i32>,
+    max_rows: usize,
+    /// Rows that go through the LM head, as runs `(first row, rows)`.
+    logit_runs: Vec<(usize, usize)>,
+    logit_rows: usize,
+}
+
+/// Consecutive rows joined into runs, so that gathering them takes one copy per run.
+fn runs(rows: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &r in rows {
+        match out.last_mut() {
+            Some((start, n)) if *start + *n == r => *n += 1,
+            _ => out.push((r, 1)),
+        }
+    }
+    out
+}
+
+impl<T: DeviceElem> Backend for CudaBackend<T>
+where
+    CudaBlasLT: Matmul<T>,
+{
+    type Act = CudaSlice<T>;
+    type Kv = CudaKv;
+    type Batch<'a> = GpuBatch;
+
+    fn upload<'a>(&'a self, b: &'a FlatBatch<'a>) -> Result<GpuBatch, EngineError> {
+        let s = self.stream();
+        let to_i32 = |v: &[u32], what: &str| -> Result<Vec<i32>, EngineError> {
+            v.iter().map(|&x| index_i32(x as usize, what)).collect()
+        };
+        let slots: Vec<i32> = b
+            .slots
+            .iter()
+            .map(|&x| index_i32(x, "cache slot"))
+            .collect::<Result<_, _>>()?;
+        let num_seqs = b.seqs.len();
+        let max_blocks = b
+            .seqs
+            .iter()
+            .map(|q| q.block_table.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut tables = vec![0i32; num_seqs * max_blocks];
+        for (row, q) in tables.chunks_exact_mut(max_blocks).zip(&b.seqs) {
+            for (t, &blk) in row.iter_mut().zip(q.block_table) {
+                *t = index_i32(blk as usize, "block id")?;
+            }
+        }
+        let decode = num_seqs > 0 && b.seqs.iter().all(|q| q.rows == 1);
+        let context: Vec<i32> = b
+            .seqs
+            .iter()
+            .map(|q| index_i32(q.first_position + q.rows, "context length"))
+            .collect::<Result<_, _>>()?;
+        let mut cu_seqlens: Vec<i32> = b
+            .seqs
+            .iter()
+            .map(|q| index_i32(q.first_row, "row"))
+            .collect::<Result<_, _>>()?;
+        cu_seqlens.push(index_i32(b.tokens(), "rows")?);
+        let first_pos: Vec<i32> = b
+            .seqs
+            .iter()
+            .map(|q| index_i32(q.first_position, "position"))
+            .collect::<Result<_, _>>()?;
+        Ok(GpuBatch {
+            ids: upload_i32(s, &to_i32(&b.input_ids, "token id")?)?,
+            positions: upload_i32(s, &to_i32(&b.positions, "position")?)?,
+            slots: upload_i32(s, &slots)?,
+            block_tables: upload_i32(s, &tables)?,
+            max_blocks,
+            num_seqs,
+            tokens: b.tokens(),
+            block_size: b.block_size,
+            decode,
+            max_context: b
+                .seqs
+                .iter()
+                .map(|q| q.first_position + q.rows)
+                .max()
+                .unwrap_or(0),
+            context_lens: upload_i32(s, &context)?,
+            cu_seqlens: upload_i32(s, &cu_seqlens)?,
+            first_pos: upload_i32(s, &first_pos)?,
+            max_rows: b.seqs.iter().map(|q| q.rows).max().unwrap_or(0),
+            logit_runs: runs(&b.logit_rows),
+            logit_rows: b.logit_rows.len(),
+        })
+    }
+
+    fn zeros(&self, len: usize) -> Result<CudaSlice<T>, EngineError> {
+        self.stream()
+            .alloc_zeros::<T>(len.max(1))
+            .map_err(device_error)
+    }
+
+    fn embed(&self, batch: &GpuBatch, out: &mut CudaSlice<T>) -> Result<(), EngineError> {
+        // `ids` holds exactly the batch's tokens (a pass has at least one).
+        debug_assert_eq!(batch.ids.len(), batch.tokens);
+        self.kernels
+            .embedding(
+                &batch.ids,
+                &self.embed,
+                out,
+                self.dims.hidden,
+                self.vocab_start,
+            )
+            .map_err(device_error)
+    }
+
+    fn rms_norm(
+        &self,
+        norm: Norm,
+        x: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        self.kernels
+            .rms_norm(x, self.norm_weight(norm), out, rows, self.eps)
+            .map_err(device_error)
+    }
+
+    fn add_rms_norm(
+        &self,
+        norm: Norm,
+        residual: &mut CudaSlice<T>,
+        x: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        self.kernels
+            .add_rms_norm(residual, x, self.norm_weight(norm), out, rows, self.eps)
+            .map_err(device_error)
+    }
+
+    fn linear(
+        &self,
+        layer: usize,
+        proj: Proj,
+        x: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let l = self.projection(layer, proj);
+        self.gemm
+            .linear(
+                x,
+                &l.weight,
+                l.bias.as_ref(),
+                out,
+                rows,
+                l.out_features,
+                l.in_features,
+            )
+            .map_err(device_error)
+    }
+
+    fn attention(
+        &self,
+        layer: usize,
+        batch: &GpuBatch,
+        qkv: &mut CudaSlice<T>,
+        kv: &mut CudaKv,
+        out: &mut CudaSlice<T>,
+    ) -> Result<(), EngineError> {
+        let d = self.dims;
+        let pages = T::pages(kv).ok_or_else(|| {
+            EngineError::InvalidBatch("the KV cache's element type is not the model's".into())
+        })?;
+        let (cache_k, cache_v) = &mut pages[layer];
+        let qkv_width = d.qkv_width();
+        self.kernels
+            .rope_and_cache(RopeCacheArgs {
+                qkv: &mut *qkv,
+                tokens: batch.tokens,
+                row_stride: qkv_width,
+                q_offset: 0,
+                k_offset: d.heads * d.head_dim,
+                v_offset: (d.heads + d.kv_heads) * d.head_dim,
+                num_heads: d.heads,
+                kv_heads: d.kv_heads,
+                head_dim: d.head_dim,
+                rot_dim: d.head_dim,
+                positions: &batch.positions,
+                inv_freq: &self.inv_freq,
+                slot_mapping: &batch.slots,
+                cache_k: &mut *cache_k,
+                cache_v: &mut *cache_v,
+            })
+            .map_err(device_error)?;
+        let cache = CacheView {
+            k: cache_k,
+            v: cache_v,
+            block_size: batch.block_size,
+            kv_heads: d.kv_heads,
+            head_dim: d.head_dim,
+            block_tables: &batch.block_tables,
+            max_blocks: batch.max_blocks,
+        };
+        let scale = 1.0 / (d.head_dim as f32).sqrt();
+        let result = if batch.decode {
+            self.kernels.paged_attention_decode(DecodeArgs {
+                out,
+                q: &*qkv,
+                q_stride: qkv_width,
+                cache,
+                context_lens: &batch.context_lens,
+                max_context: batch.max_context,
+                num_seqs: batch.num_seqs,
+                num_heads: d.heads,
+                scale,
+                window: self.window,
+            })
+        } else {
+            self.kernels.flash_attention_prefill(PrefillArgs {
+                out,
+                q: &*qkv,
+                q_stride: qkv_width,
+                cache,
+                cu_seqlens: &batch.cu_seqlens,
+                first_pos: &batch.first_pos,
+                num_seqs: batch.num_seqs,
+                max_rows: batch.max_rows,
+                num_heads: d.heads,
+                scale,
+                window: self.window,
+            })
+        };
+        result.map_err(device_error)
+    }
+
+    fn silu_mul(
+        &self,
+        gate_up: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        rows: usize,
+        width: usize,
+    ) -> Result<(), EngineError> {
+        self.kernels
+            .silu_mul(gate_up, out, rows, width)
+            .map_err(device_error)
+    }
+
+    fn all_reduce(&self, x: &mut CudaSlice<T>) -> Result<(), EngineError> {
+        if self.world_size == 1 {
+            return Ok(());
+        }
+        let s = self.stream();
+        let host: Vec<T> = s.clone_dtoh(&*x).map_err(device_error)?;
+        let mut sums: Vec<f32> = host.iter().map(|v| v.to_f32()).collect();
+        self.comm.all_reduce_f32(&mut sums)?;
+        s.memcpy_htod(&to_elems::<T>(&sums), x)
+            .map_err(device_error)
+    }
+
+    fn logits(
+        &self,
+        batch: &GpuBatch,
+        residual: &CudaSlice<T>,
+        proj: &CudaSlice<T>,
+    ) -> Result<Vec<f32>, EngineError> {
+        let rows = batch.logit_rows;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let h = self.dims.hidden;
+        let s = self.stream();
+        // Gather the rows that need logits, then the final norm of residual + proj.
+        let mut last = self.zeros(rows * h)?;
+        let mut last_proj = self.zeros(rows * h)?;
+        let mut at = 0;
+        for &(first, n) in &batch.logit_runs {
+            let src = first * h..(first + n) * h;
+            let dst = at * h..(at + n) * h;
+            s.memcpy_dtod(
+                &residual.slice(src.clone()),
+                &mut last.slice_mut(dst.clone()),
+            )
+            .map_err(device_error)?;
+            s.memcpy_dtod(&proj.slice(src), &mut last_proj.slice_mut(dst))
+                .map_err(device_error)?;
+            at += n;
+        }
+        let mut normed = self.zeros(rows * h)?;
+        self.kernels
+            .add_rms_norm(
+                &mut last,
+                &last_proj,
+                &self.final_norm,
+                &mut normed,
+                rows,
+                self.eps,
+            )
+            .map_err(device_error)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut logits = self.zeros(rows * self.local_vocab)?;
+        self.gemm
+            .linear(&normed, head, None, &mut logits, rows, self.local_vocab, h)
+            .map_err(device_error)?;
+        let host: Vec<T> = s
+            .clone_dtoh(&logits.slice(..rows * self.local_vocab))
+            .map_err(device_error)?;
+        Ok(host.into_iter().map(|v| v.to_f32()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn logit_rows_join_into_runs() {
+        assert_eq!(runs(&[]), vec![]);
+        assert_eq!(runs(&[3]), vec![(3, 1)]);
+        assert_eq!(runs(&[0, 1, 2, 5, 7, 8]), vec![(0, 3), (5, 1), (7, 2)]);
+    }
+}
