@@ -9,10 +9,18 @@
 #   4. every CUDA kernel matches the CPU reference (kernels/tests/cuda_kernels.rs): norms,
 #      SiLU·mul, embedding, RoPE + cache write, flash-attention prefill and paged decode (GQA,
 #      windows, prefix chunks, split contexts), Q8_0/Q4_0 GEMV, sampling helpers, cuBLASLt GEMM;
-#   5. the engine goldens on the GPU and a decode/prefill benchmark — only once the shard has
-#      a CUDA backend (TESSERA_GPU_ENGINE_TESTS / TESSERA_GPU_BENCH name the commands); until
-#      then they are reported as "not yet wired", not as passed.
-# Release profile so the tests and a later benchmark share one build.
+#   5. the engine on the GPU (shard/tests/cuda_engine.rs): the fixtures' transformers goldens in
+#      f32 and bf16, and results independent of batching and chunking;
+#   6. benchmarks: the attention kernels against the bf16 peak (kernels/benches/cuda_attention.rs)
+#      and the engine's prefill/decode tokens/s (shard/benches/gpu.rs).
+# Every step sets TESSERA_REQUIRE_GPU=1: a test that finds no GPU fails instead of skipping.
+# Release profile so the tests and the benchmarks share one build.
+#
+# A GPU machine without Rust or network (this project's lent H200s): build the executables
+# here with scripts/gpu-pack.sh, carry .gpu, and run there
+#     TESSERA_GPU_PREBUILT=.gpu/bin scripts/gpu-check.sh
+# which runs them instead of cargo, and finds CUDA 13's pip libraries (libnvrtc.so.13…) under
+# the names cudarc loads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,41 +46,74 @@ else
     echo "nvidia-smi not found: the kernel tests will report the missing driver"
 fi
 
-# NVRTC: use the system's when the loader finds it, else the pip wheel (also what CI uses).
-if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so'; then
-    venv="$HOME/.cache/tessera/nvrtc-venv"
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-        nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12
-fi
-# cuBLASLt: a driver-only image has none; the wheel is a fallback.
-if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt.so'; then
-    venv="$HOME/.cache/tessera/nvrtc-venv"
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check nvidia-cublas-cu12
-    cublas_lib=$(echo "$venv"/lib/python3*/site-packages/nvidia/cublas/lib)
-    export LD_LIBRARY_PATH="$cublas_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Without network (prebuilt mode) nothing can be installed: the libraries are looked up below.
+if [ -z "${TESSERA_GPU_PREBUILT:-}" ]; then
+    # NVRTC: use the system's when the loader finds it, else the pip wheel (also what CI uses).
+    if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so'; then
+        venv="$HOME/.cache/tessera/nvrtc-venv"
+        [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+            nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12
+    fi
+    # cuBLASLt: a driver-only image has none; the wheel is a fallback.
+    if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt.so'; then
+        venv="$HOME/.cache/tessera/nvrtc-venv"
+        [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check nvidia-cublas-cu12
+        cublas_lib=$(echo "$venv"/lib/python3*/site-packages/nvidia/cublas/lib)
+        export LD_LIBRARY_PATH="$cublas_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
 fi
 
-step "build (--features cuda)" cargo build --release --locked --features cuda -p tessera-kernels
-step "PTX for sm_80/sm_90" cargo test --release --locked --features cuda -p tessera-kernels \
-    --test cuda_ptx -- --nocapture
+export TESSERA_REQUIRE_GPU=1 TESSERA_REPO_ROOT="$PWD"
+prebuilt=${TESSERA_GPU_PREBUILT:-}
+# How each check runs: an executable of gpu-pack.sh, or cargo.
+run_test() { # run_test CRATE TEST ARGS...
+    local crate=$1 test=$2; shift 2
+    if [ -n "$prebuilt" ]; then "$prebuilt/$test" "$@"
+    else cargo test --release --locked --features cuda -p "$crate" --test "$test" -- "$@"; fi
+}
+run_bench() { # run_bench CRATE BENCH
+    if [ -n "$prebuilt" ]; then "$prebuilt/$2" --bench
+    else cargo bench --locked --features cuda -p "$1" --bench "$2"; fi
+}
+
+if [ -n "$prebuilt" ]; then
+    echo "=== prebuilt executables of $(cat "$prebuilt/COMMIT" 2>/dev/null || echo '?')"
+    # cudarc dlopens unversioned or CUDA 12 names; CUDA 13's wheels ship libX.so.13.
+    links=$(mktemp -d)
+    for lib in nvrtc cublas cublasLt nccl; do
+        found=$(python3 - "$lib" <<'PY'
+import glob, os, site, sys
+name = sys.argv[1]
+roots = site.getsitepackages() + [site.getusersitepackages(), "/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu"]
+for root in roots:
+    for path in sorted(glob.glob(os.path.join(root, "**", f"lib{name}.so*"), recursive=True)):
+        if "builtins" not in path and not path.endswith(".alt"):
+            print(path)
+            sys.exit(0)
+PY
+        ) || true
+        if [ -n "$found" ]; then
+            ln -sf "$found" "$links/lib$lib.so"
+            export LD_LIBRARY_PATH="$(dirname "$found"):${LD_LIBRARY_PATH:-}"
+            echo "lib$lib.so -> $found"
+        fi
+    done
+    export LD_LIBRARY_PATH="$links:${LD_LIBRARY_PATH:-}"
+else
+    step "build (--features cuda)" cargo build --release --locked --features cuda \
+        -p tessera-kernels -p tessera-shard
+fi
+step "PTX for sm_80/sm_90" run_test tessera-kernels cuda_ptx --nocapture
 # The kernel tests print "SKIPPED" when no GPU is usable; on this machine that is a failure.
 kernel_log=$(mktemp)
-step "kernels vs CPU" bash -c "cargo test --release --locked --features cuda -p tessera-kernels \
-    --test cuda_kernels -- --nocapture --test-threads=1 2>&1 | tee '$kernel_log'; \
+step "kernels vs CPU" bash -c "$(declare -f run_test); prebuilt='$prebuilt'; \
+    run_test tessera-kernels cuda_kernels --nocapture --test-threads=1 2>&1 | tee '$kernel_log'; \
     test \${PIPESTATUS[0]} -eq 0 && ! grep -q SKIPPED '$kernel_log'"
-
-if [ -n "${TESSERA_GPU_ENGINE_TESTS:-}" ]; then
-    step "engine goldens on GPU" bash -c "$TESSERA_GPU_ENGINE_TESTS"
-else
-    summary+=("----  engine goldens on GPU: not yet wired (no CUDA backend in the shard)")
-fi
-if [ -n "${TESSERA_GPU_BENCH:-}" ]; then
-    step "decode/prefill benchmark" bash -c "$TESSERA_GPU_BENCH"
-else
-    summary+=("----  decode/prefill benchmark: not yet wired (no CUDA backend in the shard)")
-fi
+step "engine goldens on GPU" run_test tessera-shard cuda_engine --nocapture --test-threads=1
+step "attention kernels benchmark" run_bench tessera-kernels cuda_attention
+step "engine prefill/decode benchmark" run_bench tessera-shard gpu
 
 echo
 echo "=== gpu-check summary ($(( $(date +%s) - start ))s)"

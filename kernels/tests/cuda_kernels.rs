@@ -503,3 +503,22 @@ fn cublaslt_linear_matches_cpu() {
     // Sums of 256 products of magnitude ≤ 1 in f32, rounded once to bf16.
     assert_close(&down(&d, &out), &want, 1.6e-2, "bf16 linear");
 }
+
+#[test]
+fn f32_linear_is_full_fp32_not_tf32() {
+    let Some((d, _k)) = gpu() else { return };
+    let gemm = Gemm::new(d.stream().clone()).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let (m, n, kk) = (5, 300, 256);
+    let x = rand_vec(&mut rng, m * kk);
+    let w = rand_vec(&mut rng, n * kk);
+    let bias = rand_vec(&mut rng, n);
+    let mut want = vec![0.0; m * n];
+    cpu::matmul::linear(&x, &w, Some(&bias), m, kk, &mut want);
+    let (gx, gw, gb) = (up::<f32>(&d, &x), up::<f32>(&d, &w), up::<f32>(&d, &bias));
+    let mut out = d.stream().alloc_zeros::<f32>(m * n).unwrap();
+    gemm.linear(&gx, &gw, Some(&gb), &mut out, m, n, kk)
+        .unwrap();
+    // FP32 sums of 256 products differ only in order (about 1e-6); TF32 would be ~1e-2 off.
+    assert_close(&down(&d, &out), &want, 1e-4, "f32 linear");
+}

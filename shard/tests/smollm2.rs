@@ -71,11 +71,62 @@ fn greedy_tokens_match_transformers() {
     }
 }
 
-fn greedy_tokens_match(files: &ModelFiles, model: &Model, kv_dtype: KvDtype) {
-    let golden: Golden = serde_json::from_str(
+/// On a GPU (feature `cuda`): f32 reproduces transformers' greedy tokens like the CPU; bf16
+/// (everything rounded to bf16, as PyTorch runs a bf16 model) must still answer the chat
+/// prompt with Paris, and its first divergence from the goldens is printed.
+#[cfg(feature = "cuda")]
+#[test]
+fn greedy_tokens_on_the_gpu() {
+    let Some(path) = gguf_path() else { return };
+    let files = ModelFiles::open(&path).unwrap();
+    let load = |dtype| {
+        let model = Model::load_with(&files, WeightLayout::Exact)
+            .unwrap()
+            .with_kv_dtype(dtype);
+        common::on_gpu(model)
+    };
+    let Some(f32_model) = load(KvDtype::Float32) else {
+        return;
+    };
+    greedy_tokens_match(&files, &f32_model, KvDtype::Float32);
+    drop(f32_model);
+    let Some(bf16_model) = load(KvDtype::Bfloat16) else {
+        return;
+    };
+    let golden = golden();
+    let outcomes = run(
+        &bf16_model,
+        std::slice::from_ref(&golden.chat.prompt_ids),
+        48,
+        64,
+        Schedule::Together,
+    );
+    let tokens = &outcomes[0].tokens;
+    let same = tokens
+        .iter()
+        .zip(&golden.chat.greedy_ids)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let text = files.tokenizer().unwrap().decode(tokens, true).unwrap();
+    println!(
+        "SmolLM2 bf16 on the GPU: first {same} of {} chat tokens agree with transformers; {text:?}",
+        golden.chat.greedy_ids.len()
+    );
+    assert!(
+        text.contains("Paris"),
+        "bf16 chat answer {text:?} lacks Paris"
+    );
+}
+
+fn golden() -> Golden {
+    serde_json::from_str(
         &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn greedy_tokens_match(files: &ModelFiles, model: &Model, kv_dtype: KvDtype) {
+    let golden = golden();
 
     // Every prompt and the chat prompt in one batched run (the driver ignores EOS).
     let mut prompts: Vec<Vec<u32>> = golden
@@ -128,10 +179,7 @@ fn speculative_greedy_tokens_match_transformers() {
 
     let Some(path) = gguf_path() else { return };
     let files = ModelFiles::open(&path).unwrap();
-    let golden: Golden = serde_json::from_str(
-        &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = golden();
     let prompts: Vec<Vec<u32>> = golden
         .prompts
         .iter()
@@ -183,10 +231,7 @@ fn speculative_greedy_tokens_match_transformers() {
 fn int8_products_agree_with_exact_f32() {
     let Some(path) = gguf_path() else { return };
     let files = ModelFiles::open(&path).unwrap();
-    let golden: Golden = serde_json::from_str(
-        &std::fs::read_to_string(repo_root().join("fixtures/smollm2/golden.json")).unwrap(),
-    )
-    .unwrap();
+    let golden = golden();
     let exact = Model::load_with(&files, WeightLayout::Exact).unwrap();
     let int8 = Model::load_with(&files, WeightLayout::Int8).unwrap();
     // Most of SmolLM2's bytes are Q4_1 blocks (the tied embedding is Q8_0), either way.

@@ -54,6 +54,19 @@ impl CudaLibs {
         }
     }
 
+    /// cuBLAS (for [`super::Gemm`]'s f32 products), or a clear error.
+    pub fn require_cublas(&self) -> Result<(), CudaError> {
+        if self.cublas {
+            Ok(())
+        } else {
+            Err(CudaError::MissingLibrary {
+                lib: "cuBLAS (libcublas.so)",
+                hint: "install the CUDA 12 toolkit libraries or \
+                       `pip install nvidia-cublas-cu12` and add its lib folder to LD_LIBRARY_PATH",
+            })
+        }
+    }
+
     /// cuBLASLt (for [`super::Gemm`]), or a clear error.
     pub fn require_cublaslt(&self) -> Result<(), CudaError> {
         if self.cublaslt {

@@ -1,6 +1,6 @@
 //! CUDA kernels behind the `cuda` feature: the `.cu` sources of `kernels/cuda/`, compiled at
 //! start by NVRTC for the device's architecture and cached on disk, typed launchers for each of
-//! them, and GEMM through cuBLASLt.
+//! them, and GEMM through cuBLASLt (bf16/f16) and cuBLAS (f32).
 //!
 //! Every CUDA library is loaded at run time (cudarc's `dynamic-loading`): a binary built with
 //! `cuda` starts on a machine without a GPU, and [`CudaLibs::probe`] / [`GpuDevice::open`]
@@ -19,7 +19,7 @@ mod compile;
 mod device;
 mod ops;
 
-pub use blas::Gemm;
+pub use blas::{Gemm, GemmElem, Product};
 pub use compile::{
     KernelSource, PtxCache, SOURCES, arch_for, compile_ptx, expand_source, nvrtc_version,
     preload_nvrtc,
@@ -57,9 +57,12 @@ pub enum CudaError {
     /// A driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
-    /// A cuBLAS / cuBLASLt call failed.
+    /// A cuBLASLt call failed.
     #[error("cuBLASLt: {0:?}")]
     Blas(cudarc::cublaslt::result::CublasError),
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {0:?}")]
+    Cublas(cudarc::cublas::result::CublasError),
     /// NVRTC rejected a source.
     #[error("NVRTC could not compile {file} for {arch}: {log}")]
     Compile {

@@ -12,11 +12,10 @@ use std::sync::Arc;
 
 use half::bf16;
 use tessera_kernels::cpu::attention::KvLayout;
-use tessera_kernels::cuda::cudarc::cublaslt::{CudaBlasLT, Matmul};
 use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use tessera_kernels::cuda::{
-    CacheView, CudaError, DecodeArgs, Gemm, GpuDevice, GpuFloat, GpuKernels, PrefillArgs, PtxCache,
-    RopeCacheArgs,
+    CacheView, CudaError, DecodeArgs, Gemm, GemmElem, GpuDevice, GpuFloat, GpuKernels, PrefillArgs,
+    PtxCache, RopeCacheArgs,
 };
 
 use super::backend::{Backend, Dims, Norm, Proj};
@@ -39,7 +38,7 @@ fn device_error(e: impl Into<CudaError>) -> EngineError {
 }
 
 /// An element type the backend runs in, and how it finds its pages in a [`CudaKv`].
-pub(crate) trait DeviceElem: GpuFloat {
+pub(crate) trait DeviceElem: GemmElem {
     fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<Self>, CudaSlice<Self>)>>;
     fn wrap(pages: Vec<(CudaSlice<Self>, CudaSlice<Self>)>) -> CudaKv;
 }
@@ -219,10 +218,7 @@ fn index_i32(v: usize, what: &str) -> Result<i32, EngineError> {
         .map_err(|_| EngineError::InvalidBatch(format!("{what} {v} does not fit in 32 bits")))
 }
 
-impl<T: DeviceElem> CudaBackend<T>
-where
-    CudaBlasLT: Matmul<T>,
-{
+impl<T: DeviceElem> CudaBackend<T> {
     fn upload(cpu: CpuBackend, device: GpuDevice) -> Result<Self, EngineError> {
         let kernels =
             GpuKernels::load(&device, &PtxCache::default_location()).map_err(device_error)?;
@@ -391,10 +387,7 @@ fn runs(rows: &[usize]) -> Vec<(usize, usize)> {
     out
 }
 
-impl<T: DeviceElem> Backend for CudaBackend<T>
-where
-    CudaBlasLT: Matmul<T>,
-{
+impl<T: DeviceElem> Backend for CudaBackend<T> {
     type Act = CudaSlice<T>;
     type Kv = CudaKv;
     type Batch<'a> = GpuBatch;

@@ -8,7 +8,12 @@ use tessera_formats::ModelFiles;
 use tessera_shard::sampling::{Sampler, SamplingParams};
 use tessera_shard::{Engine, KvCache, LogitsWanted, Model, NewSequence, SequenceChunk};
 
+/// The repository: `$TESSERA_REPO_ROOT` when set (test executables built on one machine and
+/// run from another checkout, as `scripts/gpu-pack.sh` does), else where this was built.
 pub fn repo_root() -> PathBuf {
+    if let Some(root) = std::env::var_os("TESSERA_REPO_ROOT") {
+        return PathBuf::from(root);
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
@@ -254,4 +259,23 @@ pub fn generate(
     }
     engine.clear(None);
     (out, (proposed, accepted))
+}
+
+/// `model` moved to GPU 0, or `None` (after saying why) when this machine has no GPU;
+/// `TESSERA_REQUIRE_GPU=1` (what `scripts/gpu-check.sh` sets) turns the skip into a failure.
+/// With a GPU present, any failure to move the model is a failure.
+#[cfg(feature = "cuda")]
+pub fn on_gpu(model: Model) -> Option<Model> {
+    if let Err(e) = tessera_kernels::cuda::GpuDevice::open(0) {
+        let required = std::env::var("TESSERA_REQUIRE_GPU").is_ok_and(|v| v == "1");
+        assert!(!required, "TESSERA_REQUIRE_GPU=1 but there is no GPU: {e}");
+        println!("SKIPPED (needs an NVIDIA GPU): {e}");
+        return None;
+    }
+    let options = tessera_shard::CudaOptions { device: 0 };
+    Some(
+        model
+            .into_cuda(&options)
+            .expect("moving the model to GPU 0"),
+    )
 }
