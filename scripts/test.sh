@@ -18,6 +18,8 @@ cargo test --workspace --locked --no-fail-fast
 # sm_80 and sm_90 through NVRTC from PyPI; the GPU kernel tests skip without a GPU.
 cargo clippy -p tessera-kernels -p tessera-shard --features cuda --all-targets --locked -- -D warnings
 cargo test -p tessera-kernels --features cuda --locked
+# The shard's CUDA backend: its unit tests, and the GPU engine tests (which skip without a GPU).
+cargo test -p tessera-shard --features cuda --locked --lib --test cuda_engine
 
 # The Helm chart renders with default and non-default values and validates against the
 # Kubernetes schemas (renderer and validator from PyPI).
