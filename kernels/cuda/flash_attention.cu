@@ -143,6 +143,7 @@ __device__ void flash_attention(T* out, const T* q, long long q_stride, const T*
                                block_size);                                                    \
     }
 #define INSTANTIATE(T, S)                                                                      \
+    INSTANTIATE_HD(T, S, 16)                                                                   \
     INSTANTIATE_HD(T, S, 32)                                                                   \
     INSTANTIATE_HD(T, S, 64)                                                                   \
     INSTANTIATE_HD(T, S, 80)                                                                   \

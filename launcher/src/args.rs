@@ -56,8 +56,9 @@ pub(crate) struct Args {
     #[arg(long, env = "MASTER_PORT", default_value_t = 29500)]
     pub(crate) master_port: u16,
 
-    /// Element type of the KV cache and activations: `auto` (KV cache bfloat16 for bf16 or
-    /// GGUF-quantized weights, float32 otherwise; activations float32), `float32`, or
+    /// Element type of the KV cache and activations: `auto` (a model declared bf16 computes
+    /// as `bfloat16`; GGUF-quantized weights get a bf16 KV cache and f32 activations; others
+    /// float32; GPU shards bfloat16), `float32`, or
     /// `bfloat16` (half the KV memory per token, and products with bf16-stored weights take
     /// bf16 activations, as PyTorch computes a bf16 model). When omitted, the shard picks
     /// `auto`.

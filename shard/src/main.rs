@@ -49,8 +49,9 @@ struct Args {
     /// Element type of the KV cache and of the activations: `float32`; `bfloat16` (half the
     /// KV memory per token, and the activations of products with bf16-stored weights rounded
     /// to bf16 and multiplied with `vdpbf16ps`, as PyTorch computes a bf16 model); or `auto`
-    /// (KV cache bfloat16 for bf16 or GGUF-quantized weights, float32 otherwise; activations
-    /// float32).
+    /// (a model declared bf16 computes as `bfloat16` does, as vLLM's `auto` computes in the
+    /// model's dtype; GGUF-quantized weights get a bf16 KV cache and f32 activations; other
+    /// models float32; on a GPU, `bfloat16`).
     #[arg(long, default_value = "auto")]
     dtype: String,
     /// Bytes the KV cache may use on CPU (suffixes K, M, G accepted).
@@ -163,10 +164,13 @@ async fn main() -> anyhow::Result<()> {
     };
     tracing::info!(kv_dtype = kv_dtype.name(), "KV cache element type");
     let comm = communicator(&args)?;
+    let declared_bf16 = files.config.dtype == Some(tessera_formats::DType::BF16);
     let activations = match dtype {
         "bfloat16" => ActivationDtype::Bfloat16,
+        "auto" if declared_bf16 => ActivationDtype::Bfloat16,
         _ => ActivationDtype::Float32,
     };
+    tracing::info!(activations = ?activations, "activation element type");
     let layout = if on_gpu {
         // Dequantized once on the way to the GPU: no int8 repacking first.
         WeightLayout::Exact
@@ -254,7 +258,7 @@ fn communicator(args: &Args) -> anyhow::Result<Arc<dyn Communicator>> {
     let (rank, world) = (args.rank as usize, args.world_size as usize);
     let timeout = std::time::Duration::from_secs(args.comm_timeout.max(1));
     match args.comm.as_str() {
-        "shm" if world == 1 => Ok(Arc::new(LocalComm)),
+        "shm" | "nccl" if world == 1 => Ok(Arc::new(LocalComm)),
         "shm" => {
             let path = segment_path(args.master_port, &args.uds_path);
             tracing::info!(rank, world, segment = %path.display(), "joining the shard group");

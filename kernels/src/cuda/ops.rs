@@ -62,7 +62,7 @@ impl GpuFloat for bf16 {
 }
 
 /// Head dims the prefill kernel is instantiated for (`flash_attention.cu`).
-pub const PREFILL_HEAD_DIMS: [usize; 6] = [32, 64, 80, 96, 128, 256];
+pub const PREFILL_HEAD_DIMS: [usize; 7] = [16, 32, 64, 80, 96, 128, 256];
 /// Query rows / keys per tile in `flash_attention.cu` (`FA_BM`, `FA_BN`).
 const FA_BM: usize = 32;
 const FA_BN: usize = 32;
