@@ -213,11 +213,6 @@ fn upload_i32(stream: &Arc<CudaStream>, values: &[i32]) -> Result<CudaSlice<i32>
     stream.clone_htod(padded).map_err(device_error)
 }
 
-fn index_i32(v: usize, what: &str) -> Result<i32, EngineError> {
-    i32::try_from(v)
-        .map_err(|_| EngineError::InvalidBatch(format!("{what} {v} does not fit in 32 bits")))
-}
-
 impl<T: DeviceElem> CudaBackend<T> {
     fn upload(cpu: CpuBackend, device: GpuDevice) -> Result<Self, EngineError> {
         let kernels =
@@ -375,18 +370,6 @@ pub(crate) struct GpuBatch {
     logit_rows: usize,
 }
 
-/// Consecutive rows joined into runs, so that gathering them takes one copy per run.
-fn runs(rows: &[usize]) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
-    for &r in rows {
-        match out.last_mut() {
-            Some((start, n)) if *start + *n == r => *n += 1,
-            _ => out.push((r, 1)),
-        }
-    }
-    out
-}
-
 impl<T: DeviceElem> Backend for CudaBackend<T> {
     type Act = CudaSlice<T>;
     type Kv = CudaKv;
@@ -394,67 +377,24 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
 
     fn upload<'a>(&'a self, b: &'a FlatBatch<'a>) -> Result<GpuBatch, EngineError> {
         let s = self.stream();
-        let to_i32 = |v: &[u32], what: &str| -> Result<Vec<i32>, EngineError> {
-            v.iter().map(|&x| index_i32(x as usize, what)).collect()
-        };
-        let slots: Vec<i32> = b
-            .slots
-            .iter()
-            .map(|&x| index_i32(x, "cache slot"))
-            .collect::<Result<_, _>>()?;
-        let num_seqs = b.seqs.len();
-        let max_blocks = b
-            .seqs
-            .iter()
-            .map(|q| q.block_table.len())
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let mut tables = vec![0i32; num_seqs * max_blocks];
-        for (row, q) in tables.chunks_exact_mut(max_blocks).zip(&b.seqs) {
-            for (t, &blk) in row.iter_mut().zip(q.block_table) {
-                *t = index_i32(blk as usize, "block id")?;
-            }
-        }
-        let decode = num_seqs > 0 && b.seqs.iter().all(|q| q.rows == 1);
-        let context: Vec<i32> = b
-            .seqs
-            .iter()
-            .map(|q| index_i32(q.first_position + q.rows, "context length"))
-            .collect::<Result<_, _>>()?;
-        let mut cu_seqlens: Vec<i32> = b
-            .seqs
-            .iter()
-            .map(|q| index_i32(q.first_row, "row"))
-            .collect::<Result<_, _>>()?;
-        cu_seqlens.push(index_i32(b.tokens(), "rows")?);
-        let first_pos: Vec<i32> = b
-            .seqs
-            .iter()
-            .map(|q| index_i32(q.first_position, "position"))
-            .collect::<Result<_, _>>()?;
+        let k = b.kernel_index()?;
         Ok(GpuBatch {
-            ids: upload_i32(s, &to_i32(&b.input_ids, "token id")?)?,
-            positions: upload_i32(s, &to_i32(&b.positions, "position")?)?,
-            slots: upload_i32(s, &slots)?,
-            block_tables: upload_i32(s, &tables)?,
-            max_blocks,
-            num_seqs,
+            ids: upload_i32(s, &k.ids)?,
+            positions: upload_i32(s, &k.positions)?,
+            slots: upload_i32(s, &k.slots)?,
+            block_tables: upload_i32(s, &k.block_tables)?,
+            max_blocks: k.max_blocks,
+            num_seqs: b.seqs.len(),
             tokens: b.tokens(),
             block_size: b.block_size,
-            decode,
-            max_context: b
-                .seqs
-                .iter()
-                .map(|q| q.first_position + q.rows)
-                .max()
-                .unwrap_or(0),
-            context_lens: upload_i32(s, &context)?,
-            cu_seqlens: upload_i32(s, &cu_seqlens)?,
-            first_pos: upload_i32(s, &first_pos)?,
-            max_rows: b.seqs.iter().map(|q| q.rows).max().unwrap_or(0),
-            logit_runs: runs(&b.logit_rows),
+            decode: k.decode,
+            context_lens: upload_i32(s, &k.context_lens)?,
+            max_context: k.max_context,
+            cu_seqlens: upload_i32(s, &k.cu_seqlens)?,
+            first_pos: upload_i32(s, &k.first_pos)?,
+            max_rows: k.max_rows,
             logit_rows: b.logit_rows.len(),
+            logit_runs: k.logit_runs,
         })
     }
 
@@ -671,17 +611,5 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
             .clone_dtoh(&logits.slice(..rows * self.local_vocab))
             .map_err(device_error)?;
         Ok(host.into_iter().map(|v| v.to_f32()).collect())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::runs;
-
-    #[test]
-    fn logit_rows_join_into_runs() {
-        assert_eq!(runs(&[]), vec![]);
-        assert_eq!(runs(&[3]), vec![(3, 1)]);
-        assert_eq!(runs(&[0, 1, 2, 5, 7, 8]), vec![(0, 3), (5, 1), (7, 2)]);
     }
 }
