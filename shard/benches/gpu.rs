@@ -276,7 +276,7 @@ fn bench(title: &str, files: &ModelFiles, reps: usize, on_cpu: bool) {
         model
     } else {
         model
-            .into_cuda(&CudaOptions { device: 0 })
+            .into_cuda(&CudaOptions::default())
             .expect("moving the model to GPU 0")
     };
     println!(

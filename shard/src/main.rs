@@ -345,7 +345,11 @@ fn place(model: Model, on_gpu: bool, rank: usize) -> anyhow::Result<Model> {
     if !on_gpu {
         return Ok(model);
     }
-    let options = tessera_shard::CudaOptions { device: rank };
+    let options = tessera_shard::CudaOptions {
+        device: rank,
+        // Decode steps as CUDA graphs unless TESSERA_CUDA_GRAPHS=0.
+        graphs: std::env::var("TESSERA_CUDA_GRAPHS").map_or(true, |v| v.trim() != "0"),
+    };
     model
         .into_cuda(&options)
         .with_context(|| format!("moving the model to GPU {rank}"))

@@ -13,20 +13,63 @@
 
 mod common;
 
-use common::{Schedule, load_fixture, max_abs_diff, on_gpu, run};
+use common::{Schedule, load_fixture, max_abs_diff, on_gpu_with, run};
 use tessera_formats::ModelFiles;
-use tessera_shard::{KvDtype, Model, WeightLayout};
+use tessera_shard::{CudaOptions, KvDtype, Model, WeightLayout};
 
 const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
 
 fn gpu_fixture(name: &str, dtype: KvDtype) -> Option<(Model, common::Golden)> {
+    gpu_fixture_with(name, dtype, CudaOptions::default())
+}
+
+fn gpu_fixture_with(
+    name: &str,
+    dtype: KvDtype,
+    options: CudaOptions,
+) -> Option<(Model, common::Golden)> {
     let (_, golden) = load_fixture(name);
     let dir = common::repo_root().join("fixtures").join(name);
     let files = ModelFiles::open(&dir).unwrap();
     let model = Model::load_with(&files, WeightLayout::Exact)
         .unwrap()
         .with_kv_dtype(dtype);
-    Some((on_gpu(model)?, golden))
+    Some((on_gpu_with(model, options)?, golden))
+}
+
+/// Decode steps replayed from CUDA graphs (padded to a bucket size, tables to a power-of-two
+/// width) give the tokens the kernels give one by one, and graphs are replayed at all.
+#[test]
+fn cuda_graphs_replay_what_the_kernels_compute() {
+    for name in FIXTURES {
+        let Some((graphs, golden)) = gpu_fixture(name, KvDtype::Float32) else {
+            return;
+        };
+        let eager_options = CudaOptions {
+            graphs: false,
+            ..CudaOptions::default()
+        };
+        let (eager, _) = gpu_fixture_with(name, KvDtype::Float32, eager_options).unwrap();
+        let prompts = golden.prompt_ids();
+        for schedule in [
+            Schedule::OneAtATime,
+            Schedule::Together,
+            Schedule::Staggered,
+        ] {
+            let a = run(&graphs, &prompts, 24, 5, schedule);
+            let b = run(&eager, &prompts, 24, 5, schedule);
+            for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                assert_eq!(a.tokens, b.tokens, "{name} prompt {i} {schedule:?}");
+            }
+        }
+        assert_eq!(eager.cuda_graph_replays(), 0, "{name}: graphs were off");
+        let replays = graphs.cuda_graph_replays();
+        println!("{name}: {replays} decode steps replayed from CUDA graphs");
+        assert!(
+            replays > 0,
+            "{name}: no decode step was replayed from a graph"
+        );
+    }
 }
 
 #[test]

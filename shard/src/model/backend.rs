@@ -117,11 +117,14 @@ pub(crate) trait Backend {
     fn all_reduce(&self, x: &mut Self::Act) -> Result<(), EngineError>;
 
     /// Final norm of `residual + proj` and this rank's vocabulary slice of the LM head, for
-    /// the batch's logit rows: `[logit rows, local vocab]` on the host.
+    /// the batch's logit rows: `[logit rows, local vocab]`.
     fn logits(
         &self,
         batch: &Self::Batch<'_>,
         residual: &Self::Act,
         proj: &Self::Act,
-    ) -> Result<Vec<f32>, EngineError>;
+    ) -> Result<Self::Act, EngineError>;
+
+    /// The first `len` values of `x` on the host.
+    fn to_host(&self, x: Self::Act, len: usize) -> Result<Vec<f32>, EngineError>;
 }

@@ -9,6 +9,7 @@
 //! fast; NCCL on device buffers is the next step.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::bf16;
 use tessera_kernels::cpu::attention::KvLayout;
@@ -21,16 +22,28 @@ use tessera_kernels::cuda::{
 use super::backend::{Backend, Dims, Norm, Proj};
 use super::batch::FlatBatch;
 use super::cpu::CpuBackend;
+use super::cuda_graph::DecodeGraphs;
 use super::weights::Linear;
 use crate::EngineError;
 use crate::comm::Communicator;
 use crate::kv_cache::{KvCache, KvDtype, KvPages};
 
-/// Where [`super::Model::into_cuda`] puts a model.
-#[derive(Debug, Clone, Copy, Default)]
+/// Where [`super::Model::into_cuda`] puts a model, and how it runs there.
+#[derive(Debug, Clone, Copy)]
 pub struct CudaOptions {
     /// CUDA device ordinal (after `CUDA_VISIBLE_DEVICES`); a shard uses its rank's.
     pub device: usize,
+    /// Replay decode steps of common batch sizes as CUDA graphs (see `cuda_graph`).
+    pub graphs: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            device: 0,
+            graphs: true,
+        }
+    }
 }
 
 fn device_error(e: impl Into<CudaError>) -> EngineError {
@@ -40,51 +53,66 @@ fn device_error(e: impl Into<CudaError>) -> EngineError {
 /// An element type the backend runs in, and how it finds its pages in a [`CudaKv`].
 pub(crate) trait DeviceElem: GemmElem {
     fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<Self>, CudaSlice<Self>)>>;
-    fn wrap(pages: Vec<(CudaSlice<Self>, CudaSlice<Self>)>) -> CudaKv;
+    fn wrap(pages: Vec<(CudaSlice<Self>, CudaSlice<Self>)>) -> DevicePages;
 }
 
 impl DeviceElem for f32 {
     fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<f32>, CudaSlice<f32>)>> {
-        match kv {
-            CudaKv::F32(p) => Some(p),
-            CudaKv::Bf16(_) => None,
+        match &mut kv.pages {
+            DevicePages::F32(p) => Some(p),
+            DevicePages::Bf16(_) => None,
         }
     }
-    fn wrap(pages: Vec<(CudaSlice<f32>, CudaSlice<f32>)>) -> CudaKv {
-        CudaKv::F32(pages)
+    fn wrap(pages: Vec<(CudaSlice<f32>, CudaSlice<f32>)>) -> DevicePages {
+        DevicePages::F32(pages)
     }
 }
 
 impl DeviceElem for bf16 {
     fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>> {
-        match kv {
-            CudaKv::Bf16(p) => Some(p),
-            CudaKv::F32(_) => None,
+        match &mut kv.pages {
+            DevicePages::Bf16(p) => Some(p),
+            DevicePages::F32(_) => None,
         }
     }
-    fn wrap(pages: Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>) -> CudaKv {
-        CudaKv::Bf16(pages)
+    fn wrap(pages: Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>) -> DevicePages {
+        DevicePages::Bf16(pages)
     }
 }
 
-/// Every layer's K and V pages in GPU memory, `[num_blocks · block_size, kv_heads, head_dim]`.
-pub(crate) enum CudaKv {
+/// Every layer's K and V pages in GPU memory, `[num_blocks · block_size, kv_heads, head_dim]`,
+/// and an id no other cache of this process has (CUDA graphs hold the pages' addresses, so a
+/// graph is only ever replayed on the cache it was captured with).
+pub(crate) struct CudaKv {
+    pub(crate) id: u64,
+    pages: DevicePages,
+}
+
+pub(crate) enum DevicePages {
     F32(Vec<(CudaSlice<f32>, CudaSlice<f32>)>),
     Bf16(Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>),
 }
 
 impl CudaKv {
+    fn new(pages: DevicePages) -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        CudaKv {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            pages,
+        }
+    }
+
     pub(crate) fn dtype(&self) -> KvDtype {
-        match self {
-            CudaKv::F32(_) => KvDtype::Float32,
-            CudaKv::Bf16(_) => KvDtype::Bfloat16,
+        match self.pages {
+            DevicePages::F32(_) => KvDtype::Float32,
+            DevicePages::Bf16(_) => KvDtype::Bfloat16,
         }
     }
 
     pub(crate) fn num_layers(&self) -> usize {
-        match self {
-            CudaKv::F32(p) => p.len(),
-            CudaKv::Bf16(p) => p.len(),
+        match &self.pages {
+            DevicePages::F32(p) => p.len(),
+            DevicePages::Bf16(p) => p.len(),
         }
     }
 }
@@ -110,9 +138,16 @@ impl CudaModel {
             "uploading weights to the GPU"
         );
         Ok(match dtype {
-            KvDtype::Float32 => CudaModel::F32(CudaBackend::upload(cpu, device)?),
-            KvDtype::Bfloat16 => CudaModel::Bf16(CudaBackend::upload(cpu, device)?),
+            KvDtype::Float32 => CudaModel::F32(CudaBackend::upload(cpu, device, options)?),
+            KvDtype::Bfloat16 => CudaModel::Bf16(CudaBackend::upload(cpu, device, options)?),
         })
+    }
+
+    pub(crate) fn graph_replays(&self) -> u64 {
+        match self {
+            CudaModel::F32(b) => b.graphs().replays(),
+            CudaModel::Bf16(b) => b.graphs().replays(),
+        }
     }
 
     pub(crate) fn device_name(&self) -> String {
@@ -161,8 +196,8 @@ impl CudaModel {
             return Ok(Vec::new());
         }
         match self {
-            CudaModel::F32(b) => super::forward::forward(b, b.dims, layers, batch, kv),
-            CudaModel::Bf16(b) => super::forward::forward(b, b.dims, layers, batch, kv),
+            CudaModel::F32(b) => b.forward(layers, batch, kv),
+            CudaModel::Bf16(b) => b.forward(layers, batch, kv),
         }
     }
 }
@@ -201,6 +236,7 @@ pub(crate) struct CudaBackend<T> {
     window: Option<usize>,
     comm: Arc<dyn Communicator>,
     world_size: usize,
+    graphs: DecodeGraphs<T>,
 }
 
 fn to_elems<T: GpuFloat>(values: &[f32]) -> Vec<T> {
@@ -214,7 +250,11 @@ fn upload_i32(stream: &Arc<CudaStream>, values: &[i32]) -> Result<CudaSlice<i32>
 }
 
 impl<T: DeviceElem> CudaBackend<T> {
-    fn upload(cpu: CpuBackend, device: GpuDevice) -> Result<Self, EngineError> {
+    fn upload(
+        cpu: CpuBackend,
+        device: GpuDevice,
+        options: &CudaOptions,
+    ) -> Result<Self, EngineError> {
         let kernels =
             GpuKernels::load(&device, &PtxCache::default_location()).map_err(device_error)?;
         let gemm = Gemm::new(device.stream().clone()).map_err(device_error)?;
@@ -264,12 +304,39 @@ impl<T: DeviceElem> CudaBackend<T> {
             window: cpu.window,
             comm: cpu.comm,
             world_size: cpu.world_size,
+            graphs: DecodeGraphs::new(options.graphs),
             device,
         })
     }
 
-    fn stream(&self) -> &Arc<CudaStream> {
+    pub(super) fn stream(&self) -> &Arc<CudaStream> {
         self.device.stream()
+    }
+
+    pub(super) fn local_vocab(&self) -> usize {
+        self.local_vocab
+    }
+
+    pub(super) fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    pub(super) fn graphs(&self) -> &DecodeGraphs<T> {
+        &self.graphs
+    }
+
+    /// One pass: a decode step of a common batch size replays its CUDA graph; anything else
+    /// runs kernel by kernel.
+    fn forward(
+        &self,
+        layers: usize,
+        batch: &FlatBatch<'_>,
+        kv: &mut CudaKv,
+    ) -> Result<Vec<f32>, EngineError> {
+        if let Some(logits) = self.graphed_decode(layers, batch, kv)? {
+            return Ok(logits);
+        }
+        super::forward::forward(self, self.dims, layers, batch, kv, self.local_vocab)
     }
 
     fn new_pages(
@@ -296,7 +363,7 @@ impl<T: DeviceElem> CudaBackend<T> {
                 }
             }
         }
-        Ok(T::wrap(pages))
+        Ok(CudaKv::new(T::wrap(pages)))
     }
 
     /// Device bytes one pass of `tokens` tokens allocates (activations, logits, scratch),
@@ -346,28 +413,28 @@ impl<T: DeviceElem> CudaBackend<T> {
 
 /// A pass's index arrays on the device.
 pub(crate) struct GpuBatch {
-    ids: CudaSlice<i32>,
-    positions: CudaSlice<i32>,
-    slots: CudaSlice<i32>,
+    pub(super) ids: CudaSlice<i32>,
+    pub(super) positions: CudaSlice<i32>,
+    pub(super) slots: CudaSlice<i32>,
     /// `[num_seqs, max_blocks]`, unused entries 0.
-    block_tables: CudaSlice<i32>,
-    max_blocks: usize,
-    num_seqs: usize,
-    tokens: usize,
-    block_size: usize,
+    pub(super) block_tables: CudaSlice<i32>,
+    pub(super) max_blocks: usize,
+    pub(super) num_seqs: usize,
+    pub(super) tokens: usize,
+    pub(super) block_size: usize,
     /// Every sequence has exactly one new row: the paged decode kernel runs.
-    decode: bool,
+    pub(super) decode: bool,
     /// Decode: each sequence's context length, its new token included.
-    context_lens: CudaSlice<i32>,
-    max_context: usize,
+    pub(super) context_lens: CudaSlice<i32>,
+    pub(super) max_context: usize,
     /// Prefill: first row of each sequence, then the total.
-    cu_seqlens: CudaSlice<i32>,
+    pub(super) cu_seqlens: CudaSlice<i32>,
     /// Prefill: position of each sequence's first row.
-    first_pos: CudaSlice<i32>,
-    max_rows: usize,
+    pub(super) first_pos: CudaSlice<i32>,
+    pub(super) max_rows: usize,
     /// Rows that go through the LM head, as runs `(first row, rows)`.
-    logit_runs: Vec<(usize, usize)>,
-    logit_rows: usize,
+    pub(super) logit_runs: Vec<(usize, usize)>,
+    pub(super) logit_rows: usize,
 }
 
 impl<T: DeviceElem> Backend for CudaBackend<T> {
@@ -568,10 +635,10 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         batch: &GpuBatch,
         residual: &CudaSlice<T>,
         proj: &CudaSlice<T>,
-    ) -> Result<Vec<f32>, EngineError> {
+    ) -> Result<CudaSlice<T>, EngineError> {
         let rows = batch.logit_rows;
         if rows == 0 {
-            return Ok(Vec::new());
+            return self.zeros(0);
         }
         let h = self.dims.hidden;
         let s = self.stream();
@@ -607,8 +674,16 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         self.gemm
             .linear(&normed, head, None, &mut logits, rows, self.local_vocab, h)
             .map_err(device_error)?;
-        let host: Vec<T> = s
-            .clone_dtoh(&logits.slice(..rows * self.local_vocab))
+        Ok(logits)
+    }
+
+    fn to_host(&self, x: CudaSlice<T>, len: usize) -> Result<Vec<f32>, EngineError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let host: Vec<T> = self
+            .stream()
+            .clone_dtoh(&x.slice(..len))
             .map_err(device_error)?;
         Ok(host.into_iter().map(|v| v.to_f32()).collect())
     }

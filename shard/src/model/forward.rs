@@ -7,19 +7,32 @@ use super::batch::FlatBatch;
 use crate::EngineError;
 
 /// Runs `batch` through `layers` layers of `backend`, writing K/V into `kv`; returns this
-/// rank's `[logit rows, local vocab]` logits.
+/// rank's `[logit rows, local vocab]` logits on the host.
 pub(crate) fn forward<B: Backend>(
     backend: &B,
     d: Dims,
     layers: usize,
     batch: &FlatBatch<'_>,
     kv: &mut B::Kv,
+    local_vocab: usize,
 ) -> Result<Vec<f32>, EngineError> {
-    let b = backend;
-    let t = batch.tokens();
-    let pass = b.upload(batch)?;
+    let pass = backend.upload(batch)?;
+    let logits = run(backend, d, layers, &pass, batch.tokens(), kv)?;
+    backend.to_host(logits, batch.logit_rows.len() * local_vocab)
+}
+
+/// The pass on the device, from its uploaded index arrays to its logits there (what a CUDA
+/// graph captures).
+pub(crate) fn run<B: Backend>(
+    b: &B,
+    d: Dims,
+    layers: usize,
+    pass: &B::Batch<'_>,
+    t: usize,
+    kv: &mut B::Kv,
+) -> Result<B::Act, EngineError> {
     let mut residual = b.zeros(t * d.hidden)?;
-    b.embed(&pass, &mut residual)?;
+    b.embed(pass, &mut residual)?;
     b.all_reduce(&mut residual)?;
     let mut normed = b.zeros(t * d.hidden)?;
     let mut qkv = b.zeros(t * d.qkv_width())?;
@@ -34,7 +47,7 @@ pub(crate) fn forward<B: Backend>(
             b.add_rms_norm(Norm::Input(li), &mut residual, &proj, &mut normed, t)?;
         }
         b.linear(li, Proj::Qkv, &normed, &mut qkv, t)?;
-        b.attention(li, &pass, &mut qkv, kv, &mut attn)?;
+        b.attention(li, pass, &mut qkv, kv, &mut attn)?;
         b.linear(li, Proj::O, &attn, &mut proj, t)?;
         b.all_reduce(&mut proj)?;
         b.add_rms_norm(
@@ -49,5 +62,5 @@ pub(crate) fn forward<B: Backend>(
         b.linear(li, Proj::Down, &act, &mut proj, t)?;
         b.all_reduce(&mut proj)?;
     }
-    b.logits(&pass, &residual, &proj)
+    b.logits(pass, &residual, &proj)
 }

@@ -266,13 +266,18 @@ pub fn generate(
 /// With a GPU present, any failure to move the model is a failure.
 #[cfg(feature = "cuda")]
 pub fn on_gpu(model: Model) -> Option<Model> {
+    on_gpu_with(model, tessera_shard::CudaOptions::default())
+}
+
+/// [`on_gpu`] with `options`.
+#[cfg(feature = "cuda")]
+pub fn on_gpu_with(model: Model, options: tessera_shard::CudaOptions) -> Option<Model> {
     if let Err(e) = tessera_kernels::cuda::GpuDevice::open(0) {
         let required = std::env::var("TESSERA_REQUIRE_GPU").is_ok_and(|v| v == "1");
         assert!(!required, "TESSERA_REQUIRE_GPU=1 but there is no GPU: {e}");
         println!("SKIPPED (needs an NVIDIA GPU): {e}");
         return None;
     }
-    let options = tessera_shard::CudaOptions { device: 0 };
     Some(
         model
             .into_cuda(&options)
