@@ -37,7 +37,6 @@
 //! `TESSERA_BENCH_REPS` (repetitions, default 3).
 
 use std::collections::BTreeMap;
-use std::hint::black_box;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -46,10 +45,13 @@ use std::time::Instant;
 use half::bf16;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::{ActivationDtype, WeightFormat, WeightMatrix};
-use tessera_shard::{KvCache, KvDtype, LogitsWanted, Model, SequenceChunk};
+use tessera_shard::{KvDtype, Model};
 
 #[path = "../../kernels/benches/machine.rs"]
 mod machine;
+mod support;
+
+use support::{argmax, decode, prefill, tokens};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const BLOCK: usize = 16;
@@ -275,55 +277,6 @@ impl Accounting {
     }
 }
 
-fn tokens(n: usize, seed: usize, vocab: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| ((i * 7919 + seed * 104_729 + 17) % (vocab - 1)) as u32 + 1)
-        .collect()
-}
-
-/// Prefills one sequence; returns the last token's logits.
-fn prefill(model: &Model, cache: &mut KvCache, prompt: &[u32], table: &[u32]) -> Vec<f32> {
-    let chunk = SequenceChunk {
-        tokens: prompt,
-        start_position: 0,
-        block_table: table,
-        logits: LogitsWanted::Last,
-    };
-    let out = black_box(model.forward(&[chunk], cache).unwrap());
-    out.last(0).unwrap().to_vec()
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
-            if x > best.1 { (i, x) } else { best }
-        })
-        .0
-}
-
-/// `steps` greedy decode passes for `tables.len()` sequences whose prompts of `ctx` tokens
-/// are cached.
-fn decode(model: &Model, cache: &mut KvCache, ctx: usize, steps: usize, tables: &[Vec<u32>]) {
-    let mut last: Vec<u32> = (0..tables.len()).map(|b| 1 + b as u32).collect();
-    for s in 0..steps {
-        let chunks: Vec<SequenceChunk<'_>> = tables
-            .iter()
-            .zip(&last)
-            .map(|(t, tok)| SequenceChunk {
-                tokens: std::slice::from_ref(tok),
-                start_position: ctx + s,
-                block_table: t,
-                logits: LogitsWanted::Last,
-            })
-            .collect();
-        let out = model.forward(&chunks, cache).unwrap();
-        for (b, l) in last.iter_mut().enumerate() {
-            *l = argmax(out.last(b).unwrap()) as u32;
-        }
-    }
-}
-
 struct Measured {
     /// (prompt length, seconds)
     prefill: Vec<(usize, f64)>,
@@ -347,21 +300,29 @@ fn run_engine(model: &Model, reps: usize) -> Measured {
                 .collect()
         })
         .collect();
-    let logits = prefill(model, &mut cache, &tokens(128, 0, vocab), &tables[0]);
+    let logits = prefill(model, &mut cache, &[tokens(128, 0, vocab)], &tables[..1])
+        .last(0)
+        .expect("logits")
+        .to_vec();
     let prefill_times = [128, 512]
         .into_iter()
         .map(|len| {
-            let prompt = tokens(len, 0, vocab);
+            let prompt = [tokens(len, 0, vocab)];
             (
                 len,
                 time_reps(reps, || {
-                    prefill(model, &mut cache, &prompt, &tables[0]);
+                    prefill(model, &mut cache, &prompt, &tables[..1]);
                 }),
             )
         })
         .collect();
     for (b, t) in tables.iter().enumerate() {
-        prefill(model, &mut cache, &tokens(DECODE_CTX, b, vocab), t);
+        prefill(
+            model,
+            &mut cache,
+            &[tokens(DECODE_CTX, b, vocab)],
+            std::slice::from_ref(t),
+        );
     }
     let decode_times = BATCHES
         .into_iter()

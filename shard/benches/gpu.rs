@@ -23,9 +23,11 @@ use std::time::Instant;
 use safetensors::{Dtype, tensor::TensorView};
 
 use tessera_formats::ModelFiles;
-use tessera_shard::{
-    CudaOptions, KvCache, KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout,
-};
+use tessera_shard::{CudaOptions, KvDtype, Model, WeightLayout};
+
+mod support;
+
+use support::{decode, prefill, tokens};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const BLOCK: usize = 16;
@@ -39,12 +41,6 @@ fn skip(why: &str) -> ! {
     std::process::exit(if required { 1 } else { 0 });
 }
 
-fn tokens(n: usize, seed: usize, vocab: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| ((i * 7919 + seed * 104_729 + 17) % (vocab - 1)) as u32 + 1)
-        .collect()
-}
-
 fn median(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
     let mut v: Vec<f64> = (0..reps)
@@ -56,50 +52,6 @@ fn median(reps: usize, mut f: impl FnMut()) -> f64 {
         .collect();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-        )
-        .0 as u32
-}
-
-fn prefill(model: &Model, cache: &mut KvCache, prompts: &[Vec<u32>], tables: &[Vec<u32>]) {
-    let chunks: Vec<SequenceChunk<'_>> = prompts
-        .iter()
-        .zip(tables)
-        .map(|(p, t)| SequenceChunk {
-            tokens: p,
-            start_position: 0,
-            block_table: t,
-            logits: LogitsWanted::Last,
-        })
-        .collect();
-    model.forward(&chunks, cache).expect("prefill");
-}
-
-fn decode(model: &Model, cache: &mut KvCache, steps: usize, tables: &[Vec<u32>]) {
-    let mut last: Vec<u32> = (0..tables.len()).map(|b| 1 + b as u32).collect();
-    for s in 0..steps {
-        let chunks: Vec<SequenceChunk<'_>> = tables
-            .iter()
-            .zip(&last)
-            .map(|(t, tok)| SequenceChunk {
-                tokens: std::slice::from_ref(tok),
-                start_position: CTX + s,
-                block_table: t,
-                logits: LogitsWanted::Last,
-            })
-            .collect();
-        let out = model.forward(&chunks, cache).expect("decode");
-        for (b, l) in last.iter_mut().enumerate() {
-            *l = argmax(out.last(b).expect("logits"));
-        }
-    }
 }
 
 /// A Llama-family shape to synthesize.
@@ -297,7 +249,7 @@ fn bench(title: &str, files: &ModelFiles, reps: usize, on_cpu: bool) {
     for seqs in [1, 8] {
         let prompts: Vec<Vec<u32>> = (0..seqs).map(|s| tokens(512, s, vocab)).collect();
         let secs = median(reps, || {
-            prefill(&model, &mut cache, &prompts, &tables[..seqs])
+            prefill(&model, &mut cache, &prompts, &tables[..seqs]);
         });
         println!(
             "{:<40} {:>10.2} {:>12.0}",
@@ -310,7 +262,9 @@ fn bench(title: &str, files: &ModelFiles, reps: usize, on_cpu: bool) {
     prefill(&model, &mut cache, &prompts, &tables);
     let steps = 32;
     for batch in [1, 16, 64] {
-        let secs = median(reps, || decode(&model, &mut cache, steps, &tables[..batch]));
+        let secs = median(reps, || {
+            decode(&model, &mut cache, CTX, steps, &tables[..batch])
+        });
         println!(
             "{:<40} {:>10.2} {:>12.0}",
             format!("decode batch {batch} ({steps} steps, ms/step)"),

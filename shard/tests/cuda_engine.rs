@@ -13,7 +13,10 @@
 
 mod common;
 
-use common::{Schedule, load_fixture, max_abs_diff, on_gpu_with, run};
+use common::{
+    Schedule, assert_close_under_schedules, assert_goldens, load_fixture, max_abs_diff,
+    on_gpu_with, run,
+};
 use tessera_formats::ModelFiles;
 use tessera_shard::{CudaOptions, KvDtype, Model, WeightLayout};
 
@@ -79,27 +82,7 @@ fn f32_logits_and_greedy_tokens_match_transformers() {
             return;
         };
         assert_eq!(model.kv_dtype(), KvDtype::Float32);
-        let outcomes = run(
-            &model,
-            &golden.prompt_ids(),
-            20,
-            usize::MAX,
-            Schedule::OneAtATime,
-        );
-        for (p, o) in golden.prompts.iter().zip(&outcomes) {
-            let diff = max_abs_diff(&o.prompt_logits, &p.last_logits);
-            println!("{name} f32 {:?}: max |logit - golden| = {diff:.2e}", p.text);
-            assert!(
-                diff <= 2e-4,
-                "{name} {:?}: max |logit - golden| = {diff}",
-                p.text
-            );
-            assert_eq!(
-                o.tokens, p.greedy_ids,
-                "{name} {:?}: greedy tokens differ",
-                p.text
-            );
-        }
+        assert_goldens(name, &model, &golden, 2e-4);
     }
 }
 
@@ -149,26 +132,17 @@ fn results_do_not_depend_on_batching_or_chunking() {
         let Some((model, golden)) = gpu_fixture(name, KvDtype::Float32) else {
             return;
         };
-        let prompts = golden.prompt_ids();
-        let alone = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
-        for (schedule, chunk) in [
-            (Schedule::Together, usize::MAX),
-            (Schedule::Together, 1),
-            (Schedule::Together, 7),
-            (Schedule::Staggered, 7),
-        ] {
-            let other = run(&model, &prompts, 20, chunk, schedule);
-            for (i, (a, b)) in alone.iter().zip(&other).enumerate() {
-                let diff = max_abs_diff(&a.prompt_logits, &b.prompt_logits);
-                assert!(
-                    diff <= 1e-4,
-                    "{name} prompt {i} {schedule:?} chunk {chunk}: logits differ by {diff}"
-                );
-                assert_eq!(
-                    a.tokens, b.tokens,
-                    "{name} prompt {i} {schedule:?} chunk {chunk}"
-                );
-            }
-        }
+        assert_close_under_schedules(
+            name,
+            &model,
+            &golden.prompt_ids(),
+            &[
+                (Schedule::Together, usize::MAX),
+                (Schedule::Together, 1),
+                (Schedule::Together, 7),
+                (Schedule::Staggered, 7),
+            ],
+            1e-4,
+        );
     }
 }

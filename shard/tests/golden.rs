@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Schedule, load_fixture, max_abs_diff, run};
+use common::{Schedule, assert_close_under_schedules, assert_goldens, load_fixture};
 
 const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
 
@@ -11,21 +11,7 @@ const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
 fn logits_and_greedy_tokens_match_transformers() {
     for name in FIXTURES {
         let (model, golden) = load_fixture(name);
-        let prompts = golden.prompt_ids();
-        let outcomes = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
-        for (p, o) in golden.prompts.iter().zip(&outcomes) {
-            let diff = max_abs_diff(&o.prompt_logits, &p.last_logits);
-            assert!(
-                diff <= 1e-4,
-                "{name} {:?}: max |logit - golden| = {diff}",
-                p.text
-            );
-            assert_eq!(
-                o.tokens, p.greedy_ids,
-                "{name} {:?}: greedy tokens differ",
-                p.text
-            );
-        }
+        assert_goldens(name, &model, &golden, 1e-4);
     }
 }
 
@@ -33,28 +19,19 @@ fn logits_and_greedy_tokens_match_transformers() {
 fn results_do_not_depend_on_batching_or_chunking() {
     for name in FIXTURES {
         let (model, golden) = load_fixture(name);
-        let prompts = golden.prompt_ids();
-        let alone = run(&model, &prompts, 20, usize::MAX, Schedule::OneAtATime);
-        for (schedule, chunk) in [
-            (Schedule::Together, usize::MAX),
-            (Schedule::Together, 1),
-            (Schedule::Together, 7),
-            (Schedule::Together, 64),
-            (Schedule::Staggered, 7),
-            (Schedule::OneAtATime, 7),
-        ] {
-            let other = run(&model, &prompts, 20, chunk, schedule);
-            for (i, (a, b)) in alone.iter().zip(&other).enumerate() {
-                let diff = max_abs_diff(&a.prompt_logits, &b.prompt_logits);
-                assert!(
-                    diff <= 1e-5,
-                    "{name} prompt {i} {schedule:?} chunk {chunk}: logits differ by {diff}"
-                );
-                assert_eq!(
-                    a.tokens, b.tokens,
-                    "{name} prompt {i} {schedule:?} chunk {chunk}"
-                );
-            }
-        }
+        assert_close_under_schedules(
+            name,
+            &model,
+            &golden.prompt_ids(),
+            &[
+                (Schedule::Together, usize::MAX),
+                (Schedule::Together, 1),
+                (Schedule::Together, 7),
+                (Schedule::Together, 64),
+                (Schedule::Staggered, 7),
+                (Schedule::OneAtATime, 7),
+            ],
+            1e-5,
+        );
     }
 }

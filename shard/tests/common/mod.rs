@@ -71,6 +71,58 @@ pub fn assert_same_under_schedules(
     }
 }
 
+/// Asserts that each golden prompt's last logits are within `tol` of transformers' and that
+/// its 20 greedy tokens are transformers' (printing each prompt's largest difference).
+pub fn assert_goldens(name: &str, model: &Model, golden: &Golden, tol: f32) {
+    let outcomes = run(
+        model,
+        &golden.prompt_ids(),
+        20,
+        usize::MAX,
+        Schedule::OneAtATime,
+    );
+    for (p, o) in golden.prompts.iter().zip(&outcomes) {
+        let diff = max_abs_diff(&o.prompt_logits, &p.last_logits);
+        println!("{name} {:?}: max |logit - golden| = {diff:.2e}", p.text);
+        assert!(
+            diff <= tol,
+            "{name} {:?}: max |logit - golden| = {diff}",
+            p.text
+        );
+        assert_eq!(
+            o.tokens, p.greedy_ids,
+            "{name} {:?}: greedy tokens differ",
+            p.text
+        );
+    }
+}
+
+/// Asserts that every `(schedule, chunk)` gives prompt logits within `tol` of running each
+/// prompt alone, unchunked, and the same 20 greedy tokens.
+pub fn assert_close_under_schedules(
+    name: &str,
+    model: &Model,
+    prompts: &[Vec<u32>],
+    schedules: &[(Schedule, usize)],
+    tol: f32,
+) {
+    let alone = run(model, prompts, 20, usize::MAX, Schedule::OneAtATime);
+    for &(schedule, chunk) in schedules {
+        let other = run(model, prompts, 20, chunk, schedule);
+        for (i, (a, b)) in alone.iter().zip(&other).enumerate() {
+            let diff = max_abs_diff(&a.prompt_logits, &b.prompt_logits);
+            assert!(
+                diff <= tol,
+                "{name} prompt {i} {schedule:?} chunk {chunk}: logits differ by {diff}"
+            );
+            assert_eq!(
+                a.tokens, b.tokens,
+                "{name} prompt {i} {schedule:?} chunk {chunk}"
+            );
+        }
+    }
+}
+
 /// How the driver groups work into forward passes.
 #[derive(Clone, Copy, Debug)]
 pub enum Schedule {
