@@ -24,9 +24,11 @@
 //! - `native`: as `Model::load` keeps the file's matrices (Q4_1 and Q8_0 for this GGUF;
 //!   `TESSERA_NATIVE_WEIGHTS=0` makes that f32);
 //! - `bf16`: every matrix dequantized and stored as bfloat16, through a `WeightSource` that
-//!   hands the loader bf16 `NativeTensor`s (the same values rounded to bf16);
+//!   hands the loader bf16 `NativeTensor`s (the same values rounded to bf16), with f32
+//!   activations (`--dtype float32` on a bf16 model);
 //! - `bf16-act`: the same bf16 matrices with bf16 activations (`--dtype bfloat16`:
-//!   `vdpbf16ps` products, see `tessera_kernels::cpu::bf16_dot`);
+//!   `vdpbf16ps` products, see `tessera_kernels::cpu::bf16_dot`); what the server runs for a
+//!   model declared bf16 under the default `--dtype auto`;
 //! - `f32`: every matrix dequantized to f32.
 //!
 //! The machine limits are measured before and after the runs (the better of each figure is
