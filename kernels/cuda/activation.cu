@@ -1,5 +1,6 @@
 // SiLU(gate) · up, reading the fused gate_up projection `[rows, 2 * d]` (gate first, then up)
-// and writing `[rows, d]`. Element-wise and memory-bound: a grid-stride loop, f32 math.
+// and writing `[rows, d]`; and a bias added to every row (after products that have no bias
+// epilogue). Element-wise and memory-bound: grid-stride loops, f32 math.
 #include "common.cuh"
 
 template <typename T>
@@ -15,8 +16,20 @@ __device__ void silu_mul(const T* gate_up, T* out, int rows, int d) {
     }
 }
 
+template <typename T>
+__device__ void add_bias(T* y, const T* bias, int rows, int n) {
+    const long long total = (long long)rows * n;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        y[i] = from_f32<T>(to_f32(y[i]) + to_f32(bias[i % n]));
+    }
+}
+
 #define INSTANTIATE(T, S)                                                                 \
     extern "C" __global__ void silu_mul_##S(const T* gate_up, T* out, int rows, int d) { \
         silu_mul<T>(gate_up, out, rows, d);                                               \
+    }                                                                                     \
+    extern "C" __global__ void add_bias_##S(T* y, const T* bias, int rows, int n) {       \
+        add_bias<T>(y, bias, rows, n);                                                    \
     }
 TESSERA_FOR_EACH_DTYPE(INSTANTIATE)

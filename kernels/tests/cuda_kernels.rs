@@ -12,7 +12,7 @@ use tessera_kernels::cpu;
 use tessera_kernels::cpu::attention::{AttentionSeq, KvLayout};
 use tessera_kernels::cuda::cudarc::driver::CudaSlice;
 use tessera_kernels::cuda::{
-    CacheView, DecodeArgs, Gemm, GpuDevice, GpuFloat, GpuKernels, PrefillArgs, PtxCache,
+    CacheView, DecodeArgs, Gemm, GpuDevice, GpuFloat, GpuKernels, GpuQuant, PrefillArgs, PtxCache,
     RopeCacheArgs,
 };
 
@@ -397,37 +397,62 @@ fn attention_matches_cpu_with_gqa_windows_and_prefixes() {
 }
 
 #[test]
-fn quantized_gemv_matches_dequantized_linear() {
+fn quantized_gemv_and_dequantization_match_the_cpu() {
     use tessera_kernels::quant::{QuantFormat, dequantize};
     let Some((d, k)) = gpu() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let (n, kk) = (67, 256);
-    for (format, block_bytes) in [(QuantFormat::Q8_0, 34), (QuantFormat::Q4_0, 18)] {
-        // Random blocks with a sane f16 scale in the first two bytes of each.
+    for (format, quant) in [
+        (QuantFormat::Q8_0, GpuQuant::Q8_0),
+        (QuantFormat::Q4_0, GpuQuant::Q4_0),
+        (QuantFormat::Q4_1, GpuQuant::Q4_1),
+    ] {
+        let block_bytes = quant.block_bytes();
+        // Random blocks with sane f16 scales (Q4_1: d and m) in front of the quants.
+        let scales = if quant == GpuQuant::Q4_1 { 2 } else { 1 };
         let mut bytes: Vec<u8> = (0..n * kk / 32 * block_bytes)
             .map(|_| rng.random())
             .collect();
         for b in bytes.chunks_exact_mut(block_bytes) {
-            let s = half::f16::from_f32(rng.random_range(0.001..0.05)).to_bits();
-            b[..2].copy_from_slice(&s.to_le_bytes());
+            for i in 0..scales {
+                let s = half::f16::from_f32(rng.random_range(0.001..0.05)).to_bits();
+                b[2 * i..2 * i + 2].copy_from_slice(&s.to_le_bytes());
+            }
         }
         let mut w = vec![0.0; n * kk];
         dequantize(format, &bytes, &mut w).unwrap();
         let gw = d.stream().clone_htod(&bytes).unwrap();
+        // Dequantized on the device: the same f32 values.
+        let mut gdense = d.stream().alloc_zeros::<f32>(n * kk).unwrap();
+        k.dequantize(quant, &gw, &mut gdense, n, kk).unwrap();
+        assert_close(
+            &down(&d, &gdense),
+            &w,
+            0.0,
+            &format!("{format:?} dequantized"),
+        );
         for m in [1, 3, 11] {
             let x = rand_vec(&mut rng, m * kk);
             let mut want = vec![0.0; m * n];
             cpu::matmul::linear(&x, &w, None, m, kk, &mut want);
             let gx = up::<f32>(&d, &x);
             let mut y = d.stream().alloc_zeros::<f32>(m * n).unwrap();
-            match format {
-                QuantFormat::Q8_0 => k.gemv_q8_0(&gw, &gx, &mut y, (m, n, kk)),
-                _ => k.gemv_q4_0(&gw, &gx, &mut y, (m, n, kk)),
-            }
-            .unwrap();
+            k.gemv(quant, &gw, &gx, &mut y, (m, n, kk)).unwrap();
             assert_close(&down(&d, &y), &want, 1e-4, &format!("{format:?} m={m}"));
         }
     }
+}
+
+#[test]
+fn bias_is_added_to_every_row() {
+    let Some((d, k)) = gpu() else { return };
+    let (rows, n) = (5, 300);
+    let y: Vec<f32> = (0..rows * n).map(|i| i as f32).collect();
+    let bias: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
+    let mut gy = up::<f32>(&d, &y);
+    k.add_bias(&mut gy, &up::<f32>(&d, &bias), rows).unwrap();
+    let want: Vec<f32> = y.iter().enumerate().map(|(i, v)| v + bias[i % n]).collect();
+    assert_close(&down(&d, &gy), &want, 0.0, "add_bias");
 }
 
 #[test]

@@ -51,12 +51,19 @@ fn install_nvrtc_wheel() -> Result<(), String> {
 fn entry_points(file: &str) -> Vec<String> {
     let names: &[&str] = match file {
         "norm.cu" => &["rms_norm", "add_rms_norm"],
-        "activation.cu" => &["silu_mul"],
+        "activation.cu" => &["silu_mul", "add_bias"],
         "embedding.cu" => &["embedding"],
         "rope_cache.cu" => &["rope_and_cache"],
         "paged_attention.cu" => &["paged_attention_decode", "paged_attention_reduce"],
         "flash_attention.cu" => &[],
-        "gemv_quant.cu" => &["gemv_q8_0", "gemv_q4_0"],
+        "gemv_quant.cu" => &[
+            "gemv_q8_0",
+            "gemv_q4_0",
+            "gemv_q4_1",
+            "dequant_q8_0",
+            "dequant_q4_0",
+            "dequant_q4_1",
+        ],
         "sampling.cu" => &["argmax", "log_softmax", "topk"],
         other => panic!("{other} has no entry list in this test"),
     };

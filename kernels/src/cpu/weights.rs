@@ -234,6 +234,18 @@ impl WeightMatrix {
         Ok(Self { rows, cols, data })
     }
 
+    /// The GGUF blocks of a `Q8_0`, `Q4_0` or `Q4_1` matrix as they are in the file (row after
+    /// row), for a device that multiplies them itself; `None` for other formats and for
+    /// matrices repacked for integer dot products.
+    pub fn ggml_blocks(&self) -> Option<(WeightFormat, &[u8])> {
+        match &self.data {
+            Data::Q8_0(v) => Some((WeightFormat::Q8_0, bytemuck::cast_slice(v))),
+            Data::Q4_0(v) => Some((WeightFormat::Q4_0, bytemuck::cast_slice(v))),
+            Data::Q4_1(v) => Some((WeightFormat::Q4_1, bytemuck::cast_slice(v))),
+            _ => None,
+        }
+    }
+
     /// Output rows.
     pub fn rows(&self) -> usize {
         self.rows

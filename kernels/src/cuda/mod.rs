@@ -26,8 +26,8 @@ pub use compile::{
 };
 pub use device::{CudaLibs, GpuDevice};
 pub use ops::{
-    CacheView, DecodeArgs, GpuFloat, GpuKernels, MAX_TOP_K, PREFILL_HEAD_DIMS, PrefillArgs,
-    RopeCacheArgs,
+    CacheView, DecodeArgs, GpuFloat, GpuKernels, GpuQuant, MAX_TOP_K, PREFILL_HEAD_DIMS,
+    PrefillArgs, RopeCacheArgs,
 };
 
 /// The cudarc version this module is written against, re-exported so that the engine's CUDA

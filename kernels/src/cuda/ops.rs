@@ -73,6 +73,36 @@ const GQ_MAX_M: usize = 8;
 /// Maximum k of [`GpuKernels::topk`].
 pub const MAX_TOP_K: usize = 256;
 
+/// The ggml block formats the quantized kernels read (32 values per block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuQuant {
+    /// `value = q · d`, 34 bytes.
+    Q8_0,
+    /// `value = (q - 8) · d`, 18 bytes.
+    Q4_0,
+    /// `value = q · d + m`, 20 bytes.
+    Q4_1,
+}
+
+impl GpuQuant {
+    /// Bytes of one 32-value block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            GpuQuant::Q8_0 => 34,
+            GpuQuant::Q4_0 => 18,
+            GpuQuant::Q4_1 => 20,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            GpuQuant::Q8_0 => "q8_0",
+            GpuQuant::Q4_0 => "q4_0",
+            GpuQuant::Q4_1 => "q4_1",
+        }
+    }
+}
+
 /// Arguments of [`GpuKernels::rope_and_cache`].
 #[derive(Debug)]
 pub struct RopeCacheArgs<'a, T> {
@@ -589,19 +619,21 @@ impl GpuKernels {
         Ok(())
     }
 
-    fn gemv_quant<T: GpuFloat>(
+    /// `y[m, n] = x[m, k] · W[n, k]ᵀ` with `W` as `quant` blocks, dequantized in registers
+    /// (for decode: the kernel reads the weights once for up to 8 rows of `x` at a time).
+    pub fn gemv<T: GpuFloat>(
         &self,
-        kernel: &str,
-        block_bytes: usize,
+        quant: GpuQuant,
         w: &CudaSlice<u8>,
         x: &CudaSlice<T>,
         y: &mut CudaSlice<T>,
         dims: (usize, usize, usize),
     ) -> Result<(), CudaError> {
         let (m, n, k) = dims;
+        let kernel = format!("gemv_{}", quant.name());
         shape(
             k.is_multiple_of(32)
-                && w.len() >= n * (k / 32) * block_bytes
+                && w.len() >= n * (k / 32) * quant.block_bytes()
                 && x.len() >= m * k
                 && y.len() >= m * n,
             || format!("{kernel}: m={m} n={n} k={k}, w {} bytes", w.len()),
@@ -629,7 +661,7 @@ impl GpuKernels {
         y: &mut CudaSlice<T>,
         dims: (usize, usize, usize),
     ) -> Result<(), CudaError> {
-        self.gemv_quant("gemv_q8_0", 34, w, x, y, dims)
+        self.gemv(GpuQuant::Q8_0, w, x, y, dims)
     }
 
     /// `y[m, n] = x[m, k] · W[n, k]ᵀ` with `W` as ggml `Q4_0` blocks (18 bytes per 32 values).
@@ -640,7 +672,66 @@ impl GpuKernels {
         y: &mut CudaSlice<T>,
         dims: (usize, usize, usize),
     ) -> Result<(), CudaError> {
-        self.gemv_quant("gemv_q4_0", 18, w, x, y, dims)
+        self.gemv(GpuQuant::Q4_0, w, x, y, dims)
+    }
+
+    /// `out[n, k]`: the `quant` matrix `w` dequantized into the storage type.
+    pub fn dequantize<T: GpuFloat>(
+        &self,
+        quant: GpuQuant,
+        w: &CudaSlice<u8>,
+        out: &mut CudaSlice<T>,
+        n: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let blocks = n * (k / 32);
+        shape(
+            k.is_multiple_of(32) && w.len() >= blocks * quant.block_bytes() && out.len() >= n * k,
+            || {
+                format!(
+                    "dequantize {}: n={n} k={k}, w {} bytes",
+                    quant.name(),
+                    w.len()
+                )
+            },
+        )?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        let f = self.function(
+            "gemv_quant.cu",
+            &format!("dequant_{}_{}", quant.name(), T::SUFFIX),
+        )?;
+        let count = blocks as i64;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(w).arg(out).arg(&count);
+        // SAFETY: `blocks` blocks in `w` and 32 · blocks values in `out` (checked above).
+        unsafe { b.launch(grid(blocks.div_ceil(128), 1, 1, 128, 0)) }?;
+        Ok(())
+    }
+
+    /// `y[r, :] += bias` for `rows` rows of `bias.len()` values.
+    pub fn add_bias<T: GpuFloat>(
+        &self,
+        y: &mut CudaSlice<T>,
+        bias: &CudaSlice<T>,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        let n = bias.len();
+        shape(y.len() >= rows * n, || {
+            format!("add_bias: {rows} rows of {n}, y {}", y.len())
+        })?;
+        if rows * n == 0 {
+            return Ok(());
+        }
+        let f = self.function("activation.cu", &format!("add_bias_{}", T::SUFFIX))?;
+        let (r, nn) = (i32_of(rows, "rows")?, i32_of(n, "width")?);
+        let blocks = (rows * n).div_ceil(256).min(65_535);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(y).arg(bias).arg(&r).arg(&nn);
+        // SAFETY: rows · n values of `y` and n of `bias` (checked above).
+        unsafe { b.launch(grid(blocks, 1, 1, 256, 0)) }?;
+        Ok(())
     }
 
     /// Greedy ids: the first maximum of each row of `logits` `[rows, vocab]`.
