@@ -345,10 +345,13 @@ fn place(model: Model, on_gpu: bool, rank: usize) -> anyhow::Result<Model> {
     if !on_gpu {
         return Ok(model);
     }
+    let on = |name: &str| std::env::var(name).map_or(true, |v| v.trim() != "0");
     let options = tessera_shard::CudaOptions {
         device: rank,
         // Decode steps as CUDA graphs unless TESSERA_CUDA_GRAPHS=0.
-        graphs: std::env::var("TESSERA_CUDA_GRAPHS").map_or(true, |v| v.trim() != "0"),
+        graphs: on("TESSERA_CUDA_GRAPHS"),
+        // GGUF Q8_0/Q4_0/Q4_1 blocks stay quantized unless TESSERA_GPU_QUANTIZED=0.
+        quantized: on("TESSERA_GPU_QUANTIZED"),
     };
     model
         .into_cuda(&options)

@@ -13,11 +13,14 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::{
     Schedule, assert_close_under_schedules, assert_goldens, load_fixture, max_abs_diff,
     on_gpu_with, run,
 };
-use tessera_formats::ModelFiles;
+use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
+use tessera_kernels::cpu::WeightFormat;
 use tessera_shard::{CudaOptions, KvDtype, Model, WeightLayout};
 
 const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
@@ -144,5 +147,120 @@ fn results_do_not_depend_on_batching_or_chunking() {
             ],
             1e-4,
         );
+    }
+}
+
+/// A fixture's matrices rounded to `Q8_0` or `Q4_1` blocks (the other tensors as they are).
+struct Quantized {
+    inner: Arc<dyn WeightSource>,
+    format: WeightFormat,
+}
+
+fn f16_bytes(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_le_bytes()
+}
+
+/// One 32-value block as ggml writes it.
+fn quantize_block(format: WeightFormat, x: &[f32], out: &mut Vec<u8>) {
+    match format {
+        WeightFormat::Q8_0 => {
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = half::f16::from_f32(amax / 127.0).to_f32();
+            out.extend(f16_bytes(d));
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            out.extend(
+                x.iter()
+                    .map(|v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+            );
+        }
+        _ => {
+            let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+            let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let d = half::f16::from_f32((hi - lo) / 15.0).to_f32();
+            let m = half::f16::from_f32(lo).to_f32();
+            out.extend(f16_bytes(d));
+            out.extend(f16_bytes(m));
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let q = |v: f32| ((v - m) * inv).round().clamp(0.0, 15.0) as u8;
+            out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
+        }
+    }
+}
+
+impl WeightSource for Quantized {
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+
+    fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
+        self.inner.shape(name)
+    }
+
+    fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
+        self.inner.load_f32(name)
+    }
+
+    fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
+        let t = self.inner.load_f32(name)?;
+        let [rows, cols] = t.shape[..] else {
+            return Ok(None);
+        };
+        if !cols.is_multiple_of(32) {
+            return Ok(None);
+        }
+        let mut bytes = Vec::new();
+        for block in t.data.chunks_exact(32) {
+            quantize_block(self.format, block, &mut bytes);
+        }
+        Ok(Some(NativeTensor {
+            format: self.format,
+            shape: [rows, cols],
+            bytes,
+        }))
+    }
+}
+
+/// Matrices kept as `Q8_0` / `Q4_1` blocks on the GPU (weight-only GEMV for decode batches,
+/// dequantized into scratch for a prefill of more than 64 rows) give, in f32, what the CPU
+/// computes exactly on the same blocks: logits to 1e-4 and the same greedy tokens.
+#[test]
+fn quantized_weights_match_the_cpu_on_the_same_blocks() {
+    for name in FIXTURES {
+        for format in [WeightFormat::Q8_0, WeightFormat::Q4_1] {
+            let dir = common::repo_root().join("fixtures").join(name);
+            let mut files = ModelFiles::open(&dir).unwrap();
+            files.weights = Arc::new(Quantized {
+                inner: files.weights.clone(),
+                format,
+            });
+            let load = || {
+                Model::load_with(&files, WeightLayout::Exact)
+                    .unwrap()
+                    .with_kv_dtype(KvDtype::Float32)
+            };
+            let cpu = load();
+            assert_eq!(cpu.weights_dtype(), format.name());
+            // The golden prompts, and one longer than 64 tokens for the dequantized path.
+            let (_, golden) = load_fixture(name);
+            let mut prompts = golden.prompt_ids();
+            let long: Vec<u32> = prompts.iter().flatten().copied().cycle().take(80).collect();
+            prompts.push(long);
+            let want = run(&cpu, &prompts, 12, usize::MAX, Schedule::Together);
+            let Some(gpu) = on_gpu_with(load(), CudaOptions::default()) else {
+                return;
+            };
+            let got = run(&gpu, &prompts, 12, usize::MAX, Schedule::Together);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                let diff = max_abs_diff(&a.prompt_logits, &b.prompt_logits);
+                assert!(
+                    diff <= 1e-4,
+                    "{name} {format:?} prompt {i}: logits differ by {diff}"
+                );
+                assert_eq!(
+                    a.tokens, b.tokens,
+                    "{name} {format:?} prompt {i}: greedy tokens"
+                );
+            }
+        }
     }
 }

@@ -1,22 +1,24 @@
-//! The CUDA backend (feature `cuda`): weights, activations and the paged KV cache in GPU
-//! memory in one element type (bf16, or f32 for checking against the CPU), the kernels of
-//! `kernels/cuda/` for everything but the products, and cuBLASLt for the products.
+//! The CUDA backend (feature `cuda`): activations and the paged KV cache in GPU memory in one
+//! element type (bf16, or f32 for checking against the CPU), the kernels of `kernels/cuda/`
+//! for everything but dense products, and cuBLAS(Lt) for those.
 //!
-//! Quantized GGUF weights are dequantized once at load (into the element type): the
-//! weight-only GEMV kernels cover Q8_0 and Q4_0 only, not SmolLM2's Q4_1, so every format
-//! takes the same cuBLASLt path for now. Under tensor parallelism each all-reduce goes
-//! through the host (the communicator's), which is correct with any communicator but not
-//! fast; NCCL on device buffers is the next step.
+//! GGUF `Q8_0`, `Q4_0` and `Q4_1` matrices stay the file's blocks in GPU memory: products with
+//! up to 64 activation rows (decode) run the weight-only GEMV kernels, which read each block
+//! once per 8 rows; larger ones (prefill) dequantize the matrix into scratch and go through
+//! cuBLASLt. Other formats are dequantized into the element type at load. Under tensor
+//! parallelism each all-reduce goes through the host (the communicator's), which is correct
+//! with any communicator but not fast; NCCL on device buffers is the next step.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::bf16;
 use tessera_kernels::cpu::attention::KvLayout;
+use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use tessera_kernels::cuda::{
-    CacheView, CudaError, DecodeArgs, Gemm, GemmElem, GpuDevice, GpuFloat, GpuKernels, PrefillArgs,
-    PtxCache, RopeCacheArgs,
+    CacheView, CudaError, DecodeArgs, Gemm, GemmElem, GpuDevice, GpuFloat, GpuKernels, GpuQuant,
+    PrefillArgs, PtxCache, RopeCacheArgs,
 };
 
 use super::backend::{Backend, Dims, Norm, Proj};
@@ -35,6 +37,10 @@ pub struct CudaOptions {
     pub device: usize,
     /// Replay decode steps of common batch sizes as CUDA graphs (see `cuda_graph`).
     pub graphs: bool,
+    /// Keep `Q8_0`, `Q4_0` and `Q4_1` matrices as the file's blocks in GPU memory (weight-only
+    /// GEMV for decode, dequantized into scratch for prefill) instead of dequantizing them at
+    /// load. Other formats are always dequantized.
+    pub quantized: bool,
 }
 
 impl Default for CudaOptions {
@@ -42,6 +48,7 @@ impl Default for CudaOptions {
         CudaOptions {
             device: 0,
             graphs: true,
+            quantized: true,
         }
     }
 }
@@ -202,8 +209,22 @@ impl CudaModel {
     }
 }
 
+/// A weight matrix in GPU memory: dense in the element type, or the file's ggml blocks.
+enum GpuWeight<T> {
+    Dense(CudaSlice<T>),
+    Quant {
+        quant: GpuQuant,
+        blocks: CudaSlice<u8>,
+    },
+}
+
+/// Activation rows up to which a quantized product runs as a GEMV straight from the blocks
+/// (the kernel re-reads them per 8 rows, still less traffic than a dequantized copy); above,
+/// the matrix is dequantized into scratch and multiplied by cuBLASLt.
+const GEMV_MAX_ROWS: usize = 64;
+
 struct GpuLinear<T> {
-    weight: CudaSlice<T>,
+    weight: GpuWeight<T>,
     bias: Option<CudaSlice<T>>,
     out_features: usize,
     in_features: usize,
@@ -226,7 +247,9 @@ pub(crate) struct CudaBackend<T> {
     /// This rank's vocabulary rows, `[local vocab, hidden]`.
     embed: CudaSlice<T>,
     /// `None` when tied to `embed`.
-    lm_head: Option<CudaSlice<T>>,
+    lm_head: Option<GpuLinear<T>>,
+    /// Values of the largest quantized matrix: the dequantization scratch a prefill needs.
+    largest_quant: usize,
     final_norm: CudaSlice<T>,
     vocab_start: usize,
     local_vocab: usize,
@@ -264,9 +287,24 @@ impl<T: DeviceElem> CudaBackend<T> {
                 .clone_htod(&to_elems::<T>(values))
                 .map_err(device_error)
         };
+        let weight = |m: &WeightMatrix| -> Result<GpuWeight<T>, EngineError> {
+            let quant = match m.ggml_blocks() {
+                Some((WeightFormat::Q8_0, b)) => Some((GpuQuant::Q8_0, b)),
+                Some((WeightFormat::Q4_0, b)) => Some((GpuQuant::Q4_0, b)),
+                Some((WeightFormat::Q4_1, b)) => Some((GpuQuant::Q4_1, b)),
+                _ => None,
+            };
+            Ok(match quant {
+                Some((quant, bytes)) if options.quantized => GpuWeight::Quant {
+                    quant,
+                    blocks: stream.clone_htod(bytes).map_err(device_error)?,
+                },
+                _ => GpuWeight::Dense(put(&m.to_f32())?),
+            })
+        };
         let linear = |l: &Linear| -> Result<GpuLinear<T>, EngineError> {
             Ok(GpuLinear {
-                weight: put(&l.weight.to_f32())?,
+                weight: weight(&l.weight)?,
                 bias: l.bias.as_deref().map(put).transpose()?,
                 out_features: l.out_features(),
                 in_features: l.in_features(),
@@ -284,8 +322,28 @@ impl<T: DeviceElem> CudaBackend<T> {
                 down: linear(&l.down)?,
             });
         }
+        // The lookup kernel reads dense rows.
         let embed = put(&w.embed.to_f32())?;
-        let lm_head = w.lm_head.as_ref().map(|m| put(&m.to_f32())).transpose()?;
+        let lm_head = w
+            .lm_head
+            .as_ref()
+            .map(|m| {
+                Ok::<_, EngineError>(GpuLinear {
+                    weight: weight(m)?,
+                    bias: None,
+                    out_features: m.rows(),
+                    in_features: m.cols(),
+                })
+            })
+            .transpose()?;
+        let largest_quant = layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+            .chain(lm_head.as_ref())
+            .filter(|l| matches!(l.weight, GpuWeight::Quant { .. }))
+            .map(|l| l.out_features * l.in_features)
+            .max()
+            .unwrap_or(0);
         let final_norm = put(&w.final_norm)?;
         let inv_freq = stream.clone_htod(&cpu.inv_freq).map_err(device_error)?;
         stream.synchronize().map_err(device_error)?;
@@ -295,6 +353,7 @@ impl<T: DeviceElem> CudaBackend<T> {
             layers,
             embed,
             lm_head,
+            largest_quant,
             final_norm,
             vocab_start: w.vocab.start,
             local_vocab: w.vocab.len(),
@@ -366,8 +425,8 @@ impl<T: DeviceElem> CudaBackend<T> {
         Ok(CudaKv::new(T::wrap(pages)))
     }
 
-    /// Device bytes one pass of `tokens` tokens allocates (activations, logits, scratch),
-    /// with a margin for cuBLASLt's workspace.
+    /// Device bytes one pass of `tokens` tokens allocates (activations, logits, the
+    /// dequantization scratch), with a margin for cuBLASLt's workspace.
     fn activation_bytes(&self, tokens: usize) -> u64 {
         let d = self.dims;
         let values = tokens
@@ -376,7 +435,7 @@ impl<T: DeviceElem> CudaBackend<T> {
                 + d.heads * d.head_dim
                 + 3 * d.intermediate
                 + self.local_vocab);
-        (values * std::mem::size_of::<T>()) as u64 * 5 / 4 + (256 << 20)
+        ((values + self.largest_quant) * std::mem::size_of::<T>()) as u64 * 5 / 4 + (256 << 20)
     }
 
     fn kv_budget(&self, fraction: f32, max_tokens: usize) -> Result<u64, EngineError> {
@@ -391,6 +450,38 @@ impl<T: DeviceElem> CudaBackend<T> {
             "GPU memory for the KV cache"
         );
         Ok(budget)
+    }
+
+    /// `out = x · Wᵀ (+ bias)` for `rows` rows, in whichever form `l` keeps its weights.
+    fn multiply(
+        &self,
+        l: &GpuLinear<T>,
+        x: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let (n, k) = (l.out_features, l.in_features);
+        match &l.weight {
+            GpuWeight::Dense(w) => self.gemm.linear(x, w, l.bias.as_ref(), out, rows, n, k),
+            GpuWeight::Quant { quant, blocks } if rows <= GEMV_MAX_ROWS => {
+                self.kernels
+                    .gemv(*quant, blocks, x, out, (rows, n, k))
+                    .map_err(device_error)?;
+                match &l.bias {
+                    Some(bias) => self.kernels.add_bias(out, bias, rows),
+                    None => Ok(()),
+                }
+            }
+            GpuWeight::Quant { quant, blocks } => {
+                let mut dense = self.zeros(n * k)?;
+                self.kernels
+                    .dequantize(*quant, blocks, &mut dense, n, k)
+                    .map_err(device_error)?;
+                self.gemm
+                    .linear(x, &dense, l.bias.as_ref(), out, rows, n, k)
+            }
+        }
+        .map_err(device_error)
     }
 
     fn projection(&self, layer: usize, proj: Proj) -> &GpuLinear<T> {
@@ -518,18 +609,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         out: &mut CudaSlice<T>,
         rows: usize,
     ) -> Result<(), EngineError> {
-        let l = self.projection(layer, proj);
-        self.gemm
-            .linear(
-                x,
-                &l.weight,
-                l.bias.as_ref(),
-                out,
-                rows,
-                l.out_features,
-                l.in_features,
-            )
-            .map_err(device_error)
+        self.multiply(self.projection(layer, proj), x, out, rows)
     }
 
     fn attention(
@@ -669,11 +749,22 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
                 self.eps,
             )
             .map_err(device_error)?;
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut logits = self.zeros(rows * self.local_vocab)?;
-        self.gemm
-            .linear(&normed, head, None, &mut logits, rows, self.local_vocab, h)
-            .map_err(device_error)?;
+        match &self.lm_head {
+            Some(head) => self.multiply(head, &normed, &mut logits, rows)?,
+            None => self
+                .gemm
+                .linear(
+                    &normed,
+                    &self.embed,
+                    None,
+                    &mut logits,
+                    rows,
+                    self.local_vocab,
+                    h,
+                )
+                .map_err(device_error)?,
+        }
         Ok(logits)
     }
 
