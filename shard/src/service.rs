@@ -167,7 +167,7 @@ impl TextGenerationService for ShardService {
         let c = engine.model().config();
         Ok(Response::new(pb::InfoResponse {
             dtype: self.info.dtype.clone(),
-            device_type: "cpu".into(),
+            device_type: engine.model().device_type().into(),
             block_size: engine.block_size() as u32,
             window_size: c.sliding_window.map(|w| w as u32),
             speculate: engine.speculation_depth() as u32,

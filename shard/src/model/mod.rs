@@ -208,6 +208,15 @@ impl Model {
         }
     }
 
+    /// Where the pass runs, as `/info` names it: `"cpu"` or `"cuda"`.
+    pub fn device_type(&self) -> &'static str {
+        match &self.compute {
+            Compute::Cpu(_) => "cpu",
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(_) => "cuda",
+        }
+    }
+
     /// `"cpu"`, or the GPU's name.
     pub fn device(&self) -> String {
         match &self.compute {
