@@ -23,108 +23,51 @@ __device__ __forceinline__ float f16_bits(tessera_f16 bits) {
     return to_f32(h);
 }
 
-template <typename T>
-__device__ void gemv_q8_0(const BlockQ8_0* w, const T* x, T* y, int n, int k, int m) {
+// Each format's block, dequantized into registers: w[j] = value j of the block.
+__device__ __forceinline__ void load_block(const BlockQ8_0& b, float w[32]) {
+    const float d = f16_bits(b.d);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) w[j] = (float)b.qs[j] * d;
+}
+
+__device__ __forceinline__ void load_block(const BlockQ4_0& b, float w[32]) {
+    const float d = f16_bits(b.d);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        w[j] = (float)((int)(b.qs[j] & 0x0f) - 8) * d;
+        w[j + 16] = (float)((int)(b.qs[j] >> 4) - 8) * d;
+    }
+}
+
+__device__ __forceinline__ void load_block(const BlockQ4_1& b, float w[32]) {
+    const float d = f16_bits(b.d), m = f16_bits(b.m);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        w[j] = (float)(b.qs[j] & 0x0f) * d + m;
+        w[j + 16] = (float)(b.qs[j] >> 4) * d + m;
+    }
+}
+
+template <typename Block, typename T>
+__device__ void gemv(const Block* w, const T* x, T* y, int n, int k, int m) {
     const int row = blockIdx.x * GQ_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n) return;
     const int nb = k / 32;
-    const BlockQ8_0* wr = w + (long long)row * nb;
+    const Block* wr = w + (long long)row * nb;
     float acc[GQ_MAX_M];
 #pragma unroll
     for (int i = 0; i < GQ_MAX_M; ++i) acc[i] = 0.0f;
     for (int b = lane; b < nb; b += 32) {
-        const BlockQ8_0& blk = wr[b];
-        const float d = f16_bits(blk.d);
-        float q[32];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) q[j] = (float)blk.qs[j];
+        float wv[32];
+        load_block(wr[b], wv);
 #pragma unroll
         for (int i = 0; i < GQ_MAX_M; ++i) {
             if (i >= m) break;
             const T* xb = x + (long long)i * k + b * 32;
             float s = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 32; ++j) s += q[j] * to_f32(xb[j]);
-            acc[i] += s * d;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < GQ_MAX_M; ++i) {
-        if (i >= m) break;
-        const float s = warp_sum(acc[i]);
-        if (lane == 0) y[(long long)i * n + row] = from_f32<T>(s);
-    }
-}
-
-template <typename T>
-__device__ void gemv_q4_0(const BlockQ4_0* w, const T* x, T* y, int n, int k, int m) {
-    const int row = blockIdx.x * GQ_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= n) return;
-    const int nb = k / 32;
-    const BlockQ4_0* wr = w + (long long)row * nb;
-    float acc[GQ_MAX_M];
-#pragma unroll
-    for (int i = 0; i < GQ_MAX_M; ++i) acc[i] = 0.0f;
-    for (int b = lane; b < nb; b += 32) {
-        const BlockQ4_0& blk = wr[b];
-        const float d = f16_bits(blk.d);
-        float lo[16], hi[16];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const u8 v = blk.qs[j];
-            lo[j] = (float)((int)(v & 0x0f) - 8);
-            hi[j] = (float)((int)(v >> 4) - 8);
-        }
-#pragma unroll
-        for (int i = 0; i < GQ_MAX_M; ++i) {
-            if (i >= m) break;
-            const T* xb = x + (long long)i * k + b * 32;
-            float s = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) s += lo[j] * to_f32(xb[j]) + hi[j] * to_f32(xb[j + 16]);
-            acc[i] += s * d;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < GQ_MAX_M; ++i) {
-        if (i >= m) break;
-        const float s = warp_sum(acc[i]);
-        if (lane == 0) y[(long long)i * n + row] = from_f32<T>(s);
-    }
-}
-
-template <typename T>
-__device__ void gemv_q4_1(const BlockQ4_1* w, const T* x, T* y, int n, int k, int m) {
-    const int row = blockIdx.x * GQ_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= n) return;
-    const int nb = k / 32;
-    const BlockQ4_1* wr = w + (long long)row * nb;
-    float acc[GQ_MAX_M];
-#pragma unroll
-    for (int i = 0; i < GQ_MAX_M; ++i) acc[i] = 0.0f;
-    for (int b = lane; b < nb; b += 32) {
-        const BlockQ4_1& blk = wr[b];
-        const float d = f16_bits(blk.d), mn = f16_bits(blk.m);
-        float lo[16], hi[16];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const u8 v = blk.qs[j];
-            lo[j] = (float)(v & 0x0f);
-            hi[j] = (float)(v >> 4);
-        }
-#pragma unroll
-        for (int i = 0; i < GQ_MAX_M; ++i) {
-            if (i >= m) break;
-            const T* xb = x + (long long)i * k + b * 32;
-            // Σ (q·d + m)·x = d·Σ q·x + m·Σ x.
-            float s = 0.0f, sx = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const float a = to_f32(xb[j]), c = to_f32(xb[j + 16]);
-                s += lo[j] * a + hi[j] * c;
-                sx += a + c;
-            }
-            acc[i] += s * d + sx * mn;
+            for (int j = 0; j < 32; ++j) s += wv[j] * to_f32(xb[j]);
+            acc[i] += s;
         }
     }
 #pragma unroll
@@ -137,61 +80,30 @@ __device__ void gemv_q4_1(const BlockQ4_1* w, const T* x, T* y, int n, int k, in
 
 // Dequantization of a whole matrix (`blocks` blocks of 32 values) into the storage type: one
 // thread per block, for products with many activation rows.
-template <typename T>
-__device__ void dequant_q8_0(const BlockQ8_0* w, T* out, long long blocks) {
+template <typename Block, typename T>
+__device__ void dequant(const Block* w, T* out, long long blocks) {
     const long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= blocks) return;
-    const float d = f16_bits(w[b].d);
+    float wv[32];
+    load_block(w[b], wv);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) out[b * 32 + j] = from_f32<T>((float)w[b].qs[j] * d);
+    for (int j = 0; j < 32; ++j) out[b * 32 + j] = from_f32<T>(wv[j]);
 }
 
-template <typename T>
-__device__ void dequant_q4_0(const BlockQ4_0* w, T* out, long long blocks) {
-    const long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= blocks) return;
-    const float d = f16_bits(w[b].d);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const u8 v = w[b].qs[j];
-        out[b * 32 + j] = from_f32<T>((float)((int)(v & 0x0f) - 8) * d);
-        out[b * 32 + j + 16] = from_f32<T>((float)((int)(v >> 4) - 8) * d);
+#define INSTANTIATE_FORMAT(T, S, F)                                                            \
+    extern "C" __global__ void __launch_bounds__(GQ_WARPS * 32)                                \
+        gemv_##F##_##S(const Block##F* w, const T* x, T* y, int n, int k, int m) {             \
+        gemv<Block##F, T>(w, x, y, n, k, m);                                                   \
+    }                                                                                          \
+    extern "C" __global__ void dequant_##F##_##S(const Block##F* w, T* out, long long blocks) {  \
+        dequant<Block##F, T>(w, out, blocks);                                                  \
     }
-}
-
-template <typename T>
-__device__ void dequant_q4_1(const BlockQ4_1* w, T* out, long long blocks) {
-    const long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= blocks) return;
-    const float d = f16_bits(w[b].d), mn = f16_bits(w[b].m);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const u8 v = w[b].qs[j];
-        out[b * 32 + j] = from_f32<T>((float)(v & 0x0f) * d + mn);
-        out[b * 32 + j + 16] = from_f32<T>((float)(v >> 4) * d + mn);
-    }
-}
-
+// ggml's block names are upper case (BlockQ8_0); the kernels' are lower case (gemv_q8_0_bf16).
+typedef BlockQ8_0 Blockq8_0;
+typedef BlockQ4_0 Blockq4_0;
+typedef BlockQ4_1 Blockq4_1;
 #define INSTANTIATE(T, S)                                                                      \
-    extern "C" __global__ void __launch_bounds__(GQ_WARPS * 32)                                \
-        gemv_q4_1_##S(const BlockQ4_1* w, const T* x, T* y, int n, int k, int m) {             \
-        gemv_q4_1<T>(w, x, y, n, k, m);                                                        \
-    }                                                                                          \
-    extern "C" __global__ void dequant_q8_0_##S(const BlockQ8_0* w, T* out, long long blocks) {\
-        dequant_q8_0<T>(w, out, blocks);                                                       \
-    }                                                                                          \
-    extern "C" __global__ void dequant_q4_0_##S(const BlockQ4_0* w, T* out, long long blocks) {\
-        dequant_q4_0<T>(w, out, blocks);                                                       \
-    }                                                                                          \
-    extern "C" __global__ void dequant_q4_1_##S(const BlockQ4_1* w, T* out, long long blocks) {\
-        dequant_q4_1<T>(w, out, blocks);                                                       \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(GQ_WARPS * 32)                                \
-        gemv_q8_0_##S(const BlockQ8_0* w, const T* x, T* y, int n, int k, int m) {             \
-        gemv_q8_0<T>(w, x, y, n, k, m);                                                        \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(GQ_WARPS * 32)                                \
-        gemv_q4_0_##S(const BlockQ4_0* w, const T* x, T* y, int n, int k, int m) {             \
-        gemv_q4_0<T>(w, x, y, n, k, m);                                                        \
-    }
+    INSTANTIATE_FORMAT(T, S, q8_0)                                                             \
+    INSTANTIATE_FORMAT(T, S, q4_0)                                                             \
+    INSTANTIATE_FORMAT(T, S, q4_1)
 TESSERA_FOR_EACH_DTYPE(INSTANTIATE)
