@@ -653,28 +653,6 @@ impl GpuKernels {
         Ok(())
     }
 
-    /// `y[m, n] = x[m, k] · W[n, k]ᵀ` with `W` as ggml `Q8_0` blocks (34 bytes per 32 values).
-    pub fn gemv_q8_0<T: GpuFloat>(
-        &self,
-        w: &CudaSlice<u8>,
-        x: &CudaSlice<T>,
-        y: &mut CudaSlice<T>,
-        dims: (usize, usize, usize),
-    ) -> Result<(), CudaError> {
-        self.gemv(GpuQuant::Q8_0, w, x, y, dims)
-    }
-
-    /// `y[m, n] = x[m, k] · W[n, k]ᵀ` with `W` as ggml `Q4_0` blocks (18 bytes per 32 values).
-    pub fn gemv_q4_0<T: GpuFloat>(
-        &self,
-        w: &CudaSlice<u8>,
-        x: &CudaSlice<T>,
-        y: &mut CudaSlice<T>,
-        dims: (usize, usize, usize),
-    ) -> Result<(), CudaError> {
-        self.gemv(GpuQuant::Q4_0, w, x, y, dims)
-    }
-
     /// `out[n, k]`: the `quant` matrix `w` dequantized into the storage type.
     pub fn dequantize<T: GpuFloat>(
         &self,
