@@ -8,7 +8,8 @@
 #   3. every .cu compiles to PTX for sm_80 and sm_90 (kernels/tests/cuda_ptx.rs);
 #   4. every CUDA kernel matches the CPU reference (kernels/tests/cuda_kernels.rs): norms,
 #      SiLU·mul, embedding, RoPE + cache write, flash-attention prefill and paged decode (GQA,
-#      windows, prefix chunks, split contexts), Q8_0/Q4_0 GEMV, sampling helpers, cuBLASLt GEMM;
+#      windows, prefix chunks, split contexts), Q8_0/Q4_0/Q4_1 GEMV and dequantization, sampling
+#      helpers, cuBLASLt (bf16) and cuBLAS (f32) GEMM;
 #   5. the engine on the GPU (shard/tests/cuda_engine.rs): the fixtures' transformers goldens in
 #      f32 and bf16, and results independent of batching and chunking;
 #   6. benchmarks: the attention kernels against the bf16 peak (kernels/benches/cuda_attention.rs)
