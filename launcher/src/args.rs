@@ -70,8 +70,11 @@ pub(crate) struct Args {
     #[arg(long, env = "KV_CACHE_MEMORY", default_value = "1G", value_parser = parse_size)]
     pub(crate) kv_cache_memory: u64,
 
-    /// Fraction of GPU memory a shard may use (weights, activations and KV cache), in (0, 1].
-    #[arg(long, env = "MEMORY_FRACTION", default_value_t = 0.9, value_parser = parse_fraction)]
+    /// GPU shards: the share of the GPU's free memory, once the weights are loaded and a
+    /// worst-case step's activations set aside, that the KV cache takes, in (0, 1] (vLLM's
+    /// `--gpu-memory-utilization`; TGI's name `--cuda-memory-fraction` is accepted too).
+    #[arg(long, visible_alias = "cuda-memory-fraction", env = "MEMORY_FRACTION",
+          default_value_t = 0.9, value_parser = parse_fraction)]
     pub(crate) memory_fraction: f32,
 
     /// Tokens per KV-cache block.
@@ -503,6 +506,12 @@ mod tests {
             }
             assert!(arg.get_env().is_some(), "--{id} has no env var");
         }
+    }
+
+    #[test]
+    fn tgi_name_of_the_memory_fraction_is_accepted() {
+        let args = parse(&["--cuda-memory-fraction", "0.5"]).unwrap();
+        assert!((args.memory_fraction - 0.5).abs() < 1e-6);
     }
 
     #[test]
