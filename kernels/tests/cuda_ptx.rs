@@ -1,9 +1,12 @@
-//! Every `.cu` file compiles to PTX for sm_80 (A100) and sm_90 (H100/H200) through NVRTC.
+//! Every `.cu` file compiles to PTX for sm_80 (A100) and sm_90 (H100/H200) through NVRTC, and
+//! the PTX assembles for those GPUs with `ptxas` (which checks inline PTX such as the
+//! tensor-core `mma` instructions, which NVRTC passes through unread).
 //!
 //! Needs no GPU. When the system has no libnvrtc, the test installs the PyPI wheels
 //! `nvidia-cuda-nvrtc-cu12` and `nvidia-cuda-runtime-cu12` into `~/.cache/tessera/nvrtc-venv`
-//! (once; later runs reuse it) and loads NVRTC from there. It skips, printing why, only when that
-//! install is impossible (no python3 / no network).
+//! (once; later runs reuse it) and loads NVRTC from there; `ptxas` comes from the system or the
+//! wheel `nvidia-cuda-nvcc-cu12`, installed the same way. It skips, printing why, only when
+//! those installs are impossible (no python3 / no network).
 #![cfg(feature = "cuda")]
 
 use std::path::PathBuf;
@@ -16,7 +19,46 @@ fn venv() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera/nvrtc-venv"))
 }
 
-fn install_nvrtc_wheel() -> Result<(), String> {
+/// `ptxas` from the PATH, else from the venv (installing `nvidia-cuda-nvcc-cu12` there once).
+fn ptxas() -> Result<PathBuf, String> {
+    if Command::new("ptxas").arg("--version").output().is_ok() {
+        return Ok(PathBuf::from("ptxas"));
+    }
+    let find = || -> Option<PathBuf> {
+        let lib = venv()?.join("lib");
+        std::fs::read_dir(lib).ok()?.flatten().find_map(|e| {
+            let p = e.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas");
+            p.exists().then_some(p)
+        })
+    };
+    if let Some(p) = find() {
+        return Ok(p);
+    }
+    pip_install(&["nvidia-cuda-nvcc-cu12"])?;
+    find().ok_or_else(|| "nvidia-cuda-nvcc-cu12 installed no ptxas".into())
+}
+
+/// Assembles `ptx` for `arch` with `ptxas`, or says what it rejected.
+fn assemble(ptxas: &std::path::Path, ptx: &str, arch: &str, name: &str) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("tessera-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let file = dir.join(format!("{name}.{arch}.ptx"));
+    std::fs::write(&file, ptx).map_err(|e| e.to_string())?;
+    let out = Command::new(ptxas)
+        .args(["--gpu-name", arch, "-o"])
+        .arg(dir.join(format!("{name}.{arch}.cubin")))
+        .arg(&file)
+        .output()
+        .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn pip_install(packages: &[&str]) -> Result<(), String> {
     let venv = venv().ok_or("HOME is not set")?;
     let python = venv.join("bin/python");
     if !python.exists() {
@@ -37,14 +79,18 @@ fn install_nvrtc_wheel() -> Result<(), String> {
             "--quiet",
             "--disable-pip-version-check",
         ])
-        .args(["nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12"])
+        .args(packages)
         .status()
         .map_err(|e| format!("pip: {e}"))?;
     if status.success() {
         Ok(())
     } else {
-        Err("pip install nvidia-cuda-nvrtc-cu12 failed".into())
+        Err(format!("pip install {} failed", packages.join(" ")))
     }
+}
+
+fn install_nvrtc_wheel() -> Result<(), String> {
+    pip_install(&["nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12"])
 }
 
 /// The kernels each source must define (before the dtype suffix); `GpuKernels` launches these.
@@ -55,7 +101,7 @@ fn entry_points(file: &str) -> Vec<String> {
         "embedding.cu" => &["embedding"],
         "rope_cache.cu" => &["rope_and_cache"],
         "paged_attention.cu" => &["paged_attention_decode", "paged_attention_reduce"],
-        "flash_attention.cu" => &[],
+        "flash_attention.cu" | "flash_attention_mma.cu" => &[],
         "gemv_quant.cu" => &[
             "gemv_q8_0",
             "gemv_q4_0",
@@ -100,6 +146,9 @@ fn every_kernel_compiles_to_ptx_for_sm80_and_sm90() {
     }
     let (major, minor) = nvrtc_version().unwrap();
     println!("NVRTC {major}.{minor}");
+    let ptxas = ptxas()
+        .map_err(|why| println!("SKIPPED assembling with ptxas: {why}"))
+        .ok();
     for arch in ["sm_80", "sm_90"] {
         for source in SOURCES {
             let start = std::time::Instant::now();
@@ -119,10 +168,28 @@ fn every_kernel_compiles_to_ptx_for_sm80_and_sm90() {
             if source.name == "flash_attention.cu" {
                 check_prefill_entries(&ptx);
             }
+            if source.name == "flash_attention_mma.cu" {
+                for dtype in ["f16", "bf16"] {
+                    for hd in tessera_kernels::cuda::TC_PREFILL_HEAD_DIMS {
+                        let name = format!(".entry flash_attention_prefill_mma_{dtype}_hd{hd}");
+                        assert!(ptx.contains(&name), "{name} missing from {}", source.name);
+                    }
+                }
+            }
+            if let Some(ptxas) = &ptxas {
+                assemble(ptxas, &ptx, arch, source.name).unwrap_or_else(|log| {
+                    panic!("ptxas rejects {} for {arch}:\n{log}", source.name)
+                });
+            }
             println!(
-                "{arch} {:<22} {:>7} bytes of PTX in {:?}",
+                "{arch} {:<22} {:>7} bytes of PTX, compiled{} in {:?}",
                 source.name,
                 ptx.len(),
+                if ptxas.is_some() {
+                    " and assembled"
+                } else {
+                    ""
+                },
                 start.elapsed()
             );
         }

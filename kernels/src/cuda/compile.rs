@@ -37,6 +37,7 @@ pub const SOURCES: &[KernelSource] = &[
     source!("rope_cache.cu"),
     source!("paged_attention.cu"),
     source!("flash_attention.cu"),
+    source!("flash_attention_mma.cu"),
     source!("gemv_quant.cu"),
     source!("sampling.cu"),
 ];

@@ -27,7 +27,7 @@ pub use compile::{
 pub use device::{CudaLibs, GpuDevice};
 pub use ops::{
     CacheView, DecodeArgs, GpuFloat, GpuKernels, GpuQuant, MAX_TOP_K, PREFILL_HEAD_DIMS,
-    PrefillArgs, RopeCacheArgs,
+    PrefillArgs, RopeCacheArgs, TC_PREFILL_HEAD_DIMS,
 };
 
 /// The cudarc version this module is written against, re-exported so that the engine's CUDA

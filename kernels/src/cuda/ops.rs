@@ -66,6 +66,11 @@ pub const PREFILL_HEAD_DIMS: [usize; 7] = [16, 32, 64, 80, 96, 128, 256];
 /// Query rows / keys per tile in `flash_attention.cu` (`FA_BM`, `FA_BN`).
 const FA_BM: usize = 32;
 const FA_BN: usize = 32;
+/// Query rows / keys per tile in `flash_attention_mma.cu` (`MMA_BM`, `MMA_BN`).
+const MMA_BM: usize = 64;
+const MMA_BN: usize = 64;
+/// Head dims the tensor-core prefill kernel is instantiated for (bf16 and f16 only).
+pub const TC_PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Positions per decode partition; contexts up to this length are not split.
 const DECODE_PARTITION: usize = 512;
 /// Rows of activations per quantized GEMV launch (`GQ_MAX_M`).
@@ -207,6 +212,14 @@ pub struct PrefillArgs<'a, T> {
     pub scale: f32,
     /// Sliding window, as in [`DecodeArgs::window`].
     pub window: Option<usize>,
+}
+
+/// Which prefill kernel to launch, and its tiling.
+struct Prefill {
+    module: &'static str,
+    name: String,
+    tile_rows: usize,
+    smem: usize,
 }
 
 /// The compiled kernels of one device.
@@ -567,36 +580,71 @@ impl GpuKernels {
         Ok(())
     }
 
-    /// Prefill attention over the paged cache for a flattened batch of sequences.
+    /// Prefill attention over the paged cache for a flattened batch of sequences (f32 math
+    /// on CUDA cores; any dtype and every head_dim of [`PREFILL_HEAD_DIMS`]).
     pub fn flash_attention_prefill<T: GpuFloat>(
         &self,
         a: PrefillArgs<'_, T>,
     ) -> Result<(), CudaError> {
-        let c = a.cache;
-        Self::check_cache(&c, a.num_heads, a.num_seqs)?;
-        let hd = c.head_dim;
+        let hd = a.cache.head_dim;
         shape(PREFILL_HEAD_DIMS.contains(&hd), || {
             format!("flash_attention_prefill: head_dim {hd} not in {PREFILL_HEAD_DIMS:?}")
         })?;
+        let kernel = Prefill {
+            module: "flash_attention.cu",
+            name: format!("flash_attention_prefill_{}_hd{hd}", T::SUFFIX),
+            tile_rows: FA_BM,
+            smem: (FA_BM * hd + FA_BN * (hd + 1) + FA_BN * hd) * 4,
+        };
+        self.prefill(a, kernel)
+    }
+
+    /// Whether [`Self::flash_attention_prefill_tc`] has an instance for `T` and `head_dim`.
+    pub fn tensor_core_prefill_supported<T: GpuFloat>(head_dim: usize) -> bool {
+        matches!(T::SUFFIX, "bf16" | "f16") && TC_PREFILL_HEAD_DIMS.contains(&head_dim)
+    }
+
+    /// [`Self::flash_attention_prefill`] with q·kᵀ and p·v on tensor cores
+    /// (`flash_attention_mma.cu`, sm_80+): bf16/f16, head_dim 64 or 128. `p` is rounded to
+    /// the storage type before its product.
+    pub fn flash_attention_prefill_tc<T: GpuFloat>(
+        &self,
+        a: PrefillArgs<'_, T>,
+    ) -> Result<(), CudaError> {
+        let hd = a.cache.head_dim;
+        shape(Self::tensor_core_prefill_supported::<T>(hd), || {
+            format!(
+                "flash_attention_prefill_tc: {} head_dim {hd}: only bf16/f16 with {TC_PREFILL_HEAD_DIMS:?}",
+                T::SUFFIX
+            )
+        })?;
+        let kernel = Prefill {
+            module: "flash_attention_mma.cu",
+            name: format!("flash_attention_prefill_mma_{}_hd{hd}", T::SUFFIX),
+            tile_rows: MMA_BM,
+            smem: 2 * MMA_BN * (hd + 8) * std::mem::size_of::<T>(),
+        };
+        self.prefill(a, kernel)
+    }
+
+    fn prefill<T: GpuFloat>(&self, a: PrefillArgs<'_, T>, k: Prefill) -> Result<(), CudaError> {
+        let c = a.cache;
+        Self::check_cache(&c, a.num_heads, a.num_seqs)?;
         shape(
             a.cu_seqlens.len() > a.num_seqs
                 && a.first_pos.len() >= a.num_seqs
-                && a.q_stride >= a.num_heads * hd,
-            || format!("flash_attention_prefill: {} seqs", a.num_seqs),
+                && a.q_stride >= a.num_heads * c.head_dim,
+            || format!("{}: {} seqs", k.name, a.num_seqs),
         )?;
         if a.num_seqs == 0 || a.max_rows == 0 {
             return Ok(());
         }
-        let f = self.function(
-            "flash_attention.cu",
-            &format!("flash_attention_prefill_{}_hd{hd}", T::SUFFIX),
-        )?;
-        let smem = (FA_BM * hd + FA_BN * (hd + 1) + FA_BN * hd) * 4;
-        if smem > 48 * 1024 {
+        let f = self.function(k.module, &k.name)?;
+        if k.smem > 48 * 1024 {
             // Above 48 KiB, dynamic shared memory must be opted into per function.
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
+                k.smem as i32,
             )?;
         }
         let q_stride = a.q_stride as i64;
@@ -612,10 +660,10 @@ impl GpuKernels {
             .arg(c.block_tables)
             .arg(&max_blocks);
         b.arg(&a.scale).arg(&window).arg(&nh).arg(&kvh).arg(&bs);
-        let tiles = a.max_rows.div_ceil(FA_BM);
+        let tiles = a.max_rows.div_ceil(k.tile_rows);
         // SAFETY: shapes checked above; `cu_seqlens` / `first_pos` / block tables come from the
         // scheduler and address rows of `q`/`out` and blocks of the cache.
-        unsafe { b.launch(grid(tiles, a.num_heads, a.num_seqs, 128, smem)) }?;
+        unsafe { b.launch(grid(tiles, a.num_heads, a.num_seqs, 128, k.smem)) }?;
         Ok(())
     }
 
