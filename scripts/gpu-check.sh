@@ -7,12 +7,14 @@
 #   2. `cargo build --release --features cuda -p tessera-kernels` builds;
 #   3. every .cu compiles to PTX for sm_80 and sm_90 (kernels/tests/cuda_ptx.rs);
 #   4. every CUDA kernel matches the CPU reference (kernels/tests/cuda_kernels.rs): norms,
-#      SiLU·mul, embedding, RoPE + cache write, flash-attention prefill and paged decode (GQA,
+#      SiLU·mul, embedding, RoPE + cache write, flash-attention prefill (CUDA-core and
+#      tensor-core kernels) and paged decode (GQA,
 #      windows, prefix chunks, split contexts), Q8_0/Q4_0/Q4_1 GEMV and dequantization, sampling
 #      helpers, cuBLASLt (bf16) and cuBLAS (f32) GEMM;
 #   5. the engine on the GPU (shard/tests/cuda_engine.rs): the fixtures' transformers goldens in
 #      f32 and bf16, and results independent of batching and chunking;
-#   6. benchmarks: the attention kernels against the bf16 peak (kernels/benches/cuda_attention.rs)
+#   6. benchmarks: the attention kernels against the bf16 peak (kernels/benches/cuda_attention.rs;
+#      both prefill kernels, to decide whether TESSERA_TC_ATTENTION=1 should become the default)
 #      and the engine's prefill/decode tokens/s (shard/benches/gpu.rs).
 # Every step sets TESSERA_REQUIRE_GPU=1: a test that finds no GPU fails instead of skipping.
 # Release profile so the tests and the benchmarks share one build.

@@ -3,7 +3,8 @@
 //!
 //! Shapes are Llama-3-8B's attention (32 query heads, 8 KV heads, head_dim 128) in bf16 over
 //! a paged cache of 16-token blocks:
-//! - flash prefill: 4 sequences of 2048 new tokens (causal), and 1 of 8192;
+//! - flash prefill: 4 sequences of 2048 new tokens (causal), and 1 of 8192, with the CUDA-core
+//!   kernel and the tensor-core one (`flash_attention_prefill_tc`);
 //! - paged decode: 64 sequences at context 2048, and 8 at context 16384 (split over the context).
 //!
 //! FLOPs count `4 · head_dim` per query head and visible position (q·k and p·v); decode is
@@ -83,7 +84,7 @@ fn time(d: &GpuDevice, reps: usize, mut f: impl FnMut()) -> f64 {
     v[v.len() / 2]
 }
 
-fn prefill(d: &GpuDevice, k: &GpuKernels, seqs: usize, rows: usize, peak: f64) {
+fn prefill(d: &GpuDevice, k: &GpuKernels, seqs: usize, rows: usize, peak: f64, tc: bool) {
     let cache = paged(d, seqs, rows);
     let s = d.stream();
     let q = s.alloc_zeros::<bf16>(seqs * rows * HEADS * HD).unwrap();
@@ -92,7 +93,7 @@ fn prefill(d: &GpuDevice, k: &GpuKernels, seqs: usize, rows: usize, peak: f64) {
     let cu = s.clone_htod(&cu).unwrap();
     let first = s.clone_htod(&vec![0i32; seqs]).unwrap();
     let secs = time(d, 10, || {
-        k.flash_attention_prefill(PrefillArgs {
+        let args = PrefillArgs {
             out: &mut out,
             q: &q,
             q_stride: HEADS * HD,
@@ -104,13 +105,18 @@ fn prefill(d: &GpuDevice, k: &GpuKernels, seqs: usize, rows: usize, peak: f64) {
             num_heads: HEADS,
             scale: 1.0 / (HD as f32).sqrt(),
             window: None,
-        })
-        .unwrap();
+        };
+        if tc {
+            k.flash_attention_prefill_tc(args).unwrap();
+        } else {
+            k.flash_attention_prefill(args).unwrap();
+        }
     });
     let visible = (seqs * rows * (rows + 1) / 2) as f64;
     let tflops = 4.0 * HD as f64 * HEADS as f64 * visible / secs / 1e12;
     println!(
-        "flash prefill {seqs} x {rows:>5} causal      {:>9.3} ms {:>8.1} TFLOP/s = {:>5.1}% of {peak} bf16 peak",
+        "flash prefill {:<13} {seqs} x {rows:>5}  {:>9.3} ms {:>8.1} TFLOP/s = {:>5.1}% of {peak} bf16 peak",
+        if tc { "tensor cores" } else { "CUDA cores" },
         secs * 1e3,
         tflops,
         100.0 * tflops / peak
@@ -166,8 +172,10 @@ fn main() {
         device.compute_capability().0,
         device.compute_capability().1
     );
-    prefill(&device, &kernels, 4, 2048, peak);
-    prefill(&device, &kernels, 1, 8192, peak);
+    for tc in [false, true] {
+        prefill(&device, &kernels, 4, 2048, peak, tc);
+        prefill(&device, &kernels, 1, 8192, peak, tc);
+    }
     decode(&device, &kernels, 64, 2048, bandwidth);
     decode(&device, &kernels, 8, 16384, bandwidth);
 }

@@ -323,6 +323,30 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
     .unwrap();
     let what = format!("prefill {} hd {hd} window {window:?}", T::SUFFIX);
     assert_close(&down(d, &out), &want, 2.0 * tol::<T>(), &what);
+    if GpuKernels::tensor_core_prefill_supported::<T>(hd) {
+        // The tensor-core kernel: p is rounded to T before p·v, one more rounding of T's.
+        let mut out = d.stream().alloc_zeros::<T>(rows * heads * hd).unwrap();
+        k.flash_attention_prefill_tc(PrefillArgs {
+            out: &mut out,
+            q: &gq,
+            q_stride: heads * hd,
+            cache,
+            cu_seqlens: &gcu,
+            first_pos: &gfirst,
+            num_seqs: chunks.len(),
+            max_rows: 70,
+            num_heads: heads,
+            scale,
+            window,
+        })
+        .unwrap();
+        assert_close(
+            &down(d, &out),
+            &want,
+            3.0 * tol::<T>(),
+            &format!("tensor-core {what}"),
+        );
+    }
 
     // Decode: one query per sequence at the end of contexts of 1, 37 and 1300 positions (the
     // last is split into partitions and reduced).
@@ -394,6 +418,11 @@ fn attention_matches_cpu_with_gqa_windows_and_prefixes() {
     }
     attention_case::<bf16>(&d, &k, 128, None);
     attention_case::<bf16>(&d, &k, 64, Some(24));
+    // The tensor-core prefill's instances (bf16 and f16, head_dim 64 and 128).
+    attention_case::<bf16>(&d, &k, 64, None);
+    attention_case::<bf16>(&d, &k, 128, Some(700));
+    attention_case::<half::f16>(&d, &k, 64, Some(24));
+    attention_case::<half::f16>(&d, &k, 128, None);
 }
 
 #[test]

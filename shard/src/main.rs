@@ -352,6 +352,8 @@ fn place(model: Model, on_gpu: bool, rank: usize) -> anyhow::Result<Model> {
         graphs: on("TESSERA_CUDA_GRAPHS"),
         // GGUF Q8_0/Q4_0/Q4_1 blocks stay quantized unless TESSERA_GPU_QUANTIZED=0.
         quantized: on("TESSERA_GPU_QUANTIZED"),
+        // Tensor-core prefill attention only when TESSERA_TC_ATTENTION=1.
+        tensor_core_attention: std::env::var("TESSERA_TC_ATTENTION").is_ok_and(|v| v.trim() == "1"),
     };
     model
         .into_cuda(&options)

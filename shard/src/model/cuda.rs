@@ -41,6 +41,10 @@ pub struct CudaOptions {
     /// GEMV for decode, dequantized into scratch for prefill) instead of dequantizing them at
     /// load. Other formats are always dequantized.
     pub quantized: bool,
+    /// Prefill attention on tensor cores (`flash_attention_mma.cu`: bf16/f16, head_dim 64 or
+    /// 128) instead of the CUDA-core kernel. Off until a GPU run has checked it (see
+    /// `scripts/gpu-check.sh`).
+    pub tensor_core_attention: bool,
 }
 
 impl Default for CudaOptions {
@@ -49,6 +53,7 @@ impl Default for CudaOptions {
             device: 0,
             graphs: true,
             quantized: true,
+            tensor_core_attention: false,
         }
     }
 }
@@ -260,6 +265,8 @@ pub(crate) struct CudaBackend<T> {
     comm: Arc<dyn Communicator>,
     world_size: usize,
     graphs: DecodeGraphs<T>,
+    /// Prefill attention through the tensor-core kernel (when it has an instance).
+    tensor_core_attention: bool,
 }
 
 fn to_elems<T: GpuFloat>(values: &[f32]) -> Vec<T> {
@@ -364,6 +371,8 @@ impl<T: DeviceElem> CudaBackend<T> {
             comm: cpu.comm,
             world_size: cpu.world_size,
             graphs: DecodeGraphs::new(options.graphs),
+            tensor_core_attention: options.tensor_core_attention
+                && GpuKernels::tensor_core_prefill_supported::<T>(cpu.dims.head_dim),
             device,
         })
     }
@@ -669,7 +678,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
                 window: self.window,
             })
         } else {
-            self.kernels.flash_attention_prefill(PrefillArgs {
+            let args = PrefillArgs {
                 out,
                 q: &*qkv,
                 q_stride: qkv_width,
@@ -681,7 +690,12 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
                 num_heads: d.heads,
                 scale,
                 window: self.window,
-            })
+            };
+            if self.tensor_core_attention {
+                self.kernels.flash_attention_prefill_tc(args)
+            } else {
+                self.kernels.flash_attention_prefill(args)
+            }
         };
         result.map_err(device_error)
     }
