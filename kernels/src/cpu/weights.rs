@@ -337,13 +337,32 @@ impl WeightMatrix {
         self.rows_f32_with(&PORTABLE_DEQUANT, r, out);
     }
 
-    /// The whole matrix as f32 (exact).
+    /// The whole matrix as f32 (exact), converted on rayon's threads in groups of rows.
     pub fn to_f32(&self) -> Vec<f32> {
+        const ROWS: usize = 64;
         let mut out = vec![0f32; self.rows * self.cols];
         if self.rows > 0 && self.cols > 0 {
-            self.rows_f32_with(&PORTABLE_DEQUANT, 0, &mut out);
+            out.par_chunks_mut(ROWS * self.cols)
+                .enumerate()
+                .for_each(|(i, rows)| self.rows_f32_with(&PORTABLE_DEQUANT, i * ROWS, rows));
         }
         out
+    }
+
+    /// The values of a bf16 matrix as stored (row after row); `None` for other formats.
+    pub fn as_bf16(&self) -> Option<&[bf16]> {
+        match &self.data {
+            Data::Bf16(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The values of an f32 matrix as stored (row after row); `None` for other formats.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Some(v),
+            _ => None,
+        }
     }
 
     /// The matrices' rows stacked (their widths must agree): in their common format, or

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::bf16;
+use rayon::prelude::*;
 use tessera_kernels::cpu::attention::KvLayout;
 use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
@@ -64,11 +65,16 @@ fn device_error(e: impl Into<CudaError>) -> EngineError {
 
 /// An element type the backend runs in, and how it finds its pages in a [`CudaKv`].
 pub(crate) trait DeviceElem: GemmElem {
+    /// `m`'s values when it stores them in this type already (uploaded as they are).
+    fn stored(m: &WeightMatrix) -> Option<&[Self]>;
     fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<Self>, CudaSlice<Self>)>>;
     fn wrap(pages: Vec<(CudaSlice<Self>, CudaSlice<Self>)>) -> DevicePages;
 }
 
 impl DeviceElem for f32 {
+    fn stored(m: &WeightMatrix) -> Option<&[f32]> {
+        m.as_f32()
+    }
     fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<f32>, CudaSlice<f32>)>> {
         match &mut kv.pages {
             DevicePages::F32(p) => Some(p),
@@ -81,6 +87,9 @@ impl DeviceElem for f32 {
 }
 
 impl DeviceElem for bf16 {
+    fn stored(m: &WeightMatrix) -> Option<&[bf16]> {
+        m.as_bf16()
+    }
     fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>> {
         match &mut kv.pages {
             DevicePages::Bf16(p) => Some(p),
@@ -270,7 +279,7 @@ pub(crate) struct CudaBackend<T> {
 }
 
 fn to_elems<T: GpuFloat>(values: &[f32]) -> Vec<T> {
-    values.iter().map(|&v| T::from_f32(v)).collect()
+    values.par_iter().map(|&v| T::from_f32(v)).collect()
 }
 
 /// Copies `values` to the device; an empty slice becomes one zero (no zero-byte allocation).
@@ -294,6 +303,14 @@ impl<T: DeviceElem> CudaBackend<T> {
                 .clone_htod(&to_elems::<T>(values))
                 .map_err(device_error)
         };
+        // A matrix already in the element type goes up as it is; others are converted on
+        // rayon's threads (a bf16 checkpoint on a bf16 GPU is copied, never widened).
+        let dense = |m: &WeightMatrix| -> Result<CudaSlice<T>, EngineError> {
+            match T::stored(m) {
+                Some(values) => stream.clone_htod(values).map_err(device_error),
+                None => put(&m.to_f32()),
+            }
+        };
         let weight = |m: &WeightMatrix| -> Result<GpuWeight<T>, EngineError> {
             let quant = match m.ggml_blocks() {
                 Some((WeightFormat::Q8_0, b)) => Some((GpuQuant::Q8_0, b)),
@@ -306,7 +323,7 @@ impl<T: DeviceElem> CudaBackend<T> {
                     quant,
                     blocks: stream.clone_htod(bytes).map_err(device_error)?,
                 },
-                _ => GpuWeight::Dense(put(&m.to_f32())?),
+                _ => GpuWeight::Dense(dense(m)?),
             })
         };
         let linear = |l: &Linear| -> Result<GpuLinear<T>, EngineError> {
@@ -330,7 +347,7 @@ impl<T: DeviceElem> CudaBackend<T> {
             });
         }
         // The lookup kernel reads dense rows.
-        let embed = put(&w.embed.to_f32())?;
+        let embed = dense(&w.embed)?;
         let lm_head = w
             .lm_head
             .as_ref()
