@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use crate::model::{LogitsWanted, Model, SequenceChunk};
 use crate::sampling::{SampledToken, Sampler, SamplingParams};
 use crate::speculative::{SpeculationConfig, Speculator, propose_ngram, verify};
@@ -540,6 +542,29 @@ impl Engine {
         let out = self.model.forward(&chunks, &mut self.cache)?;
         let wanted: Vec<LogitsWanted> = chunks.iter().map(|c| c.logits).collect();
         let forward_done = Instant::now();
+        // Plain next-token draws (no proposals to verify), each a few passes over the
+        // vocabulary with the sequence's own sampler: on rayon's threads, one sequence each.
+        let plain: HashMap<u64, usize> = plan
+            .iter()
+            .enumerate()
+            .filter(|(ci, (id, start, input, proposed))| {
+                *proposed == 0
+                    && out.last(*ci).is_some()
+                    && self
+                        .sequences
+                        .get(id)
+                        .is_some_and(|seq| start + input.len() == seq.tokens.len())
+            })
+            .map(|(ci, (id, ..))| (*id, ci))
+            .collect();
+        let mut drawn: HashMap<u64, SampledToken> = self
+            .sequences
+            .par_iter_mut()
+            .filter_map(|(id, seq)| {
+                let ci = *plain.get(id)?;
+                Some((*id, seq.sampler.sample(out.last(ci)?)))
+            })
+            .collect();
         let mut outputs = Vec::with_capacity(plan.len());
         for (ci, (id, start, input, proposed)) in plan.into_iter().enumerate() {
             let Some(seq) = self.sequences.get_mut(&id) else {
@@ -584,10 +609,7 @@ impl Engine {
                 seq.computed += verdict.accepted;
                 seq.tokens.extend(verdict.tokens.iter().map(|t| t.id));
                 output.tokens = verdict.tokens;
-            } else if seq.computed == seq.tokens.len()
-                && let Some(logits) = out.last(ci)
-            {
-                let token = seq.sampler.sample(logits);
+            } else if let Some(token) = drawn.remove(&id) {
                 seq.tokens.push(token.id);
                 output.tokens.push(token);
             }
