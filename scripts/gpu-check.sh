@@ -13,7 +13,10 @@
 #      helpers, cuBLASLt (bf16) and cuBLAS (f32) GEMM;
 #   5. the engine on the GPU (shard/tests/cuda_engine.rs): the fixtures' transformers goldens in
 #      f32 and bf16, and results independent of batching and chunking;
-#   6. benchmarks: the attention kernels against the bf16 peak (kernels/benches/cuda_attention.rs;
+#   6. the server on the GPU: tessera-launcher serves fixtures/tiny-llama in f32 with its shard on
+#      the GPU (Warmup sizing the KV cache by --memory-fraction, CUDA graphs), /info reports
+#      cuda, and /generate's greedy tokens are transformers' (fixtures' golden.json);
+#   7. benchmarks: the attention kernels against the bf16 peak (kernels/benches/cuda_attention.rs;
 #      both prefill kernels, to decide whether TESSERA_TC_ATTENTION=1 should become the default)
 #      and the engine's prefill/decode tokens/s (shard/benches/gpu.rs).
 # Every step sets TESSERA_REQUIRE_GPU=1: a test that finds no GPU fails instead of skipping.
@@ -115,6 +118,44 @@ step "kernels vs CPU" bash -c "$(declare -f run_test); prebuilt='$prebuilt'; \
     run_test tessera-kernels cuda_kernels --nocapture --test-threads=1 2>&1 | tee '$kernel_log'; \
     test \${PIPESTATUS[0]} -eq 0 && ! grep -q SKIPPED '$kernel_log'"
 step "engine goldens on GPU" run_test tessera-shard cuda_engine --nocapture --test-threads=1
+# The server end to end, from the launcher down to the shard on the GPU.
+serve_check() { # serve_check BIN_DIR
+    local bin=$1 port=18080 log rc
+    log=$(mktemp)
+    TESSERA_DEVICE=cuda "$bin/tessera-launcher" --model-id fixtures/tiny-llama --port $port \
+        --dtype float32 --shard-uds-path /tmp/tessera-gpu-check >"$log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 120); do
+        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health')" \
+            2>/dev/null && break
+        sleep 1
+    done
+    python3 - "$port" <<'PY'
+import json, sys, urllib.request
+port = sys.argv[1]
+url = f"http://127.0.0.1:{port}"
+info = json.load(urllib.request.urlopen(f"{url}/info"))
+assert info["model_device_type"] == "cuda", f"/info: {info}"
+for p in json.load(open("fixtures/tiny-llama/golden.json"))["prompts"]:
+    params = {"max_new_tokens": len(p["greedy_ids"]), "details": True, "ignore_eos": True}
+    body = json.dumps({"inputs": p["text"], "parameters": params}).encode()
+    req = urllib.request.Request(f"{url}/generate", body, {"Content-Type": "application/json"})
+    ids = [t["id"] for t in json.load(urllib.request.urlopen(req))["details"]["tokens"]]
+    assert ids == p["greedy_ids"], f"{p['text']!r}: served {ids}, transformers {p['greedy_ids']}"
+print("served on the GPU: /info says cuda; every golden prompt's greedy tokens are transformers'")
+PY
+    rc=$?
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    [ $rc -eq 0 ] || tail -40 "$log"
+    return $rc
+}
+if [ -n "$prebuilt" ]; then
+    step "server on GPU" serve_check "$prebuilt"
+else
+    step "server on GPU" bash -c "cargo build --release --locked --bins \
+        --features tessera-shard/cuda && $(declare -f serve_check); serve_check target/release"
+fi
 step "attention kernels benchmark" run_bench tessera-kernels cuda_attention
 step "engine prefill/decode benchmark" run_bench tessera-shard gpu
 

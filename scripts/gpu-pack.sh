@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the GPU checks' executables here, for a GPU machine that has no Rust toolchain or
-# network (this project's lent H200s): the CUDA tests and benchmarks of kernels/ and shard/,
-# release profile, copied to .gpu/bin (git-ignored; about 30 MB). Then, on the GPU machine, from
-# a checkout of the same commit:
+# network (this project's lent H200s): the CUDA tests and benchmarks of kernels/ and shard/, and
+# the three server binaries built with `--features tessera-shard/cuda`, release profile,
+# stripped into .gpu/bin (git-ignored; about 45 MB). Then, on the GPU machine, from a checkout
+# of the same commit:
 #
 #     TESSERA_GPU_PREBUILT=.gpu/bin scripts/gpu-check.sh
 #
@@ -35,5 +36,10 @@ for line in sys.stdin:
     # Without debug info: a tenth of the size, so that .gpu travels.
     strip --strip-debug -o "$out/$name" "$path"
     echo "packed $out/$name ($(du -h "$out/$name" | cut -f1))"
+done
+cargo build --release --locked --bins --features tessera-shard/cuda
+for bin in tessera-launcher tessera-router tessera-shard; do
+    strip --strip-debug -o "$out/$bin" "target/release/$bin"
+    echo "packed $out/$bin ($(du -h "$out/$bin" | cut -f1))"
 done
 git rev-parse HEAD > "$out/COMMIT"
