@@ -12,7 +12,8 @@
 //! system's temporary folder and loaded like any model; speed does not depend on the values.
 //! Times (median of `TESSERA_BENCH_REPS`, default 5, after one warm-up) prefill of one
 //! 512-token prompt and of 8 at once, and greedy decode at batch 1, 16 and 64 after 128-token
-//! prompts (logits copied back to the host and sampled there, as the server does). Without a
+//! prompts (logits copied back to the host and sampled there, as the server does); then the
+//! prefills again with the tensor-core attention kernel (`TESSERA_TC_ATTENTION`). Without a
 //! GPU it says why and exits 0, unless `TESSERA_REQUIRE_GPU=1`. `TESSERA_GPU_BENCH_DEVICE=cpu`
 //! runs the same passes on the CPU backend (to check the bench itself on a machine without a
 //! GPU; with `TESSERA_GPU_BENCH_MODELS=smollm2` it takes about a minute).
@@ -219,7 +220,9 @@ fn model_files(name: &str, scratch: &Path) -> (String, ModelFiles) {
     )
 }
 
-fn bench(title: &str, files: &ModelFiles, reps: usize, on_cpu: bool) {
+/// Times prefill and decode of the model in `files`; with `tensor_cores`, prefill only, with
+/// the tensor-core attention kernel.
+fn bench(title: &str, files: &ModelFiles, reps: usize, on_cpu: bool, tensor_cores: bool) {
     let t = Instant::now();
     let model = Model::load_with(files, WeightLayout::Exact)
         .expect("loading")
@@ -227,12 +230,21 @@ fn bench(title: &str, files: &ModelFiles, reps: usize, on_cpu: bool) {
     let model = if on_cpu {
         model
     } else {
+        let options = CudaOptions {
+            tensor_core_attention: tensor_cores,
+            ..CudaOptions::default()
+        };
         model
-            .into_cuda(&CudaOptions::default())
+            .into_cuda(&options)
             .expect("moving the model to GPU 0")
     };
+    let attention = if tensor_cores {
+        ", tensor-core prefill attention"
+    } else {
+        ""
+    };
     println!(
-        "\n{title} on {}: loaded in {:.2} s",
+        "\n{title} on {}{attention}: loaded in {:.2} s",
         model.device(),
         t.elapsed().as_secs_f64()
     );
@@ -257,6 +269,9 @@ fn bench(title: &str, files: &ModelFiles, reps: usize, on_cpu: bool) {
             secs * 1e3,
             (seqs * 512) as f64 / secs
         );
+    }
+    if tensor_cores {
+        return;
     }
     let prompts: Vec<Vec<u32>> = (0..MAX_BATCH).map(|s| tokens(CTX, s, vocab)).collect();
     prefill(&model, &mut cache, &prompts, &tables);
@@ -288,7 +303,10 @@ fn main() {
         std::env::var("TESSERA_GPU_BENCH_MODELS").unwrap_or_else(|_| "smollm2,llama-1b".into());
     for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         let (title, files) = model_files(name, &scratch);
-        bench(&title, &files, reps, on_cpu);
+        bench(&title, &files, reps, on_cpu, false);
+        if !on_cpu {
+            bench(&title, &files, reps, on_cpu, true);
+        }
     }
     let _ = std::fs::remove_dir_all(&scratch);
 }
