@@ -16,8 +16,6 @@ mod batch;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
-#[cfg(feature = "cuda")]
-mod cuda_graph;
 mod forward;
 mod rope;
 mod weights;

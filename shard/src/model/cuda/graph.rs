@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tessera_kernels::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use tessera_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
 
-use super::batch::FlatBatch;
-use super::cuda::{CudaBackend, CudaKv, DeviceElem, GpuBatch};
-use super::forward;
+use super::super::batch::FlatBatch;
+use super::super::forward;
+use super::{CudaBackend, CudaKv, DeviceElem, GpuBatch};
 use crate::EngineError;
 
 /// Batch sizes with a graph; larger decode batches run kernel by kernel.

@@ -1,0 +1,204 @@
+//! The weights in GPU memory (dense, or the file's quantized blocks), their upload, and the
+//! products with them.
+
+use rayon::prelude::*;
+use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
+use tessera_kernels::cuda::cudarc::driver::CudaSlice;
+use tessera_kernels::cuda::{Gemm, GpuDevice, GpuFloat, GpuKernels, GpuQuant, PtxCache};
+
+use super::super::backend::{Backend, Norm, Proj};
+use super::super::cpu::CpuBackend;
+use super::super::weights::Linear;
+use super::graph::DecodeGraphs;
+use super::*;
+use crate::EngineError;
+
+/// A weight matrix in GPU memory: dense in the element type, or the file's ggml blocks.
+pub(super) enum GpuWeight<T> {
+    Dense(CudaSlice<T>),
+    Quant {
+        quant: GpuQuant,
+        blocks: CudaSlice<u8>,
+    },
+}
+
+/// Activation rows up to which a quantized product runs as a GEMV straight from the blocks
+/// (the kernel re-reads them per 8 rows, still less traffic than a dequantized copy); above,
+/// the matrix is dequantized into scratch and multiplied by cuBLASLt.
+const GEMV_MAX_ROWS: usize = 64;
+
+pub(super) struct GpuLinear<T> {
+    weight: GpuWeight<T>,
+    bias: Option<CudaSlice<T>>,
+    out_features: usize,
+    in_features: usize,
+}
+
+pub(super) struct GpuLayer<T> {
+    input_norm: CudaSlice<T>,
+    post_attention_norm: CudaSlice<T>,
+    qkv: GpuLinear<T>,
+    o: GpuLinear<T>,
+    gate_up: GpuLinear<T>,
+    down: GpuLinear<T>,
+}
+
+pub(super) fn to_elems<T: GpuFloat>(values: &[f32]) -> Vec<T> {
+    values.par_iter().map(|&v| T::from_f32(v)).collect()
+}
+
+impl<T: DeviceElem> CudaBackend<T> {
+    pub(super) fn upload(
+        cpu: CpuBackend,
+        device: GpuDevice,
+        options: &CudaOptions,
+    ) -> Result<Self, EngineError> {
+        let kernels =
+            GpuKernels::load(&device, &PtxCache::default_location()).map_err(device_error)?;
+        let gemm = Gemm::new(device.stream().clone()).map_err(device_error)?;
+        let stream = device.stream().clone();
+        let put = |values: &[f32]| -> Result<CudaSlice<T>, EngineError> {
+            stream
+                .clone_htod(&to_elems::<T>(values))
+                .map_err(device_error)
+        };
+        // A matrix already in the element type goes up as it is; others are converted on
+        // rayon's threads (a bf16 checkpoint on a bf16 GPU is copied, never widened).
+        let dense = |m: &WeightMatrix| -> Result<CudaSlice<T>, EngineError> {
+            match T::stored(m) {
+                Some(values) => stream.clone_htod(values).map_err(device_error),
+                None => put(&m.to_f32()),
+            }
+        };
+        let weight = |m: &WeightMatrix| -> Result<GpuWeight<T>, EngineError> {
+            let quant = match m.ggml_blocks() {
+                Some((WeightFormat::Q8_0, b)) => Some((GpuQuant::Q8_0, b)),
+                Some((WeightFormat::Q4_0, b)) => Some((GpuQuant::Q4_0, b)),
+                Some((WeightFormat::Q4_1, b)) => Some((GpuQuant::Q4_1, b)),
+                _ => None,
+            };
+            Ok(match quant {
+                Some((quant, bytes)) if options.quantized => GpuWeight::Quant {
+                    quant,
+                    blocks: stream.clone_htod(bytes).map_err(device_error)?,
+                },
+                _ => GpuWeight::Dense(dense(m)?),
+            })
+        };
+        let linear = |l: &Linear| -> Result<GpuLinear<T>, EngineError> {
+            Ok(GpuLinear {
+                weight: weight(&l.weight)?,
+                bias: l.bias.as_deref().map(put).transpose()?,
+                out_features: l.out_features(),
+                in_features: l.in_features(),
+            })
+        };
+        let w = cpu.weights;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            layers.push(GpuLayer {
+                input_norm: put(&l.input_norm)?,
+                post_attention_norm: put(&l.post_attention_norm)?,
+                qkv: linear(&l.qkv)?,
+                o: linear(&l.o)?,
+                gate_up: linear(&l.gate_up)?,
+                down: linear(&l.down)?,
+            });
+        }
+        // The lookup kernel reads dense rows.
+        let embed = dense(&w.embed)?;
+        let lm_head = w
+            .lm_head
+            .as_ref()
+            .map(|m| {
+                Ok::<_, EngineError>(GpuLinear {
+                    weight: weight(m)?,
+                    bias: None,
+                    out_features: m.rows(),
+                    in_features: m.cols(),
+                })
+            })
+            .transpose()?;
+        let largest_quant = layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+            .chain(lm_head.as_ref())
+            .filter(|l| matches!(l.weight, GpuWeight::Quant { .. }))
+            .map(|l| l.out_features * l.in_features)
+            .max()
+            .unwrap_or(0);
+        let final_norm = put(&w.final_norm)?;
+        let inv_freq = stream.clone_htod(&cpu.inv_freq).map_err(device_error)?;
+        stream.synchronize().map_err(device_error)?;
+        Ok(CudaBackend {
+            kernels,
+            gemm,
+            layers,
+            embed,
+            lm_head,
+            largest_quant,
+            final_norm,
+            vocab_start: w.vocab.start,
+            local_vocab: w.vocab.len(),
+            inv_freq,
+            dims: cpu.dims,
+            eps: cpu.eps,
+            window: cpu.window,
+            comm: cpu.comm,
+            world_size: cpu.world_size,
+            graphs: DecodeGraphs::new(options.graphs),
+            tensor_core_attention: options.tensor_core_attention
+                && GpuKernels::tensor_core_prefill_supported::<T>(cpu.dims.head_dim),
+            device,
+        })
+    }
+
+    /// `out = x · Wᵀ (+ bias)` for `rows` rows, in whichever form `l` keeps its weights.
+    pub(super) fn multiply(
+        &self,
+        l: &GpuLinear<T>,
+        x: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let (n, k) = (l.out_features, l.in_features);
+        match &l.weight {
+            GpuWeight::Dense(w) => self.gemm.linear(x, w, l.bias.as_ref(), out, rows, n, k),
+            GpuWeight::Quant { quant, blocks } if rows <= GEMV_MAX_ROWS => {
+                self.kernels
+                    .gemv(*quant, blocks, x, out, (rows, n, k))
+                    .map_err(device_error)?;
+                match &l.bias {
+                    Some(bias) => self.kernels.add_bias(out, bias, rows),
+                    None => Ok(()),
+                }
+            }
+            GpuWeight::Quant { quant, blocks } => {
+                let mut dense = self.zeros(n * k)?;
+                self.kernels
+                    .dequantize(*quant, blocks, &mut dense, n, k)
+                    .map_err(device_error)?;
+                self.gemm
+                    .linear(x, &dense, l.bias.as_ref(), out, rows, n, k)
+            }
+        }
+        .map_err(device_error)
+    }
+
+    pub(super) fn projection(&self, layer: usize, proj: Proj) -> &GpuLinear<T> {
+        let l = &self.layers[layer];
+        match proj {
+            Proj::Qkv => &l.qkv,
+            Proj::O => &l.o,
+            Proj::GateUp => &l.gate_up,
+            Proj::Down => &l.down,
+        }
+    }
+
+    pub(super) fn norm_weight(&self, norm: Norm) -> &CudaSlice<T> {
+        match norm {
+            Norm::Input(l) => &self.layers[l].input_norm,
+            Norm::PostAttention(l) => &self.layers[l].post_attention_norm,
+        }
+    }
+}
