@@ -19,25 +19,17 @@
 #define MMA_BN 64
 #define MMA_THREADS 128
 
+// c += a · b for one 16×8×16 tile, `PTX` naming the input type (bf16 or f16).
+#define MMA_M16N8K16(PTX)                                                                      \
+    static __device__ __forceinline__ void mma(float c[4], const u32 a[4], u32 b0, u32 b1) {   \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX "." PTX ".f32 "              \
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"       \
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                          \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));          \
+    }
 template <typename T> struct MmaType;
-template <> struct MmaType<BF16> {
-    static __device__ __forceinline__ void mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-template <> struct MmaType<F16> {
-    static __device__ __forceinline__ void mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
+template <> struct MmaType<BF16> { MMA_M16N8K16("bf16") };
+template <> struct MmaType<F16> { MMA_M16N8K16("f16") };
 
 // Two 16-bit values in one register, the first in the low half (mma's element order).
 __device__ __forceinline__ u32 pack2(unsigned short lo, unsigned short hi) {
