@@ -13,7 +13,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.gpu/bin
 rm -rf "$out" && mkdir -p "$out"
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 
 # name=path pairs from cargo's JSON messages: one executable per test or bench target.
 build() {
