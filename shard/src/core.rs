@@ -223,7 +223,7 @@ impl Engine {
         fraction: f32,
         max_tokens: usize,
     ) -> Result<Option<u64>, EngineError> {
-        if self.model.device_kv_budget(fraction, max_tokens)?.is_none() {
+        if self.model.device_type() == "cpu" {
             return Ok(None);
         }
         self.resize_cache(1)?;

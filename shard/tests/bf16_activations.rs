@@ -5,12 +5,10 @@
 
 mod common;
 
-use std::ops::Range;
-use std::sync::Arc;
-
-use common::{Golden, Schedule, assert_same_under_schedules, max_abs_diff, repo_root, run};
+use common::{
+    Golden, Schedule, assert_same_under_schedules, converted_fixture, golden, max_abs_diff, run,
+};
 use half::bf16;
-use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::{ActivationDtype, WeightFormat, WeightMatrix};
 use tessera_shard::{KvDtype, Model};
 
@@ -20,66 +18,28 @@ const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
 /// keep 8 significant bits (0.4% per element). Run with --nocapture for the observed values.
 const RELATIVE_TOLERANCE: f32 = 3e-2;
 
-/// The fixture's matrices handed to the loader as bf16 (rounded to nearest-even).
-struct Bf16Weights(Arc<dyn WeightSource>);
-
-impl WeightSource for Bf16Weights {
-    fn contains(&self, name: &str) -> bool {
-        self.0.contains(name)
-    }
-
-    fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
-        self.0.shape(name)
-    }
-
-    fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
-        self.0.load_f32(name)
-    }
-
-    fn load_f32_slice(
-        &self,
-        name: &str,
-        dim: usize,
-        range: Range<usize>,
-    ) -> Result<HostTensor, FormatError> {
-        self.0.load_f32_slice(name, dim, range)
-    }
-
-    fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
-        let t = self.0.load_f32(name)?;
-        let [rows, cols] = t.shape[..] else {
-            return Ok(None);
-        };
-        let bytes = t
-            .data
+/// bf16 bytes of a matrix (rounded to nearest-even).
+fn bf16_bytes(values: &[f32], _cols: usize) -> Option<Vec<u8>> {
+    Some(
+        values
             .iter()
             .flat_map(|&x| bf16::from_f32(x).to_bits().to_le_bytes())
-            .collect();
-        Ok(Some(NativeTensor {
-            format: WeightFormat::Bf16,
-            shape: [rows, cols],
-            bytes,
-        }))
-    }
+            .collect(),
+    )
 }
 
+/// The fixture with its matrices handed to the loader as bf16.
 fn load_bf16(name: &str) -> (Model, Golden) {
-    let dir = repo_root().join("fixtures").join(name);
-    let mut files = ModelFiles::open(&dir).unwrap();
-    files.weights = Arc::new(Bf16Weights(files.weights.clone()));
-    let model = Model::load(&files).unwrap();
-    let golden: Golden =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
-    (model, golden)
+    let files = converted_fixture(name, WeightFormat::Bf16, bf16_bytes);
+    (Model::load(&files).unwrap(), golden(name))
 }
 
 #[test]
 fn the_loader_keeps_the_converted_matrices_in_bf16() {
     // Guards the test set-up: without bf16 matrices the flag would change nothing.
-    let dir = repo_root().join("fixtures").join("tiny-llama");
-    let files = ModelFiles::open(&dir).unwrap();
-    let source = Bf16Weights(files.weights.clone());
-    let t = source
+    let files = converted_fixture("tiny-llama", WeightFormat::Bf16, bf16_bytes);
+    let t = files
+        .weights
         .load_native("model.layers.0.mlp.down_proj.weight")
         .unwrap()
         .unwrap();

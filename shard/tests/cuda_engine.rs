@@ -13,13 +13,9 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::{
-    Schedule, assert_close_under_schedules, assert_goldens, load_fixture, max_abs_diff,
-    on_gpu_with, run,
+    Schedule, assert_close_under_schedules, assert_goldens, max_abs_diff, on_gpu_with, run,
 };
-use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::WeightFormat;
 use tessera_shard::{CudaOptions, KvDtype, Model, WeightLayout};
 
@@ -34,13 +30,10 @@ fn gpu_fixture_with(
     dtype: KvDtype,
     options: CudaOptions,
 ) -> Option<(Model, common::Golden)> {
-    let (_, golden) = load_fixture(name);
-    let dir = common::repo_root().join("fixtures").join(name);
-    let files = ModelFiles::open(&dir).unwrap();
-    let model = Model::load_with(&files, WeightLayout::Exact)
+    let model = Model::load_with(&common::fixture_files(name), WeightLayout::Exact)
         .unwrap()
         .with_kv_dtype(dtype);
-    Some((on_gpu_with(model, options)?, golden))
+    Some((on_gpu_with(model, options)?, common::golden(name)))
 }
 
 /// Decode steps replayed from CUDA graphs (padded to a bucket size, tables to a power-of-two
@@ -150,74 +143,47 @@ fn results_do_not_depend_on_batching_or_chunking() {
     }
 }
 
-/// A fixture's matrices rounded to `Q8_0` or `Q4_1` blocks (the other tensors as they are).
-struct Quantized {
-    inner: Arc<dyn WeightSource>,
-    format: WeightFormat,
-}
-
 fn f16_bytes(v: f32) -> [u8; 2] {
     half::f16::from_f32(v).to_le_bytes()
 }
 
-/// One 32-value block as ggml writes it.
-fn quantize_block(format: WeightFormat, x: &[f32], out: &mut Vec<u8>) {
-    match format {
-        WeightFormat::Q8_0 => {
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = half::f16::from_f32(amax / 127.0).to_f32();
-            out.extend(f16_bytes(d));
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            out.extend(
-                x.iter()
-                    .map(|v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
-            );
-        }
-        _ => {
-            let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v));
-            let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let d = half::f16::from_f32((hi - lo) / 15.0).to_f32();
-            let m = half::f16::from_f32(lo).to_f32();
-            out.extend(f16_bytes(d));
-            out.extend(f16_bytes(m));
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let q = |v: f32| ((v - m) * inv).round().clamp(0.0, 15.0) as u8;
-            out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
-        }
+/// A matrix as ggml `Q8_0` blocks (`None` when its rows are not whole blocks).
+fn q8_0_blocks(values: &[f32], cols: usize) -> Option<Vec<u8>> {
+    if !cols.is_multiple_of(32) {
+        return None;
     }
+    let mut out = Vec::new();
+    for x in values.chunks_exact(32) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = half::f16::from_f32(amax / 127.0).to_f32();
+        out.extend(f16_bytes(d));
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(
+            x.iter()
+                .map(|v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+        );
+    }
+    Some(out)
 }
 
-impl WeightSource for Quantized {
-    fn contains(&self, name: &str) -> bool {
-        self.inner.contains(name)
+/// A matrix as ggml `Q4_1` blocks (`None` when its rows are not whole blocks).
+fn q4_1_blocks(values: &[f32], cols: usize) -> Option<Vec<u8>> {
+    if !cols.is_multiple_of(32) {
+        return None;
     }
-
-    fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
-        self.inner.shape(name)
+    let mut out = Vec::new();
+    for x in values.chunks_exact(32) {
+        let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+        let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let d = half::f16::from_f32((hi - lo) / 15.0).to_f32();
+        let m = half::f16::from_f32(lo).to_f32();
+        out.extend(f16_bytes(d));
+        out.extend(f16_bytes(m));
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let q = |v: f32| ((v - m) * inv).round().clamp(0.0, 15.0) as u8;
+        out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
     }
-
-    fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
-        self.inner.load_f32(name)
-    }
-
-    fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
-        let t = self.inner.load_f32(name)?;
-        let [rows, cols] = t.shape[..] else {
-            return Ok(None);
-        };
-        if !cols.is_multiple_of(32) {
-            return Ok(None);
-        }
-        let mut bytes = Vec::new();
-        for block in t.data.chunks_exact(32) {
-            quantize_block(self.format, block, &mut bytes);
-        }
-        Ok(Some(NativeTensor {
-            format: self.format,
-            shape: [rows, cols],
-            bytes,
-        }))
-    }
+    Some(out)
 }
 
 /// Matrices kept as `Q8_0` / `Q4_1` blocks on the GPU (weight-only GEMV for decode batches,
@@ -226,13 +192,14 @@ impl WeightSource for Quantized {
 #[test]
 fn quantized_weights_match_the_cpu_on_the_same_blocks() {
     for name in FIXTURES {
-        for format in [WeightFormat::Q8_0, WeightFormat::Q4_1] {
-            let dir = common::repo_root().join("fixtures").join(name);
-            let mut files = ModelFiles::open(&dir).unwrap();
-            files.weights = Arc::new(Quantized {
-                inner: files.weights.clone(),
-                format,
-            });
+        for (format, encode) in [
+            (
+                WeightFormat::Q8_0,
+                q8_0_blocks as fn(&[f32], usize) -> Option<Vec<u8>>,
+            ),
+            (WeightFormat::Q4_1, q4_1_blocks),
+        ] {
+            let files = common::converted_fixture(name, format, encode);
             let load = || {
                 Model::load_with(&files, WeightLayout::Exact)
                     .unwrap()
@@ -241,8 +208,7 @@ fn quantized_weights_match_the_cpu_on_the_same_blocks() {
             let cpu = load();
             assert_eq!(cpu.weights_dtype(), format.name());
             // The golden prompts, and one longer than 64 tokens for the dequantized path.
-            let (_, golden) = load_fixture(name);
-            let mut prompts = golden.prompt_ids();
+            let mut prompts = common::golden(name).prompt_ids();
             let long: Vec<u32> = prompts.iter().flatten().copied().cycle().take(80).collect();
             prompts.push(long);
             let want = run(&cpu, &prompts, 12, usize::MAX, Schedule::Together);

@@ -1,10 +1,13 @@
 //! Test harness: a tiny continuous-batching driver over the real engine, and the goldens.
 #![allow(dead_code, unreachable_pub)]
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
-use tessera_formats::ModelFiles;
+use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
+use tessera_kernels::cpu::WeightFormat;
 use tessera_shard::sampling::{Sampler, SamplingParams};
 use tessera_shard::{Engine, KvCache, LogitsWanted, Model, NewSequence, SequenceChunk};
 
@@ -34,13 +37,78 @@ pub struct GoldenPrompt {
     pub greedy_ids: Vec<u32>,
 }
 
+/// The files of fixture `name`.
+pub fn fixture_files(name: &str) -> ModelFiles {
+    ModelFiles::open(&repo_root().join("fixtures").join(name)).unwrap()
+}
+
+/// The transformers goldens of fixture `name`.
+pub fn golden(name: &str) -> Golden {
+    let path = repo_root().join("fixtures").join(name).join("golden.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 pub fn load_fixture(name: &str) -> (Model, Golden) {
-    let dir = repo_root().join("fixtures").join(name);
-    let files = ModelFiles::open(&dir).unwrap();
-    let model = Model::load(&files).unwrap();
-    let golden: Golden =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
-    (model, golden)
+    (Model::load(&fixture_files(name)).unwrap(), golden(name))
+}
+
+/// Fixture `name` with its matrices handed to the loader in `format`: `encode(values, cols)`
+/// turns a row-major f32 matrix into that format's bytes (`None` leaves it f32).
+pub fn converted_fixture(
+    name: &str,
+    format: WeightFormat,
+    encode: fn(&[f32], usize) -> Option<Vec<u8>>,
+) -> ModelFiles {
+    let mut files = fixture_files(name);
+    files.weights = Arc::new(Converted {
+        inner: files.weights.clone(),
+        format,
+        encode,
+    });
+    files
+}
+
+/// A weight source whose matrices come out in another storage format (see
+/// [`converted_fixture`]).
+pub struct Converted {
+    pub inner: Arc<dyn WeightSource>,
+    pub format: WeightFormat,
+    pub encode: fn(&[f32], usize) -> Option<Vec<u8>>,
+}
+
+impl WeightSource for Converted {
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+
+    fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
+        self.inner.shape(name)
+    }
+
+    fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
+        self.inner.load_f32(name)
+    }
+
+    fn load_f32_slice(
+        &self,
+        name: &str,
+        dim: usize,
+        range: Range<usize>,
+    ) -> Result<HostTensor, FormatError> {
+        self.inner.load_f32_slice(name, dim, range)
+    }
+
+    fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
+        let t = self.inner.load_f32(name)?;
+        let [rows, cols] = t.shape[..] else {
+            return Ok(None);
+        };
+        Ok((self.encode)(&t.data, cols).map(|bytes| NativeTensor {
+            format: self.format,
+            shape: [rows, cols],
+            bytes,
+        }))
+    }
 }
 
 impl Golden {

@@ -102,7 +102,13 @@ pub(crate) struct GpuBatch {
     pub(super) max_rows: usize,
     /// Rows that go through the LM head, as runs `(first row, rows)`.
     pub(super) logit_runs: Vec<(usize, usize)>,
-    pub(super) logit_rows: usize,
+}
+
+impl GpuBatch {
+    /// Rows that go through the LM head.
+    fn logit_rows(&self) -> usize {
+        self.logit_runs.iter().map(|&(_, n)| n).sum()
+    }
 }
 
 impl<T: DeviceElem> Backend for CudaBackend<T> {
@@ -128,7 +134,6 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
             cu_seqlens: upload_i32(s, &k.cu_seqlens)?,
             first_pos: upload_i32(s, &k.first_pos)?,
             max_rows: k.max_rows,
-            logit_rows: b.logit_rows.len(),
             logit_runs: k.logit_runs,
         })
     }
@@ -298,7 +303,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         residual: &CudaSlice<T>,
         proj: &CudaSlice<T>,
     ) -> Result<CudaSlice<T>, EngineError> {
-        let rows = batch.logit_rows;
+        let rows = batch.logit_rows();
         if rows == 0 {
             return self.zeros(0);
         }

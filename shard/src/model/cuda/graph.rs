@@ -110,14 +110,15 @@ impl<T: DeviceElem> CudaBackend<T> {
         if !graphs.enabled.load(Ordering::Relaxed) || self.world_size() > 1 {
             return Ok(None);
         }
-        let index = batch.kernel_index()?;
+        // Only decode steps of a graphed size; anything else builds its index once, eagerly.
         let n = batch.seqs.len();
         let Some(&seqs) = BATCH_BUCKETS.iter().find(|&&b| b >= n) else {
             return Ok(None);
         };
-        if !index.decode {
+        if n == 0 || batch.seqs.iter().any(|q| q.rows != 1) {
             return Ok(None);
         }
+        let index = batch.kernel_index()?;
         let key = Key {
             kv: kv.id,
             seqs,
@@ -205,7 +206,6 @@ impl<T: DeviceElem> CudaBackend<T> {
             first_pos: zeros(seqs)?,
             max_rows: 1,
             logit_runs: vec![(0, seqs)],
-            logit_rows: seqs,
         };
         let width = seqs * self.local_vocab();
         let mut logits = s.alloc_zeros::<T>(width).map_err(device_error)?;
