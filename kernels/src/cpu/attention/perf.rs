@@ -162,7 +162,13 @@ fn attention_timings() {
     let kv_bytes = (ctx * c.layout.slot_width() * 2 * 4) as f64;
     run(&c, ctx, ctx, "prefill 512", flops, kv_bytes);
     // Decode: one row per sequence; the K/V bytes (f32) dominate.
-    for (batch, ctx) in [(1usize, 4096usize), (1, 16384), (8, 2048)] {
+    for (batch, ctx) in [
+        (1usize, 256usize),
+        (16, 256),
+        (1, 4096usize),
+        (1, 16384),
+        (8, 2048),
+    ] {
         let c = case(batch, ctx);
         let flops = 4.0 * HD as f64 * ctx as f64 * HEADS as f64 * batch as f64;
         let kv_bytes = (batch * ctx * c.layout.slot_width() * 2 * 4) as f64;

@@ -15,8 +15,14 @@
 //!   `|d| ≤ 8188`), so it shares those kernels; it costs 2 more bytes per block than the
 //!   file's 18.
 //!
-//! Rows past the matrix's end (the last tile's padding) are zero. The bytes are those of
-//! the GGUF blocks, rearranged: memory stays the file's size.
+//! Tiles come in groups of four (64 rows), which the decode kernel reads together. A group
+//! stores block after block, and one block of a group is one contiguous stretch: the four
+//! tiles' lines, then their scales. So a GEMV reads each thread's share of the matrix as one
+//! sequential stream. (With each tile's quants and scales in streams of their own, a decode
+//! task read eight at once, and only ~60% of the memory bandwidth reached the kernel.)
+//!
+//! Rows past the matrix's end (the last group's padding) are zero. The bytes are those of
+//! the GGUF blocks, rearranged: memory stays the file's size, plus at most 63 padding rows.
 
 use half::f16;
 
@@ -26,6 +32,8 @@ use crate::quant::{
 
 /// Weight rows per tile (one `zmm` of 32-bit lanes).
 pub const TILE: usize = 16;
+/// Tiles per group: the decode kernel's width.
+pub const GROUP: usize = 4;
 /// Values per quantization block.
 pub const QK: usize = 32;
 /// Bytes of one line (one `vpdpbusd` operand).
@@ -51,6 +59,12 @@ impl PackedKind {
         }
     }
 
+    /// Bytes of one block of one group: its tiles' quants, then their scales (a whole
+    /// number of lines, so every quant line stays aligned).
+    pub(crate) const fn group_block_bytes(self) -> usize {
+        GROUP * (self.quant_bytes() + 2 * self.scales())
+    }
+
     /// f16 scales of one block of one tile.
     pub(crate) const fn scales(self) -> usize {
         match self {
@@ -70,7 +84,7 @@ impl PackedKind {
 }
 
 /// One cache line, so that every line of the quants is 64-byte aligned.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 pub(crate) struct Line(pub(crate) [u8; LINE]);
 
@@ -80,9 +94,8 @@ pub struct PackedMatrix {
     kind: PackedKind,
     rows: usize,
     cols: usize,
-    quants: Vec<Line>,
-    /// f16 bits, `kind.scales()` per block of a tile.
-    scales: Vec<u16>,
+    /// Group after group, block after block: `kind.group_block_bytes()` each.
+    data: Vec<Line>,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -188,35 +201,48 @@ impl PackedMatrix {
 
     fn empty(kind: PackedKind, rows: usize, cols: usize) -> Self {
         assert!(cols.is_multiple_of(QK), "packed matrices need whole blocks");
-        let tiles = rows.div_ceil(TILE);
+        let groups = rows.div_ceil(TILE * GROUP);
         let blocks = cols / QK;
         Self {
             kind,
             rows,
             cols,
-            quants: vec![Line([0; LINE]); tiles * blocks * kind.quant_bytes() / LINE],
-            scales: vec![0; tiles * blocks * kind.scales()],
+            data: vec![Line([0; LINE]); groups * blocks * kind.group_block_bytes() / LINE],
         }
     }
 
     /// Calls `f(row, block, lines, scales)` for every row of every tile (padding included)
     /// with the tile's lines and scales of that block.
     fn fill(&mut self, mut f: impl FnMut(usize, usize, &mut [Line], &mut [u16])) {
-        let (blocks, lq, ls) = (
-            self.blocks(),
-            self.kind.quant_bytes() / LINE,
-            self.kind.scales(),
-        );
-        for t in 0..self.tiles() {
-            for b in 0..blocks {
-                let i = t * blocks + b;
-                let lines = &mut self.quants[i * lq..(i + 1) * lq];
-                let scales = &mut self.scales[i * ls..(i + 1) * ls];
+        let lq = self.kind.quant_bytes() / LINE;
+        let mut scales = vec![0u16; self.kind.scales()];
+        for t in 0..self.padded_tiles() {
+            for b in 0..self.blocks() {
+                let (q, s) = self.offsets(t, b);
                 for r in 0..TILE {
-                    f(t * TILE + r, b, lines, scales);
+                    let lines = &mut self.data[q / LINE..q / LINE + lq];
+                    f(t * TILE + r, b, lines, &mut scales);
+                }
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.data);
+                for (i, v) in scales.iter().enumerate() {
+                    bytes[s + 2 * i..s + 2 * i + 2].copy_from_slice(&v.to_le_bytes());
                 }
             }
         }
+    }
+
+    /// Tiles including the last group's padding.
+    fn padded_tiles(&self) -> usize {
+        self.rows.div_ceil(TILE * GROUP) * GROUP
+    }
+
+    /// Byte offsets in `data` of tile `t`'s quants and scales of block `b`.
+    fn offsets(&self, t: usize, b: usize) -> (usize, usize) {
+        let (g, c) = (t / GROUP, t % GROUP);
+        let base = (g * self.blocks() + b) * self.kind.group_block_bytes();
+        let quants = base + c * self.kind.quant_bytes();
+        let scales = base + GROUP * self.kind.quant_bytes() + c * 2 * self.kind.scales();
+        (quants, scales)
     }
 
     /// The format it was packed from.
@@ -251,30 +277,33 @@ impl PackedMatrix {
 
     /// The quant lines of block `b` of tile `t`.
     pub(crate) fn lines(&self, t: usize, b: usize) -> &[Line] {
-        let lq = self.kind.quant_bytes() / LINE;
-        let i = t * self.blocks() + b;
-        &self.quants[i * lq..(i + 1) * lq]
+        let q = self.offsets(t, b).0 / LINE;
+        &self.data[q..q + self.kind.quant_bytes() / LINE]
     }
 
-    /// Where tile `t`'s quants and scales start; block `b`'s are `b · kind.quant_bytes()`
-    /// bytes and `b · kind.scales()` values further (for kernels that walk them with raw
-    /// pointers).
+    /// Where tile `t`'s quants and scales of block 0 start; block `b`'s are
+    /// `b · block_stride()` bytes further (for kernels that walk them with raw pointers).
     pub(crate) fn tile_start(&self, t: usize) -> (*const u8, *const u16) {
         assert!(t < self.tiles(), "tile {t} of {}", self.tiles());
-        let i = t * self.blocks();
-        (
-            self.quants[i * self.kind.quant_bytes() / LINE..]
-                .as_ptr()
-                .cast(),
-            self.scales[i * self.kind.scales()..].as_ptr(),
-        )
+        let (q, s) = self.offsets(t, 0);
+        let bytes: &[u8] = bytemuck::cast_slice(&self.data);
+        (bytes[q..].as_ptr(), bytes[s..].as_ptr().cast())
     }
 
-    /// The f16 scales of block `b` of tile `t`.
-    pub(crate) fn block_scales(&self, t: usize, b: usize) -> &[u16] {
-        let ls = self.kind.scales();
-        let i = t * self.blocks() + b;
-        &self.scales[i * ls..(i + 1) * ls]
+    /// Bytes from one block of a tile to its next.
+    pub(crate) fn block_stride(&self) -> usize {
+        self.kind.group_block_bytes()
+    }
+
+    /// The f16 scales of block `b` of tile `t` (the first `kind.scales()` of the array).
+    pub(crate) fn block_scales(&self, t: usize, b: usize) -> [u16; 2 * TILE] {
+        let s = self.offsets(t, b).1;
+        let bytes: &[u8] = bytemuck::cast_slice(&self.data);
+        let mut out = [0u16; 2 * TILE];
+        for (i, v) in out.iter_mut().take(self.kind.scales()).enumerate() {
+            *v = u16::from_le_bytes([bytes[s + 2 * i], bytes[s + 2 * i + 1]]);
+        }
+        out
     }
 
     /// Quant `e` of block `b` of row `row`: unsigned (`Q8_0`: `q + 128`).

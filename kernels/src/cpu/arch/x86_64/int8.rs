@@ -168,6 +168,9 @@ unsafe fn tiles_vnni<const Q4: bool>(
     }
 }
 
+/// How many blocks ahead of the arithmetic the tile kernel prefetches.
+const AHEAD: usize = 3;
+
 /// Rows `i0..i0 + R` of `x` times tiles `t..t + C`, written at `out[r * ldo + c * 16 + lane]`
 /// for the tiles' valid lanes.
 ///
@@ -185,26 +188,27 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
 ) {
     let low = _mm512_set1_epi8(0x0F);
     let blocks = w.blocks();
-    let (qb, sb) = (w.kind().quant_bytes(), w.kind().scales());
+    let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
     let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
     let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
     let (xd, xsd, x128) = (x.d.as_ptr(), x.sd.as_ptr(), x.s128.as_ptr());
     let radix = _mm512_set1_epi32(RADIX);
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    // SAFETY (whole body): tile c's block b lies at starts[c] + b · (qb bytes, sb scales),
-    // inside `w` for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and
+    // SAFETY (whole body): tile c's block b lies at starts[c] + b · stride bytes, inside `w`
+    // for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and
     // 32 quants from 32 · that). Prefetches may point past the end: they never fault.
     unsafe {
         for b in 0..blocks {
-            let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * qb));
-            // The tile streams are read a few blocks ahead, so that DRAM latency overlaps
-            // the arithmetic of this block.
-            for (l, st) in lines.iter().zip(&starts) {
+            let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));
+            let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
+            // The stream is read a few blocks ahead, so that DRAM latency overlaps the
+            // arithmetic of this block.
+            for (l, s) in lines.iter().zip(&scales) {
                 for o in (0..qb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + 3 * qb).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + AHEAD * stride).cast());
                 }
-                _mm_prefetch::<_MM_HINT_T0>(st.1.wrapping_add((b + 3) * sb).cast());
+                _mm_prefetch::<_MM_HINT_T0>(s.wrapping_byte_add(AHEAD * stride).cast());
             }
             // Two integer chains per (row, tile): against the high and the low digits.
             let mut sa = [[_mm512_setzero_si512(); C]; R];
@@ -255,7 +259,6 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
                     }
                 }
             }
-            let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.add(b * sb));
             let dw: [__m512; C] =
                 std::array::from_fn(|c| _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].cast())));
             let mw: [__m512; C] = std::array::from_fn(|c| {
