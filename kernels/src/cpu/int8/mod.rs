@@ -92,26 +92,27 @@ pub fn linear_int8_with(
     quantized.quantize(x, m, k, int8.quantize);
     let q = &quantized;
     let tiles = w.tiles();
-    // Several tasks per thread (so a late thread does not hold the others up); multiples of
-    // 4 tiles, the GEMV kernel's width.
+    // The same number of tasks for every thread, of sizes within one tile of each other
+    // (with tasks of whole groups, SmolLM2's 36-tile o_proj and down_proj split 24:12 over
+    // two threads). A GEMV is one task per thread: one stream each. Products of several rows
+    // are compute-bound; two tasks per thread let a late thread's share move.
     let threads = rayon::current_num_threads().max(1);
-    let per_task = tiles.div_ceil(threads * 4).next_multiple_of(4);
+    let per_thread = if m == 1 { 1 } else { 2 };
+    let tasks = (threads * per_thread).min(tiles);
     let ptr = SharedOut(out.as_mut_ptr());
-    (0..tiles.div_ceil(per_task))
-        .into_par_iter()
-        .for_each(|task| {
-            let t0 = task * per_task;
-            let nt = per_task.min(tiles - t0);
-            let j0 = t0 * TILE;
-            // SAFETY: this task writes out[i * n + c] for i < m and c in j0..min(j0 +
-            // nt * 16, n) only: inside `out` and disjoint from the other tasks' tiles.
-            // `out` is borrowed mutably for the whole loop.
-            unsafe {
-                let base = ptr.get().add(j0);
-                (int8.tiles)(w, t0, nt, q, base, n);
-                add_bias(base, bias, j0..(j0 + nt * TILE).min(n), m, n);
-            }
-        });
+    (0..tasks).into_par_iter().for_each(|task| {
+        let t0 = task * tiles / tasks;
+        let nt = (task + 1) * tiles / tasks - t0;
+        let j0 = t0 * TILE;
+        // SAFETY: this task writes out[i * n + c] for i < m and c in j0..min(j0 + nt * 16,
+        // n) only: inside `out` and disjoint from the other tasks' tiles. `out` is borrowed
+        // mutably for the whole loop.
+        unsafe {
+            let base = ptr.get().add(j0);
+            (int8.tiles)(w, t0, nt, q, base, n);
+            add_bias(base, bias, j0..(j0 + nt * TILE).min(n), m, n);
+        }
+    });
     QUANTIZED.set(quantized);
 }
 

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::cpu::int8::Int8Kernels;
 use crate::cpu::int8::activations::{QuantizedRows, RADIX, quantize_block_ref};
-use crate::cpu::int8::packed::{PackedKind, PackedMatrix, QK, TILE};
+use crate::cpu::int8::packed::{GROUP, PackedKind, PackedMatrix, QK, TILE};
 use crate::cpu::int8::portable;
 
 /// Whether the CPU has what [`AVX512_VNNI`] uses.
@@ -130,10 +130,15 @@ unsafe fn tiles_vnni<const Q4: bool>(
     // exist, and write the places the caller vouches for.
     unsafe {
         if m == 1 {
-            // Decode: four tiles at a time, so four independent chains hide latency.
-            while t + 4 <= t0 + nt {
-                kernel::<Q4, 1, 4>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
-                t += 4;
+            // Decode: a group's four tiles at a time (one stream; four independent chains
+            // hide latency), single tiles up to the first group and after the last.
+            while t < t0 + nt && !t.is_multiple_of(GROUP) {
+                kernel::<Q4, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                t += 1;
+            }
+            while t + GROUP <= t0 + nt {
+                kernel::<Q4, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                t += GROUP;
             }
             while t < t0 + nt {
                 kernel::<Q4, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
