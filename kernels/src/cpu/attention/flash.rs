@@ -28,10 +28,6 @@ use crate::cpu::dispatch::Kernels;
 pub(crate) const PARTITION: usize = 256;
 /// Query rows per work item.
 pub(crate) const QUERY_TILE: usize = 32;
-/// Below this many (key tile, KV head) pairs of decode work, a call runs on the calling thread
-/// (measured: one sequence at context 160, 3 KV heads, is 0.30 ms per 30 layers alone and
-/// 0.36 ms split over two threads).
-const PARALLEL_KEY_TILES: usize = 96;
 /// Key tiles whose scores a one-row item computes together (see `attend_partition`).
 const DECODE_TILES: usize = 4;
 
@@ -227,24 +223,16 @@ pub(crate) fn flash_attention<T: KvElem>(
             }
         }
     }
-    // A short decode (a few sequences, short contexts) is less work than handing it to
-    // another thread costs; the results are the same bits either way.
-    let decode_key_tiles = tasks.iter().try_fold(0, |sum, t| {
-        let keys = match t.part {
-            Some(_) => PARTITION,
-            None => seqs[t.seq].first_position + t.r1,
-        };
-        (t.r1 - t.r0 == 1).then(|| sum + keys.div_ceil(KEY_TILE) * t.kv_heads.len())
-    });
-    let results: Vec<Vec<State>> = if decode_key_tiles.is_some_and(|n| n < PARALLEL_KEY_TILES) {
-        tasks.iter().map(|t| run(&ctx, &seqs[t.seq], t)).collect()
-    } else {
-        tasks
-            .par_iter()
-            .with_max_len(1)
-            .map(|t| run(&ctx, &seqs[t.seq], t))
-            .collect()
-    };
+    // Even a short decode (one sequence, a short context) is split over the pool: alone it is
+    // a few microseconds faster per layer, but the other threads then go idle long enough to be
+    // slow to pick up the o_proj product that follows (measured on SmolLM2, batch 1, context
+    // 128-160: 3.37-3.55 ms per step run alone, 2.94-3.03 split; o_proj 318-377 against
+    // 176-211 µs per step). The results are the same bits either way.
+    let results: Vec<Vec<State>> = tasks
+        .par_iter()
+        .with_max_len(1)
+        .map(|t| run(&ctx, &seqs[t.seq], t))
+        .collect();
 
     // Merge split items in partition order, and scatter every result into `out`.
     let mut i = 0;
