@@ -9,6 +9,7 @@ use std::time::Instant;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 
 use super::*;
 
@@ -30,6 +31,13 @@ fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
         .collect();
     t.sort_by(f64::total_cmp);
     (t[0], t[reps / 2])
+}
+
+/// K and V pages of one element type.
+#[derive(Clone, Copy)]
+enum Pages<'a> {
+    F32(&'a [f32], &'a [f32]),
+    Bf16(&'a [bf16], &'a [bf16]),
 }
 
 struct Case {
@@ -113,58 +121,62 @@ fn run(c: &Case, ctx: usize, rows: usize, label: &str, flops: f64, bytes: f64) {
         )
     });
     report("naive", naive, bytes);
-    let tiled = time(reps, || {
-        paged_attention_with(
+    // The tiled kernel over one pair of pages.
+    let attend = |out: &mut [f32], cache: Pages<'_>| match cache {
+        Pages::F32(ck, cv) => paged_attention_with(
             k,
             c.layout,
-            &c.ck,
-            &c.cv,
+            ck,
+            cv,
             &q,
             HEADS * HD,
             HEADS,
             &seqs,
             scale,
             None,
-            &mut out,
-        )
-    });
-    report("tiled f32", tiled, bytes);
-    let tiled16 = time(reps, || {
-        paged_attention_with(
+            out,
+        ),
+        Pages::Bf16(ck, cv) => paged_attention_with(
             k,
             c.layout,
-            &c.ck16,
-            &c.cv16,
+            ck,
+            cv,
             &q,
             HEADS * HD,
             HEADS,
             &seqs,
             scale,
             None,
-            &mut out,
-        )
-    });
-    report("tiled bf16", tiled16, bytes / 2.0);
+            out,
+        ),
+    };
+    let f32_pages = Pages::F32(&c.ck, &c.cv);
+    let bf16_pages = Pages::Bf16(&c.ck16, &c.cv16);
+    report(
+        "tiled f32",
+        time(reps, || attend(&mut out, f32_pages)),
+        bytes,
+    );
+    report(
+        "tiled bf16",
+        time(reps, || attend(&mut out, bf16_pages)),
+        bytes / 2.0,
+    );
+    // Cold: 96 MiB of other memory read (on the pool's threads, as a decode step's weights
+    // are) before each run.
     let junk: Vec<u64> = (0..(96u64 << 17)).collect();
-    let mut cold = Vec::new();
-    for _ in 0..reps {
-        std::hint::black_box(junk.iter().step_by(8).sum::<u64>());
-        let s = Instant::now();
-        paged_attention_with(
-            k,
-            c.layout,
-            &c.ck16,
-            &c.cv16,
-            &q,
-            HEADS * HD,
-            HEADS,
-            &seqs,
-            scale,
-            None,
-            &mut out,
-        );
-        cold.push(s.elapsed().as_secs_f64());
-    }
+    let mut cold: Vec<f64> = (0..reps)
+        .map(|_| {
+            let sum: u64 = junk
+                .par_chunks(1 << 16)
+                .map(|c| c.iter().step_by(8).sum::<u64>())
+                .sum();
+            std::hint::black_box(sum);
+            let s = Instant::now();
+            attend(&mut out, bf16_pages);
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
     cold.sort_by(f64::total_cmp);
     report("cold bf16", (cold[0], cold[reps / 2]), bytes / 2.0);
     eprintln!("{line}");
