@@ -203,8 +203,34 @@ fn rope_and_cache_matches_cpu() {
     })
     .unwrap();
     assert_close(&down(&d, &gqkv), &want, 1e-5, "rotated qkv");
-    assert_close(&down(&d, &gk), &ck, 1e-5, "k cache");
+    assert_close(
+        &down(&d, &gk),
+        &relayout_keys(layout, &ck, false),
+        1e-5,
+        "k cache",
+    );
     assert_close(&down(&d, &gv), &cv, 0.0, "v cache");
+}
+
+/// A K cache moved between the GPU kernels' layout (slot after slot) and the CPU's (keys
+/// transposed within their block, see `KvLayout::key_at`); `to_cpu` picks the direction.
+fn relayout_keys(layout: KvLayout, src: &[f32], to_cpu: bool) -> Vec<f32> {
+    let (w, hd, bs) = (layout.slot_width(), layout.head_dim, layout.block_size);
+    let mut out = vec![0.0; src.len()];
+    for slot in 0..src.len() / w {
+        for h in 0..layout.kv_heads {
+            let k0 = layout.key_at(slot, h);
+            for d in 0..hd {
+                let (gpu, cpu) = (slot * w + h * hd + d, k0 + d * bs);
+                if to_cpu {
+                    out[cpu] = src[gpu];
+                } else {
+                    out[gpu] = src[cpu];
+                }
+            }
+        }
+    }
+    out
 }
 
 /// A random paged cache: sequence s's positions live in shuffled blocks.
@@ -282,7 +308,7 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
     let mut want = vec![0.0; rows * heads * hd];
     cpu::attention::paged_attention(
         layout,
-        &fx.ck,
+        &relayout_keys(layout, &fx.ck, true),
         &fx.cv,
         &q,
         heads * hd,
@@ -359,7 +385,7 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
     let mut want = vec![0.0; ctx.len() * heads * hd];
     cpu::attention::paged_attention(
         layout,
-        &ck,
+        &relayout_keys(layout, &ck, true),
         &cv,
         &q,
         heads * hd,

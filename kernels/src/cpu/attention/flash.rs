@@ -8,8 +8,9 @@
 //! 1-row decode, a 7-row chunk or a 512-row prefill, and on any number of threads.
 //!
 //! Work items are (sequence, KV heads, tile of query rows): the query heads of one GQA group
-//! and up to [`QUERY_TILE`] rows share each K/V tile, loaded (and widened, and the keys
-//! transposed) once. A sequence whose rows fit in one query tile (decode) is further split by
+//! and up to [`QUERY_TILE`] rows share each K/V tile, loaded (and widened) once. Keys are
+//! cached transposed within their block (see `KvLayout::key_at`), so a key tile is one
+//! contiguous `[head_dim][KEY_TILE]` stretch of a block, as the score kernels read it. A sequence whose rows fit in one query tile (decode) is further split by
 //! partition, so one long context spreads over threads; its partition states are merged in
 //! the same order the single-item path merges them. When there are enough such items to keep
 //! every thread busy, one item takes all KV heads of its sequence: a tile's slots are then
@@ -133,11 +134,9 @@ impl State {
     }
 }
 
-/// Per-item buffers: the scaled queries, one K tile (and transposed), one V tile, the scores.
+/// Per-item buffers: the scaled queries, the group's key tiles, one V tile, the scores.
 struct Scratch {
     q: Vec<f32>,
-    /// Keys as loaded (`[KEY_TILE][hd]`), then transposed into `kt`.
-    ks: Vec<f32>,
     kt: Vec<f32>,
     vt: Vec<f32>,
     scores: Vec<f32>,
@@ -278,7 +277,6 @@ fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> Vec<State
     let n = (t.r1 - t.r0) * g;
     let mut scratch = Scratch {
         q: Vec::with_capacity(t.kv_heads.len() * n * hd),
-        ks: vec![0.0; KEY_TILE * hd],
         kt: vec![0.0; DECODE_TILES * hd * KEY_TILE],
         vt: vec![0.0; KEY_TILE * hd],
         scores: vec![0.0; DECODE_TILES * n * KEY_TILE],
@@ -348,9 +346,15 @@ fn attend_partition<T: KvElem>(
             let until = (tile + (tiles + group) * KEY_TILE).min(key_hi + 1);
             while prefetched < until {
                 let slot = s.block_table[prefetched / bs] as usize * bs + prefetched % bs;
-                let base = slot * w + t.kv_heads.start * hd;
-                prefetch_rows(ctx.cache_k, base, w, width);
-                prefetch_rows(ctx.cache_v, base, w, width);
+                let keys = ctx.layout.key_at(slot, t.kv_heads.start);
+                prefetch_rows(ctx.cache_k, keys, bs, KEY_TILE, width);
+                prefetch_rows(
+                    ctx.cache_v,
+                    slot * w + t.kv_heads.start * hd,
+                    w,
+                    width,
+                    KEY_TILE,
+                );
                 prefetched += KEY_TILE;
             }
         }
@@ -363,8 +367,8 @@ fn attend_partition<T: KvElem>(
             let q = &sc.q[h * n * hd..(h + 1) * n * hd];
             for (i, span) in spans.iter().enumerate() {
                 if span.ra < span.rb {
-                    let krows = load_tile(ctx, s, span, kv_head, true, &mut sc.ks);
-                    (ctx.ops.transpose)(krows, &mut sc.kt[i * hd * KEY_TILE..]);
+                    let kt = &mut sc.kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE];
+                    load_keys(ctx, s, span, kv_head, kt);
                 }
             }
             if group > 1 && spans.iter().all(|sp| sp.ra < sp.rb) {
@@ -474,7 +478,7 @@ fn value_rows<'a, T: KvElem>(
         Some(cv) if ctx.layout.block_size.is_multiple_of(KEY_TILE) => {
             Values::Bf16(in_place(ctx.layout, cv, s, span, kv_head))
         }
-        _ => Values::F32(load_tile(ctx, s, span, kv_head, false, staging)),
+        _ => Values::F32(load_values(ctx, s, span, kv_head, staging)),
     }
 }
 
@@ -497,14 +501,42 @@ fn in_place<'a, E>(
     }
 }
 
-/// The K (`keys`) or V rows of one KV head for a tile: in place for f32 pages when the tile is
-/// inside one block, otherwise gathered (and widened) into `staging`.
-fn load_tile<'a, T: KvElem>(
+/// One KV head's keys of a tile as `[hd][KEY_TILE]`, the layout the score kernels read. Within
+/// a block the cache holds keys that way already (`block_size` apart), so a tile inside one
+/// block is widened (or copied) row by row; a tile that straddles blocks is gathered key by key.
+/// Lanes of positions outside the span keep whatever they held: their scores are masked.
+fn load_keys<T: KvElem>(
+    ctx: &Ctx<'_, T>,
+    s: &AttentionSeq<'_>,
+    span: &TileSpan,
+    kv_head: usize,
+    kt: &mut [f32],
+) {
+    let (layout, hd, bs) = (ctx.layout, ctx.layout.head_dim, ctx.layout.block_size);
+    let slot = |p: usize| s.block_table[p / bs] as usize * bs + p % bs;
+    // Aligned tiles never straddle blocks when blocks are whole tiles.
+    if bs.is_multiple_of(KEY_TILE) {
+        let k0 = layout.key_at(slot(span.tile), kv_head);
+        let keys = &ctx.cache_k[k0..k0 + (hd - 1) * bs + KEY_TILE];
+        T::load_rows(ctx.kernels, keys, bs, KEY_TILE, hd, kt);
+        return;
+    }
+    for p in span.ks..=span.ke {
+        let k0 = layout.key_at(slot(p), kv_head);
+        let j = p - span.tile;
+        for d in 0..hd {
+            kt[d * KEY_TILE + j] = ctx.cache_k[k0 + d * bs].widen();
+        }
+    }
+}
+
+/// The V rows of one KV head for a tile: in place for f32 pages when the tile is inside one
+/// block, otherwise gathered (and widened) into `staging`.
+fn load_values<'a, T: KvElem>(
     ctx: &Ctx<'a, T>,
     s: &AttentionSeq<'_>,
     span: &TileSpan,
     kv_head: usize,
-    keys: bool,
     staging: &'a mut [f32],
 ) -> Rows<'a> {
     let (hd, bs, w) = (
@@ -512,7 +544,7 @@ fn load_tile<'a, T: KvElem>(
         ctx.layout.block_size,
         ctx.layout.slot_width(),
     );
-    let cache = if keys { ctx.cache_k } else { ctx.cache_v };
+    let cache = ctx.cache_v;
     let staged = |data| Rows {
         data,
         stride: hd,
@@ -523,7 +555,7 @@ fn load_tile<'a, T: KvElem>(
         if let Some(c) = T::as_f32(cache) {
             return in_place(ctx.layout, c, s, span, kv_head);
         }
-        // The tile's keys are one block's slots, one slot apart.
+        // The tile's values are one block's slots, one slot apart.
         let slot = s.block_table[span.ks / bs] as usize * bs + span.ks % bs;
         let base = slot * w + kv_head * hd;
         let (n, j0) = (span.ke - span.ks + 1, span.ks - span.tile);
@@ -551,26 +583,31 @@ fn load_tile<'a, T: KvElem>(
     staged(&staging[..KEY_TILE * hd])
 }
 
-/// Prefetches `KEY_TILE` rows of `width` values, `stride` apart from `base`, into L1.
+/// Prefetches `rows` rows of `width` values, `stride` apart from `base`, into L1 (each cache
+/// line once, when rows share lines).
 #[inline]
-fn prefetch_rows<T>(data: &[T], base: usize, stride: usize, width: usize) {
+fn prefetch_rows<T>(data: &[T], base: usize, stride: usize, width: usize, rows: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let bytes = width * size_of::<T>();
         let p = data.as_ptr().cast::<i8>();
-        for j in 0..KEY_TILE {
-            let row = (base + j * stride) * size_of::<T>();
-            for off in (0..bytes).step_by(64) {
+        let mut next = 0;
+        for j in 0..rows {
+            let start = (base + j * stride) * size_of::<T>();
+            let end = start + width * size_of::<T>();
+            let mut line = (start / 64 * 64).max(next);
+            while line < end {
                 // SAFETY: a prefetch never faults, whatever the address; `wrapping_add` keeps
                 // the pointer arithmetic defined past the slice's end.
                 #[allow(unsafe_code)]
                 unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(row + off))
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line))
                 };
+                line += 64;
             }
+            next = line;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, base, stride, width);
+    let _ = (data, base, stride, width, rows);
 }

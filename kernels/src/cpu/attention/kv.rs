@@ -10,6 +10,8 @@ use crate::cpu::dispatch::Kernels;
 pub trait KvElem: Copy + Default + Send + Sync + 'static + private::Sealed {
     /// Converts one row of activations into cache elements.
     fn store(src: &[f32], dst: &mut [Self]);
+    /// One element as f32 (exact).
+    fn widen(self) -> f32;
     /// Widens cache elements to f32 with `kernels`' level.
     fn load(kernels: &Kernels, src: &[Self], dst: &mut [f32]);
     /// The elements as f32, when they are (then kernels read the cache in place).
@@ -42,6 +44,11 @@ impl KvElem for f32 {
     }
 
     #[inline]
+    fn widen(self) -> f32 {
+        self
+    }
+
+    #[inline]
     fn load(_: &Kernels, src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
@@ -65,6 +72,11 @@ impl KvElem for bf16 {
             // Round to nearest, ties to even (NaN stays NaN).
             *d = bf16::from_f32(s);
         }
+    }
+
+    #[inline]
+    fn widen(self) -> f32 {
+        self.to_f32()
     }
 
     #[inline]
@@ -102,8 +114,8 @@ mod private {
     impl Sealed for half::bf16 {}
 }
 
-/// Copies each token's K and V rows into its cache slot, converting them to the cache's
-/// element type. `src` rows are read at `row_stride` intervals, K at `offset_k` and V at
+/// Copies each token's K and V rows into its cache slot (keys transposed within their block,
+/// see [`KvLayout::key_at`]), converting them to the cache's element type. `src` rows are read at `row_stride` intervals, K at `offset_k` and V at
 /// `offset_v` (they can live inside a fused qkv buffer).
 ///
 /// With `rope`, the keys get their rotary embeddings on the way in (one pass over them instead
@@ -123,7 +135,9 @@ pub fn write_kv<T: KvElem>(
 ) {
     let w = layout.slot_width();
     let half = layout.head_dim / 2;
+    let (hd, bs) = (layout.head_dim, layout.block_size);
     let mut rotated = Vec::new();
+    let mut key = vec![T::default(); w];
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let row = &src[t * row_stride..(t + 1) * row_stride];
         let keys = &row[offset_k..offset_k + w];
@@ -142,7 +156,13 @@ pub fn write_kv<T: KvElem>(
             }
             None => keys,
         };
-        T::store(keys, &mut cache_k[slot * w..(slot + 1) * w]);
+        T::store(keys, &mut key);
+        for (h, head) in key.chunks_exact(hd).enumerate() {
+            let k0 = layout.key_at(slot, h);
+            for (d, &x) in head.iter().enumerate() {
+                cache_k[k0 + d * bs] = x;
+            }
+        }
         T::store(
             &row[offset_v..offset_v + w],
             &mut cache_v[slot * w..(slot + 1) * w],

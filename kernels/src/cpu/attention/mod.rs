@@ -1,8 +1,11 @@
 //! Causal attention that reads keys and values from paged KV blocks.
 //!
-//! A layer's cache is `[num_blocks, block_size, kv_heads, head_dim]` for K and for V; a
-//! sequence's token at position `p` lives in slot `block_table[p / block_size] * block_size +
-//! p % block_size`. Query heads share KV heads in groups (GQA) without copying K/V.
+//! A layer's V cache is `[num_blocks, block_size, kv_heads, head_dim]` and its K cache
+//! `[num_blocks, kv_heads, head_dim, block_size]`: keys are stored transposed within a block, so
+//! a tile of consecutive positions is already the `[head_dim][positions]` layout the score
+//! kernels multiply (see [`KvLayout::key_at`]). A sequence's token at position `p` lives in slot
+//! `block_table[p / block_size] * block_size + p % block_size`. Query heads share KV heads in
+//! groups (GQA) without copying K/V.
 //!
 //! [`paged_attention`] is the tiled kernel of `flash` (its inner loops per level in `tile`
 //! and the `arch` modules); the cache elements are `f32` or `bf16` (`kv`).
@@ -31,6 +34,13 @@ impl KvLayout {
     /// Values in one slot (one token's K, or V).
     pub fn slot_width(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+
+    /// Where `slot`'s key for `kv_head` starts in the K cache: its element `d` is at
+    /// `key_at(slot, kv_head) + d * block_size`.
+    pub fn key_at(&self, slot: usize, kv_head: usize) -> usize {
+        let (block, offset) = (slot / self.block_size, slot % self.block_size);
+        (block * self.kv_heads + kv_head) * self.head_dim * self.block_size + offset
     }
 }
 
@@ -131,7 +141,6 @@ pub fn paged_attention_naive(
         }
     }
     let attend = kernels.attend;
-    let w = layout.slot_width();
     // Small tasks are grouped so that scheduling does not dominate short contexts.
     let min_len = (64 / hd.max(1)).max(1);
     out.par_chunks_mut(hd)
@@ -145,9 +154,8 @@ pub fn paged_attention_naive(
             let query = HeadQuery {
                 q: &q[row * q_stride + head * hd..row * q_stride + (head + 1) * hd],
                 block_table: seq.block_table,
-                block_size: layout.block_size,
-                slot_width: w,
-                kv_offset: (head / group) * hd,
+                layout,
+                kv_head: head / group,
                 first: window.map_or(0, |w| (pos + 1).saturating_sub(w)),
                 last: pos,
                 scale,
@@ -160,10 +168,8 @@ pub fn paged_attention_naive(
 pub(crate) struct HeadQuery<'a> {
     pub(crate) q: &'a [f32],
     pub(crate) block_table: &'a [u32],
-    pub(crate) block_size: usize,
-    pub(crate) slot_width: usize,
-    /// Offset of the KV head inside a slot.
-    pub(crate) kv_offset: usize,
+    pub(crate) layout: KvLayout,
+    pub(crate) kv_head: usize,
     /// Positions `first..=last` are attended to.
     pub(crate) first: usize,
     pub(crate) last: usize,
@@ -182,16 +188,17 @@ pub(crate) fn attend_head(
     dot: impl Fn(&[f32], &[f32]) -> f32,
     axpy: impl Fn(f32, &[f32], &mut [f32]),
 ) {
-    let hd = hq.q.len();
-    let base = |p: usize| {
-        (hq.block_table[p / hq.block_size] as usize * hq.block_size + p % hq.block_size)
-            * hq.slot_width
-            + hq.kv_offset
-    };
+    let (hd, bs) = (hq.q.len(), hq.layout.block_size);
+    let slot = |p: usize| hq.block_table[p / bs] as usize * bs + p % bs;
+    let base = |p: usize| slot(p) * hq.layout.slot_width() + hq.kv_head * hd;
+    let mut key = vec![0f32; hd];
     scores.clear();
     scores.extend((hq.first..=hq.last).map(|p| {
-        let b = base(p);
-        dot(hq.q, &cache_k[b..b + hd]) * hq.scale
+        let k0 = hq.layout.key_at(slot(p), hq.kv_head);
+        for (d, x) in key.iter_mut().enumerate() {
+            *x = cache_k[k0 + d * bs];
+        }
+        dot(hq.q, &key) * hq.scale
     }));
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;

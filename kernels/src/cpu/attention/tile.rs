@@ -35,9 +35,6 @@ pub(crate) struct TileOps {
     /// `pv` reading bf16 rows (widened in registers, so the same bits as `pv` over the
     /// widened rows): values straight from a bf16 cache, with no staging copy.
     pub(crate) pv_bf16: PvBf16Fn,
-    /// `dst[d * KEY_TILE + j] = src.row(j)[d]`: a key tile into the `[hd][KEY_TILE]` layout
-    /// `scores` reads. Exact data movement, so levels agree.
-    pub(crate) transpose: fn(src: Rows<'_>, dst: &mut [f32]),
     /// Widens `rows` rows of `width` bf16 values, `stride` apart in `src`, into consecutive
     /// rows of `dst` (exact).
     pub(crate) widen_bf16: WidenFn,
@@ -115,7 +112,6 @@ pub(crate) const PORTABLE: TileOps = TileOps {
     softmax: softmax_portable,
     pv: pv_portable,
     pv_bf16: |p, corr, v, lo, hi, o| pv_elems(p, corr, v, lo, hi, o, half::bf16::to_f32),
-    transpose: transpose_portable,
     widen_bf16: widen_bf16_portable,
 };
 
@@ -254,14 +250,6 @@ pub(crate) fn widen_bf16_portable(
     }
 }
 
-pub(crate) fn transpose_portable(src: Rows<'_>, dst: &mut [f32]) {
-    for j in 0..KEY_TILE {
-        for (d, &x) in src.row(j).iter().enumerate() {
-            dst[d * KEY_TILE + j] = x;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,39 +379,6 @@ mod tests {
                 let mut got = vec![f32::NAN; rows * width];
                 (ops.widen_bf16)(src, stride, width, rows, &mut got);
                 assert_eq!(got, want, "{level:?} width {width}");
-            }
-        }
-    }
-
-    #[test]
-    fn every_level_transposes_key_tiles() {
-        for (hd, extra) in [
-            (1usize, 0usize),
-            (8, 0),
-            (20, 3),
-            (64, 128),
-            (80, 0),
-            (130, 1),
-        ] {
-            let stride = hd + extra;
-            let data: Vec<f32> = (0..KEY_TILE * stride).map(|i| i as f32).collect();
-            let src = Rows {
-                data: &data[..(KEY_TILE - 1) * stride + hd],
-                stride,
-                width: hd,
-            };
-            let mut want = vec![0f32; hd * KEY_TILE];
-            transpose_portable(src, &mut want);
-            for (d, w) in want.chunks_exact(KEY_TILE).enumerate() {
-                for (j, &x) in w.iter().enumerate() {
-                    assert_eq!(x, (j * stride + d) as f32);
-                }
-            }
-            for level in crate::cpu::Level::available() {
-                let ops = crate::cpu::Kernels::for_level(level).unwrap().attention;
-                let mut got = vec![f32::NAN; hd * KEY_TILE];
-                (ops.transpose)(src, &mut got);
-                assert_eq!(got, want, "{level:?} hd {hd} stride {stride}");
             }
         }
     }

@@ -22,7 +22,6 @@ pub(crate) const OPS: TileOps = TileOps {
     softmax,
     pv,
     pv_bf16,
-    transpose,
     widen_bf16,
 };
 
@@ -282,72 +281,6 @@ fn pv_bf16(p: &[f32], corr: &[f32], v: Rows<'_, bf16>, lo: usize, hi: usize, o: 
 fn pv(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32]) {
     // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
     unsafe { pv_avx2(p, corr, v, lo, hi, o) }
-}
-
-/// Transposes an 8 × 8 block in registers: `r[i]` lane `j` becomes `r[j]` lane `i`.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn transpose8(r: &mut [__m256; 8]) {
-    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    r[0] = _mm256_permute2f128_ps::<0x20>(u0, u4);
-    r[1] = _mm256_permute2f128_ps::<0x20>(u1, u5);
-    r[2] = _mm256_permute2f128_ps::<0x20>(u2, u6);
-    r[3] = _mm256_permute2f128_ps::<0x20>(u3, u7);
-    r[4] = _mm256_permute2f128_ps::<0x31>(u0, u4);
-    r[5] = _mm256_permute2f128_ps::<0x31>(u1, u5);
-    r[6] = _mm256_permute2f128_ps::<0x31>(u2, u6);
-    r[7] = _mm256_permute2f128_ps::<0x31>(u3, u7);
-}
-
-#[target_feature(enable = "avx2")]
-fn transpose_avx2(src: Rows<'_>, dst: &mut [f32]) {
-    let (hd, stride) = (src.width, src.stride);
-    assert!(src.holds(KEY_TILE - 1) && dst.len() >= hd * KEY_TILE);
-    let full = hd - hd % 8;
-    let (sp, dp) = (src.data.as_ptr(), dst.as_mut_ptr());
-    let mut c = 0;
-    while c < full {
-        for half in 0..2 {
-            let mut r = [_mm256_setzero_ps(); 8];
-            // SAFETY: rows half * 8 + j < 16 and columns c..c + 8 <= hd of src; rows
-            // c..c + 8 of dst, lanes half * 8..half * 8 + 8.
-            unsafe {
-                for (j, v) in r.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(sp.add((half * 8 + j) * stride + c));
-                }
-                transpose8(&mut r);
-                for (i, v) in r.iter().enumerate() {
-                    _mm256_storeu_ps(dp.add((c + i) * KEY_TILE + half * 8), *v);
-                }
-            }
-        }
-        c += 8;
-    }
-    for j in 0..KEY_TILE {
-        for d in full..hd {
-            dst[d * KEY_TILE + j] = src.data[j * stride + d];
-        }
-    }
-}
-
-fn transpose(src: Rows<'_>, dst: &mut [f32]) {
-    // SAFETY: avx2 was detected (see avx2::KERNELS).
-    unsafe { transpose_avx2(src, dst) }
 }
 
 #[target_feature(enable = "avx2")]

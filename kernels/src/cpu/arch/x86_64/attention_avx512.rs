@@ -22,7 +22,6 @@ pub(crate) const OPS: TileOps = TileOps {
     softmax,
     pv,
     pv_bf16,
-    transpose,
     widen_bf16,
 };
 
@@ -336,77 +335,6 @@ fn pv(p: &[f32], corr: &[f32], v: Rows<'_>, lo: usize, hi: usize, o: &mut [f32])
 fn pv_bf16(p: &[f32], corr: &[f32], v: Rows<'_, bf16>, lo: usize, hi: usize, o: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
     unsafe { pv_avx512(p, corr, v, lo, hi, o) }
-}
-
-/// Transposes a 16 × 16 block in registers: `r[i]` lane `j` becomes `r[j]` lane `i`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn transpose16(r: &mut [__m512; 16]) {
-    let lo = |a: __m512, b: __m512| _mm512_unpacklo_ps(a, b);
-    let hi = |a: __m512, b: __m512| _mm512_unpackhi_ps(a, b);
-    let lo64 = |a: __m512, b: __m512| {
-        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
-    };
-    let hi64 = |a: __m512, b: __m512| {
-        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
-    };
-    let mut t = [_mm512_setzero_ps(); 16];
-    for i in 0..8 {
-        t[2 * i] = lo(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = hi(r[2 * i], r[2 * i + 1]);
-    }
-    // Rows 4k..4k+4 now hold 2×2 interleaves; pair them into 4-wide groups per 128 bits.
-    for k in 0..4 {
-        let b = 4 * k;
-        r[b] = lo64(t[b], t[b + 2]);
-        r[b + 1] = hi64(t[b], t[b + 2]);
-        r[b + 2] = lo64(t[b + 1], t[b + 3]);
-        r[b + 3] = hi64(t[b + 1], t[b + 3]);
-    }
-    // Then 128-bit lanes: first across row groups 0/1 and 2/3, then across halves.
-    for k in 0..4 {
-        t[k] = _mm512_shuffle_f32x4::<0x88>(r[k], r[k + 4]);
-        t[k + 4] = _mm512_shuffle_f32x4::<0xdd>(r[k], r[k + 4]);
-        t[k + 8] = _mm512_shuffle_f32x4::<0x88>(r[k + 8], r[k + 12]);
-        t[k + 12] = _mm512_shuffle_f32x4::<0xdd>(r[k + 8], r[k + 12]);
-    }
-    for k in 0..8 {
-        r[k] = _mm512_shuffle_f32x4::<0x88>(t[k], t[k + 8]);
-        r[k + 8] = _mm512_shuffle_f32x4::<0xdd>(t[k], t[k + 8]);
-    }
-}
-
-#[target_feature(enable = "avx512f")]
-fn transpose_avx512(src: Rows<'_>, dst: &mut [f32]) {
-    let (hd, stride) = (src.width, src.stride);
-    assert!(src.holds(KEY_TILE - 1) && dst.len() >= hd * KEY_TILE);
-    let full = hd - hd % 16;
-    let (sp, dp) = (src.data.as_ptr(), dst.as_mut_ptr());
-    let mut c = 0;
-    while c < full {
-        let mut r = [_mm512_setzero_ps(); 16];
-        // SAFETY: rows j < 16 and columns c..c + 16 <= hd of src; rows c..c + 16 of dst.
-        unsafe {
-            for (j, v) in r.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(sp.add(j * stride + c));
-            }
-            transpose16(&mut r);
-            for (i, v) in r.iter().enumerate() {
-                _mm512_storeu_ps(dp.add((c + i) * KEY_TILE), *v);
-            }
-        }
-        c += 16;
-    }
-    for j in 0..KEY_TILE {
-        for d in full..hd {
-            dst[d * KEY_TILE + j] = src.data[j * stride + d];
-        }
-    }
-}
-
-fn transpose(src: Rows<'_>, dst: &mut [f32]) {
-    // SAFETY: avx512f was detected (see avx512::KERNELS).
-    unsafe { transpose_avx512(src, dst) }
 }
 
 #[target_feature(enable = "avx512f")]
