@@ -1,5 +1,5 @@
-//! The paged KV cache: per layer, K and V pages of `[num_blocks, block_size, kv_heads, head_dim]`,
-//! in f32 or bf16.
+//! The paged KV cache: per layer, K and V pages of `num_blocks × block_size` slots (laid out as
+//! `tessera_kernels::cpu::attention` describes), in f32 or bf16.
 
 use half::bf16;
 use tessera_formats::{DType, ModelFiles};
