@@ -337,24 +337,25 @@ fn attend_partition<T: KvElem>(
     let group = if t.r1 - t.r0 == 1 { DECODE_TILES } else { 1 };
     let mut tile = key_lo / KEY_TILE * KEY_TILE;
     let mut prefetched = tile;
+    // Prefetching needs tiles inside one block each.
+    let stream = bs.is_multiple_of(KEY_TILE);
+    let width = t.kv_heads.len() * hd;
     while tile <= key_hi {
         let tiles = ((key_hi - tile) / KEY_TILE + 1).min(group);
-        // Decoding streams every sequence's K/V from memory once per step: ask for this group's
-        // and the next group's rows now, so their latency overlaps this group's arithmetic.
-        if bs.is_multiple_of(KEY_TILE) {
-            let width = t.kv_heads.len() * hd;
-            let until = (tile + (tiles + group) * KEY_TILE).min(key_hi + 1);
-            while prefetched < until {
-                let slot = s.block_table[prefetched / bs] as usize * bs + prefetched % bs;
-                let keys = ctx.layout.key_at(slot, t.kv_heads.start);
-                prefetch_rows(ctx.cache_k, keys, bs, KEY_TILE, width);
-                prefetch_rows(
-                    ctx.cache_v,
-                    slot * w + t.kv_heads.start * hd,
-                    w,
-                    width,
-                    KEY_TILE,
-                );
+        // Decoding streams every sequence's K/V from memory once per step. The first group's
+        // rows are asked for at once; after that, each tile's arithmetic starts by asking for
+        // the rows of the tile one group ahead, so requests go out spread over the work rather
+        // than in bursts (a burst fills the core's queue of misses and stalls it).
+        let prefetch = |p: usize| {
+            let slot = s.block_table[p / bs] as usize * bs + p % bs;
+            let keys = ctx.layout.key_at(slot, t.kv_heads.start);
+            prefetch_rows(ctx.cache_k, keys, bs, KEY_TILE, width);
+            let values = slot * w + t.kv_heads.start * hd;
+            prefetch_rows(ctx.cache_v, values, w, width, KEY_TILE);
+        };
+        if stream && prefetched == tile {
+            while prefetched < (tile + tiles * KEY_TILE).min(key_hi + 1) {
+                prefetch(prefetched);
                 prefetched += KEY_TILE;
             }
         }
@@ -366,6 +367,11 @@ fn attend_partition<T: KvElem>(
         for (h, kv_head) in t.kv_heads.clone().enumerate() {
             let q = &sc.q[h * n * hd..(h + 1) * n * hd];
             for (i, span) in spans.iter().enumerate() {
+                let ahead = tile + (tiles + i) * KEY_TILE;
+                if stream && h == 0 && ahead <= key_hi && ahead >= prefetched {
+                    prefetch(ahead);
+                    prefetched = ahead + KEY_TILE;
+                }
                 if span.ra < span.rb {
                     let kt = &mut sc.kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE];
                     load_keys(ctx, s, span, kv_head, kt);
