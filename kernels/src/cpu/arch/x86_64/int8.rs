@@ -133,15 +133,15 @@ unsafe fn tiles_vnni<const Q4: bool>(
             // Decode: a group's four tiles at a time (one stream; four independent chains
             // hide latency), single tiles up to the first group and after the last.
             while t < t0 + nt && !t.is_multiple_of(GROUP) {
-                kernel::<Q4, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                kernel::<Q4, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
                 t += 1;
             }
             while t + GROUP <= t0 + nt {
-                kernel::<Q4, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                kernel::<Q4, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
                 t += GROUP;
             }
             while t < t0 + nt {
-                kernel::<Q4, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                kernel::<Q4, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
                 t += 1;
             }
         } else {
@@ -153,17 +153,17 @@ unsafe fn tiles_vnni<const Q4: bool>(
                 let mut i = 0;
                 while i + 4 <= m {
                     if pair {
-                        kernel::<Q4, 4, 2>(w, t, x, i, o.add(i * ldo), ldo);
+                        kernel::<Q4, 4, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     } else {
-                        kernel::<Q4, 4, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                        kernel::<Q4, 4, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     }
                     i += 4;
                 }
                 while i < m {
                     if pair {
-                        kernel::<Q4, 1, 2>(w, t, x, i, o.add(i * ldo), ldo);
+                        kernel::<Q4, 1, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     } else {
-                        kernel::<Q4, 1, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                        kernel::<Q4, 1, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     }
                     i += 1;
                 }
@@ -179,7 +179,8 @@ unsafe fn tiles_vnni<const Q4: bool>(
 const AHEAD: usize = 6;
 
 /// Rows `i0..i0 + R` of `x` times tiles `t..t + C`, written at `out[r * ldo + c * 16 + lane]`
-/// for the tiles' valid lanes.
+/// for the tiles' valid lanes. With `prefetch`, the tiles' stream is asked for ahead: the first
+/// rows over a pair of tiles fetch it, the next rows find it in cache.
 ///
 /// # Safety
 /// The rows and tiles exist; `out` is writable at those places.
@@ -192,6 +193,7 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
     i0: usize,
     out: *mut f32,
     ldo: usize,
+    prefetch: bool,
 ) {
     let low = _mm512_set1_epi8(0x0F);
     let blocks = w.blocks();
@@ -211,7 +213,7 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
             let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
             // The stream is read a few blocks ahead, so that DRAM latency overlaps the
             // arithmetic of this block.
-            for (l, s) in lines.iter().zip(&scales) {
+            for (l, s) in lines.iter().zip(&scales).filter(|_| prefetch) {
                 for o in (0..qb).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + AHEAD * stride).cast());
                 }
