@@ -10,8 +10,9 @@
 //! Work items are (sequence, KV heads, tile of query rows): the query heads of one GQA group
 //! and up to [`QUERY_TILE`] rows share each K/V tile, loaded (and widened) once. Keys are
 //! cached transposed within their block (see `KvLayout::key_at`), so a key tile is one
-//! contiguous `[head_dim][KEY_TILE]` stretch of a block, as the score kernels read it. A sequence whose rows fit in one query tile (decode) is further split by
-//! partition, so one long context spreads over threads; its partition states are merged in
+//! contiguous `[head_dim][KEY_TILE]` stretch of a block, as the score kernels read it. A
+//! sequence whose rows fit in one query tile (decode) is further split by partition, so one
+//! long context spreads over threads; its partition states are merged in
 //! the same order the single-item path merges them. When there are enough such items to keep
 //! every thread busy, one item takes all KV heads of its sequence: a tile's slots are then
 //! read whole, one contiguous stream instead of a head's slice of every slot.
@@ -337,22 +338,22 @@ fn attend_partition<T: KvElem>(
     let group = if t.r1 - t.r0 == 1 { DECODE_TILES } else { 1 };
     let mut tile = key_lo / KEY_TILE * KEY_TILE;
     let mut prefetched = tile;
-    // Prefetching needs tiles inside one block each.
+    // Decoding streams every sequence's K/V from memory once per step. The first group's rows
+    // are asked for at once; after that, each tile's arithmetic starts by asking for the rows
+    // of the tile one group ahead, so requests go out spread over the work rather than in
+    // bursts (a burst fills the core's queue of misses and stalls it). Prefetching needs
+    // tiles inside one block each.
     let stream = bs.is_multiple_of(KEY_TILE);
     let width = t.kv_heads.len() * hd;
+    let prefetch = |p: usize| {
+        let slot = ctx.layout.slot(s.block_table, p);
+        let keys = ctx.layout.key_at(slot, t.kv_heads.start);
+        prefetch_rows(ctx.cache_k, keys, bs, KEY_TILE, width);
+        let values = slot * w + t.kv_heads.start * hd;
+        prefetch_rows(ctx.cache_v, values, w, width, KEY_TILE);
+    };
     while tile <= key_hi {
         let tiles = ((key_hi - tile) / KEY_TILE + 1).min(group);
-        // Decoding streams every sequence's K/V from memory once per step. The first group's
-        // rows are asked for at once; after that, each tile's arithmetic starts by asking for
-        // the rows of the tile one group ahead, so requests go out spread over the work rather
-        // than in bursts (a burst fills the core's queue of misses and stalls it).
-        let prefetch = |p: usize| {
-            let slot = s.block_table[p / bs] as usize * bs + p % bs;
-            let keys = ctx.layout.key_at(slot, t.kv_heads.start);
-            prefetch_rows(ctx.cache_k, keys, bs, KEY_TILE, width);
-            let values = slot * w + t.kv_heads.start * hd;
-            prefetch_rows(ctx.cache_v, values, w, width, KEY_TILE);
-        };
         if stream && prefetched == tile {
             while prefetched < (tile + tiles * KEY_TILE).min(key_hi + 1) {
                 prefetch(prefetched);
@@ -497,8 +498,8 @@ fn in_place<'a, E>(
     span: &TileSpan,
     kv_head: usize,
 ) -> Rows<'a, E> {
-    let (hd, bs, w) = (layout.head_dim, layout.block_size, layout.slot_width());
-    let slot = s.block_table[span.tile / bs] as usize * bs + span.tile % bs;
+    let (hd, w) = (layout.head_dim, layout.slot_width());
+    let slot = layout.slot(s.block_table, span.tile);
     let base = slot * w + kv_head * hd;
     Rows {
         data: &cache[base..base + (KEY_TILE - 1) * w + hd],
@@ -519,16 +520,15 @@ fn load_keys<T: KvElem>(
     kt: &mut [f32],
 ) {
     let (layout, hd, bs) = (ctx.layout, ctx.layout.head_dim, ctx.layout.block_size);
-    let slot = |p: usize| s.block_table[p / bs] as usize * bs + p % bs;
     // Aligned tiles never straddle blocks when blocks are whole tiles.
     if bs.is_multiple_of(KEY_TILE) {
-        let k0 = layout.key_at(slot(span.tile), kv_head);
+        let k0 = layout.key_at(layout.slot(s.block_table, span.tile), kv_head);
         let keys = &ctx.cache_k[k0..k0 + (hd - 1) * bs + KEY_TILE];
         T::load_rows(ctx.kernels, keys, bs, KEY_TILE, hd, kt);
         return;
     }
     for p in span.ks..=span.ke {
-        let k0 = layout.key_at(slot(p), kv_head);
+        let k0 = layout.key_at(layout.slot(s.block_table, p), kv_head);
         let j = p - span.tile;
         for d in 0..hd {
             kt[d * KEY_TILE + j] = ctx.cache_k[k0 + d * bs].widen();
@@ -562,7 +562,7 @@ fn load_values<'a, T: KvElem>(
             return in_place(ctx.layout, c, s, span, kv_head);
         }
         // The tile's values are one block's slots, one slot apart.
-        let slot = s.block_table[span.ks / bs] as usize * bs + span.ks % bs;
+        let slot = ctx.layout.slot(s.block_table, span.ks);
         let base = slot * w + kv_head * hd;
         let (n, j0) = (span.ke - span.ks + 1, span.ks - span.tile);
         let len = (n - 1) * w + hd;
@@ -577,8 +577,7 @@ fn load_values<'a, T: KvElem>(
         return staged(&staging[..KEY_TILE * hd]);
     }
     for p in span.ks..=span.ke {
-        let slot = s.block_table[p / bs] as usize * bs + p % bs;
-        let off = slot * w + kv_head * hd;
+        let off = ctx.layout.slot(s.block_table, p) * w + kv_head * hd;
         let j = p - span.tile;
         T::load(
             ctx.kernels,

@@ -115,8 +115,9 @@ mod private {
 }
 
 /// Copies each token's K and V rows into its cache slot (keys transposed within their block,
-/// see [`KvLayout::key_at`]), converting them to the cache's element type. `src` rows are read at `row_stride` intervals, K at `offset_k` and V at
-/// `offset_v` (they can live inside a fused qkv buffer).
+/// see [`KvLayout::key_at`]), converting them to the cache's element type. `src` rows are read
+/// at `row_stride` intervals, K at `offset_k` and V at `offset_v` (they can live inside a fused
+/// qkv buffer).
 ///
 /// With `rope`, the keys get their rotary embeddings on the way in (one pass over them instead
 /// of rotating in place, then copying): token `t`'s heads are rotated by row `t` of `cos` and

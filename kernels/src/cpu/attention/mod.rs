@@ -36,6 +36,12 @@ impl KvLayout {
         self.kv_heads * self.head_dim
     }
 
+    /// The cache slot of `position` in a sequence with `block_table`.
+    pub fn slot(&self, block_table: &[u32], position: usize) -> usize {
+        let bs = self.block_size;
+        block_table[position / bs] as usize * bs + position % bs
+    }
+
     /// Where `slot`'s key for `kv_head` starts in the K cache: its element `d` is at
     /// `key_at(slot, kv_head) + d * block_size`.
     pub fn key_at(&self, slot: usize, kv_head: usize) -> usize {
@@ -189,7 +195,7 @@ pub(crate) fn attend_head(
     axpy: impl Fn(f32, &[f32], &mut [f32]),
 ) {
     let (hd, bs) = (hq.q.len(), hq.layout.block_size);
-    let slot = |p: usize| hq.block_table[p / bs] as usize * bs + p % bs;
+    let slot = |p: usize| hq.layout.slot(hq.block_table, p);
     let base = |p: usize| slot(p) * hq.layout.slot_width() + hq.kv_head * hd;
     let mut key = vec![0f32; hd];
     scores.clear();

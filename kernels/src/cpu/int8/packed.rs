@@ -224,9 +224,7 @@ impl PackedMatrix {
                     f(t * TILE + r, b, lines, &mut scales);
                 }
                 let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.data);
-                for (i, v) in scales.iter().enumerate() {
-                    bytes[s + 2 * i..s + 2 * i + 2].copy_from_slice(&v.to_le_bytes());
-                }
+                bytes[s..s + 2 * scales.len()].copy_from_slice(bytemuck::cast_slice(&scales));
             }
         }
     }
@@ -295,15 +293,12 @@ impl PackedMatrix {
         self.kind.group_block_bytes()
     }
 
-    /// The f16 scales of block `b` of tile `t` (the first `kind.scales()` of the array).
-    pub(crate) fn block_scales(&self, t: usize, b: usize) -> [u16; 2 * TILE] {
+    /// The f16 scales of block `b` of tile `t`.
+    pub(crate) fn block_scales(&self, t: usize, b: usize) -> &[u16] {
         let s = self.offsets(t, b).1;
         let bytes: &[u8] = bytemuck::cast_slice(&self.data);
-        let mut out = [0u16; 2 * TILE];
-        for (i, v) in out.iter_mut().take(self.kind.scales()).enumerate() {
-            *v = u16::from_le_bytes([bytes[s + 2 * i], bytes[s + 2 * i + 1]]);
-        }
-        out
+        // Scales start at even offsets of 64-byte-aligned lines: always u16-aligned.
+        bytemuck::cast_slice(&bytes[s..s + 2 * self.kind.scales()])
     }
 
     /// Quant `e` of block `b` of row `row`: unsigned (`Q8_0`: `q + 128`).

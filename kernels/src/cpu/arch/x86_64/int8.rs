@@ -213,11 +213,13 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
             let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
             // The stream is read a few blocks ahead, so that DRAM latency overlaps the
             // arithmetic of this block.
-            for (l, s) in lines.iter().zip(&scales).filter(|_| prefetch) {
-                for o in (0..qb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + AHEAD * stride).cast());
+            if prefetch {
+                for (l, s) in lines.iter().zip(&scales) {
+                    for o in (0..qb).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + AHEAD * stride).cast());
+                    }
+                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_byte_add(AHEAD * stride).cast());
                 }
-                _mm_prefetch::<_MM_HINT_T0>(s.wrapping_byte_add(AHEAD * stride).cast());
             }
             // Two integer chains per (row, tile): against the high and the low digits.
             let mut sa = [[_mm512_setzero_si512(); C]; R];
