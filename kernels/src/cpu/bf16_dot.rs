@@ -72,9 +72,7 @@ pub fn linear_bf16_dot_with(
     xb.clear();
     xb.resize(m * kp, bf16::ZERO);
     for (dst, src) in xb.chunks_exact_mut(kp).zip(x.chunks_exact(k)) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = bf16::from_f32(s);
-        }
+        round_to_bf16(src, dst);
     }
     let rounded = &xb[..];
     // SAFETY: `linear_chunks` hands each call its own columns of `out`, as `Bf16DotGemm`
@@ -149,9 +147,55 @@ fn ftz(v: f32) -> f32 {
     }
 }
 
+/// `dst[i] = bf16::from_f32(src[i])` (round to nearest, ties to even; NaN stays a quiet NaN),
+/// written without branches so that the compiler turns it into vector code: `half`'s
+/// per-value conversion branches, and was most of the time of writing a step's K/V.
+pub(crate) fn round_to_bf16(src: &[f32], dst: &mut [bf16]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        let b = s.to_bits();
+        let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+        let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+        let quiet = ((b >> 16) as u16) | 0x0040;
+        *d = bf16::from_bits(if nan { quiet } else { rounded });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounding_to_bf16_matches_half() {
+        let mut bits: Vec<u32> = (0..1u32 << 20)
+            .map(|i| i.wrapping_mul(0x9E37_79B9))
+            .collect();
+        bits.extend([
+            0,
+            0x8000_0000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7FC0_0000,
+            0x7F80_0001,
+            0xFFFF_FFFF,
+            0x7F7F_FFFF,
+            0x0000_8000,
+            0x0001_8000,
+            0x3F80_8000,
+            0x3F81_8000,
+            0x0000_0001,
+        ]);
+        let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        let mut got = vec![bf16::ZERO; src.len()];
+        round_to_bf16(&src, &mut got);
+        for (s, g) in src.iter().zip(&got) {
+            assert_eq!(
+                g.to_bits(),
+                bf16::from_f32(*s).to_bits(),
+                "{:#010x}",
+                s.to_bits()
+            );
+        }
+    }
     use crate::cpu::test_util::{levels, random};
     use rand::SeedableRng;
 

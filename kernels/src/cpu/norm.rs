@@ -9,25 +9,43 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     assert_eq!(x.len(), out.len());
     assert_eq!(x.len() % d, 0);
+    if x.len() < PARALLEL_MIN {
+        for (o, xr) in out.chunks_mut(d).zip(x.chunks(d)) {
+            norm_row(xr, weight, eps, o);
+        }
+        return;
+    }
     out.par_chunks_mut(d)
         .zip(x.par_chunks(d))
         .for_each(|(o, xr)| norm_row(xr, weight, eps, o));
 }
+
+/// Below this many values a norm stays on the calling thread: a batched decode step's rows
+/// take a few microseconds, less than handing half of them to another thread costs.
+const PARALLEL_MIN: usize = 1 << 16;
 
 /// Fused `residual += x; out = rms_norm(residual)`: one pass where there were two.
 pub fn add_rms_norm(residual: &mut [f32], x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     assert_eq!(x.len(), residual.len());
     assert_eq!(x.len(), out.len());
+    let row = |((o, r), xr): ((&mut [f32], &mut [f32]), &[f32])| {
+        for (ri, xi) in r.iter_mut().zip(xr) {
+            *ri += xi;
+        }
+        norm_row(r, weight, eps, o);
+    };
+    if x.len() < PARALLEL_MIN {
+        out.chunks_mut(d)
+            .zip(residual.chunks_mut(d))
+            .zip(x.chunks(d))
+            .for_each(row);
+        return;
+    }
     out.par_chunks_mut(d)
         .zip(residual.par_chunks_mut(d))
         .zip(x.par_chunks(d))
-        .for_each(|((o, r), xr)| {
-            for (ri, xi) in r.iter_mut().zip(xr) {
-                *ri += xi;
-            }
-            norm_row(r, weight, eps, o);
-        });
+        .for_each(row);
 }
 
 #[inline]
@@ -42,6 +60,23 @@ fn norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_are_the_same_on_one_thread_and_many() {
+        let d = 576;
+        let rows = PARALLEL_MIN / d + 2;
+        let x: Vec<f32> = (0..rows * d)
+            .map(|i| (i as f32 * 0.37).sin() * 3.0)
+            .collect();
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + (i as f32 * 0.11).cos()).collect();
+        let mut many = vec![0.0; x.len()];
+        rms_norm(&x, &w, 1e-5, &mut many);
+        for (r, row) in x.chunks(d).enumerate().step_by(7) {
+            let mut one = vec![0.0; d];
+            rms_norm(row, &w, 1e-5, &mut one);
+            assert_eq!(one, many[r * d..(r + 1) * d], "row {r}");
+        }
+    }
 
     #[test]
     fn normalises_each_row() {

@@ -136,6 +136,9 @@ impl State {
 }
 
 /// Per-item buffers: the scaled queries, the group's key tiles, one V tile, the scores.
+/// Kept per thread between items (zeroing fresh ones cost more than a short item's work); a
+/// tile's lanes outside its span keep stale values, which the masks never let through.
+#[derive(Default)]
 struct Scratch {
     q: Vec<f32>,
     kt: Vec<f32>,
@@ -271,18 +274,21 @@ pub(crate) fn flash_attention<T: KvElem>(
     }
 }
 
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::default();
+}
+
 /// Runs one work item: per KV head, the merged state of all its partitions, or one
 /// partition's state.
 fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> Vec<State> {
     let (hd, g) = (ctx.layout.head_dim, ctx.group);
     let n = (t.r1 - t.r0) * g;
-    let mut scratch = Scratch {
-        q: Vec::with_capacity(t.kv_heads.len() * n * hd),
-        kt: vec![0.0; DECODE_TILES * hd * KEY_TILE],
-        vt: vec![0.0; KEY_TILE * hd],
-        scores: vec![0.0; DECODE_TILES * n * KEY_TILE],
-        corr: vec![0.0; g],
-    };
+    let mut scratch = SCRATCH.take();
+    scratch.q.clear();
+    scratch.kt.resize(DECODE_TILES * hd * KEY_TILE, 0.0);
+    scratch.vt.resize(KEY_TILE * hd, 0.0);
+    scratch.scores.resize(DECODE_TILES * n * KEY_TILE, 0.0);
+    scratch.corr.resize(g, 0.0);
     for kv_head in t.kv_heads.clone() {
         for r in t.r0..t.r1 {
             let start = (s.first_row + r) * ctx.q_stride + kv_head * g * hd;
@@ -296,6 +302,7 @@ fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> Vec<State
     let mut cur = vec![State::new(n, hd); t.kv_heads.len()];
     if let Some(part) = t.part {
         attend_partition(ctx, s, t, part, &mut cur, &mut scratch);
+        SCRATCH.set(scratch);
         return cur;
     }
     let first_key = ctx.first_key(s.first_position + t.r0);
@@ -308,6 +315,7 @@ fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> Vec<State
             m.fold(c, hd);
         }
     }
+    SCRATCH.set(scratch);
     merged
 }
 

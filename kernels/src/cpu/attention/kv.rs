@@ -68,10 +68,7 @@ impl KvElem for bf16 {
     #[inline]
     fn store(src: &[f32], dst: &mut [bf16]) {
         debug_assert_eq!(src.len(), dst.len());
-        for (d, &s) in dst.iter_mut().zip(src) {
-            // Round to nearest, ties to even (NaN stays NaN).
-            *d = bf16::from_f32(s);
-        }
+        crate::cpu::bf16_dot::round_to_bf16(src, dst);
     }
 
     #[inline]
@@ -139,6 +136,16 @@ pub fn write_kv<T: KvElem>(
     let (hd, bs) = (layout.head_dim, layout.block_size);
     let mut rotated = Vec::new();
     let mut key = vec![T::default(); w];
+    // A new token's keys are spread over its block (one element per `block_size`), lines that
+    // are rarely in cache: ask for all of them first, so the misses overlap instead of taking
+    // turns.
+    for &slot in slot_mapping {
+        for h in 0..layout.kv_heads {
+            let k0 = layout.key_at(slot, h);
+            prefetch_for_write(cache_k, k0, bs, hd);
+        }
+        prefetch_for_write(cache_v, slot * w, 1, w);
+    }
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let row = &src[t * row_stride..(t + 1) * row_stride];
         let keys = &row[offset_k..offset_k + w];
@@ -169,4 +176,30 @@ pub fn write_kv<T: KvElem>(
             &mut cache_v[slot * w..(slot + 1) * w],
         );
     }
+}
+
+/// Prefetches the cache lines of `count` elements `stride` apart from `start`, for writing.
+#[inline]
+fn prefetch_for_write<T>(data: &[T], start: usize, stride: usize, count: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
+        let p = data.as_ptr().cast::<i8>();
+        let size = size_of::<T>();
+        let mut last = usize::MAX;
+        for i in 0..count {
+            let line = (start + i * stride) * size / 64;
+            if line != last {
+                // SAFETY: a prefetch never faults, whatever the address; `wrapping_add` keeps
+                // the pointer arithmetic defined.
+                #[allow(unsafe_code)]
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_ET0>(p.wrapping_add(line * 64))
+                };
+                last = line;
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, start, stride, count);
 }

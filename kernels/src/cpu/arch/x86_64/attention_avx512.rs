@@ -257,6 +257,33 @@ unsafe fn pv_block<const N: usize, E: Value>(
     let mut c = 0;
     // SAFETY: every access is below the bounds the caller guarantees; the tail is masked.
     unsafe {
+        // Four vectors of the head dimension at once: each value row is then one 64-value
+        // read, and 4·N independent chains keep the multiply-adds busy while it arrives.
+        while c + 64 <= hd {
+            let mut acc = [[_mm512_setzero_ps(); 4]; N];
+            for (h, a) in acc.iter_mut().enumerate() {
+                let ch = _mm512_set1_ps(*corr.add(h));
+                for (u, x) in a.iter_mut().enumerate() {
+                    *x = _mm512_mul_ps(_mm512_loadu_ps(o.add(h * hd + c + 16 * u)), ch);
+                }
+            }
+            for j in lo..=hi {
+                let vj: [__m512; 4] =
+                    std::array::from_fn(|u| E::load(v.add(j * stride + c + 16 * u), 16));
+                for (h, a) in acc.iter_mut().enumerate() {
+                    let pj = _mm512_set1_ps(*p.add(h * KEY_TILE + j));
+                    for (x, vu) in a.iter_mut().zip(&vj) {
+                        *x = _mm512_fmadd_ps(pj, *vu, *x);
+                    }
+                }
+            }
+            for (h, a) in acc.iter().enumerate() {
+                for (u, x) in a.iter().enumerate() {
+                    _mm512_storeu_ps(o.add(h * hd + c + 16 * u), *x);
+                }
+            }
+            c += 64;
+        }
         while c < hd {
             let n = (hd - c).min(16);
             let mask: __mmask16 = if n == 16 {
