@@ -223,7 +223,7 @@ impl Engine {
         fraction: f32,
         max_tokens: usize,
     ) -> Result<Option<u64>, EngineError> {
-        if self.model.device_type() == "cpu" {
+        if !self.model.on_gpu() {
             return Ok(None);
         }
         self.resize_cache(1)?;

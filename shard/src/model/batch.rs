@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use tessera_kernels::cpu::attention::AttentionSeq;
+use tessera_kernels::cpu::attention::{AttentionSeq, slot};
 
 use super::{LogitsWanted, SequenceChunk};
 use crate::EngineError;
@@ -24,7 +24,6 @@ pub(crate) struct FlatBatch<'a> {
 impl<'a> FlatBatch<'a> {
     /// Flattens `chunks` (already checked against the cache) for blocks of `block_size`.
     pub(crate) fn new(chunks: &[SequenceChunk<'a>], block_size: usize) -> Self {
-        let bs = block_size;
         let tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let mut b = FlatBatch {
             input_ids: Vec::with_capacity(tokens),
@@ -41,7 +40,7 @@ impl<'a> FlatBatch<'a> {
                 let p = c.start_position + i;
                 b.input_ids.push(t);
                 b.positions.push(p as u32);
-                b.slots.push(c.block_table[p / bs] as usize * bs + p % bs);
+                b.slots.push(slot(c.block_table, block_size, p));
             }
             b.seqs.push(AttentionSeq {
                 first_row,

@@ -215,6 +215,11 @@ impl Model {
         }
     }
 
+    /// Whether the pass runs on a GPU.
+    pub fn on_gpu(&self) -> bool {
+        !matches!(self.compute, Compute::Cpu(_))
+    }
+
     /// `"cpu"`, or the GPU's name.
     pub fn device(&self) -> String {
         match &self.compute {

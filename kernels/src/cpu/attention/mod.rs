@@ -38,8 +38,7 @@ impl KvLayout {
 
     /// The cache slot of `position` in a sequence with `block_table`.
     pub fn slot(&self, block_table: &[u32], position: usize) -> usize {
-        let bs = self.block_size;
-        block_table[position / bs] as usize * bs + position % bs
+        slot(block_table, self.block_size, position)
     }
 
     /// Where `slot`'s key for `kv_head` starts in the K cache: its element `d` is at
@@ -48,6 +47,11 @@ impl KvLayout {
         let (block, offset) = (slot / self.block_size, slot % self.block_size);
         (block * self.kv_heads + kv_head) * self.head_dim * self.block_size + offset
     }
+}
+
+/// The cache slot of `position` in a sequence with `block_table`, for blocks of `block_size`.
+pub fn slot(block_table: &[u32], block_size: usize, position: usize) -> usize {
+    block_table[position / block_size] as usize * block_size + position % block_size
 }
 
 /// The queries of one sequence in a flattened batch.
