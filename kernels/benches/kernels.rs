@@ -60,11 +60,12 @@ const SHAPES: [(&str, usize, usize); 5] = [
 
 /// Every storage format of `WeightMatrix` (add new ones here; `random_matrix` fills any
 /// format it does not know with small finite values).
-const FORMATS: [WeightFormat; 4] = [
+const FORMATS: [WeightFormat; 5] = [
     WeightFormat::F32,
     WeightFormat::Bf16,
     WeightFormat::Q8_0,
     WeightFormat::Q4_1,
+    WeightFormat::Q4K,
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -192,7 +193,8 @@ enum Variant {
 
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    // Q8_0 and Q4_1 twice: multiplied exactly in f32, and repacked for int8 dot products; BF16
+    // Q8_0, Q4_1 and Q4_K twice: multiplied exactly in f32, and repacked for int8 dot
+    // products (Q4_K only where rows are whole super-blocks of 256: the down shape); BF16
     // twice: with f32 activations, and with bf16 ones (`vdpbf16ps`, `--dtype bfloat16`).
     let variants = FORMATS
         .into_iter()
@@ -200,7 +202,12 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
         .chain(
             FORMATS
                 .into_iter()
-                .filter(|f| matches!(f, WeightFormat::Q8_0 | WeightFormat::Q4_1))
+                .filter(|f| {
+                    matches!(
+                        f,
+                        WeightFormat::Q8_0 | WeightFormat::Q4_1 | WeightFormat::Q4K
+                    )
+                })
                 .map(|f| (f, Variant::Int8)),
         )
         .chain([(WeightFormat::Bf16, Variant::Bf16Activations)]);
@@ -216,6 +223,9 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
         };
         let int8 = variant == Variant::Int8;
         for (si, &(label, k, n)) in SHAPES.iter().enumerate() {
+            if !k.is_multiple_of(format.block_elements()) {
+                continue;
+            }
             let names: Vec<(usize, String)> = [1usize, 16, 128, 512]
                 .into_iter()
                 // Prefill only needs the last row's logits.

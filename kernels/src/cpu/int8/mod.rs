@@ -122,13 +122,14 @@ mod tests {
     use crate::cpu::int8::packed::PackedKind;
     use crate::cpu::test_util::{levels, random};
     use crate::quant::{
-        BlockQ4_0, BlockQ4_1, BlockQ8_0, dequantize_row_q4_0, dequantize_row_q4_1,
+        BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ8_0, QK_K, dequantize_row_q4_0, dequantize_row_q4_1,
         dequantize_row_q8_0,
     };
     use half::f16;
     use rand::{Rng, SeedableRng};
 
-    /// A random packed matrix and its dequantized f32 values.
+    /// A random packed matrix and its dequantized f32 values (for `Q4_K`, with the packed
+    /// sub-block scales: what the integer products multiply).
     fn random_packed(
         rng: &mut impl Rng,
         kind: PackedKind,
@@ -171,10 +172,38 @@ mod tests {
                 dequantize_row_q8_0(&blocks, &mut dense);
                 (PackedMatrix::from_q8_0(n, k, &blocks), dense)
             }
+            PackedKind::Q4K => {
+                let blocks: Vec<BlockQ4K> = (0..n * k / QK_K)
+                    .map(|_| BlockQ4K {
+                        d: f16::from_f32(rng.random_range(0.0..0.0003)),
+                        dmin: f16::from_f32(rng.random_range(0.0..0.002)),
+                        scales: std::array::from_fn(|_| rng.random()),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                let p = PackedMatrix::from_q4_k(n, k, &blocks).expect("small scales");
+                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
+                    p.row_f32(j, row);
+                }
+                (p, dense)
+            }
         }
     }
 
-    const KINDS: [PackedKind; 3] = [PackedKind::Q8_0, PackedKind::Q4_1, PackedKind::Q4_0];
+    const KINDS: [PackedKind; 4] = [
+        PackedKind::Q8_0,
+        PackedKind::Q4_1,
+        PackedKind::Q4_0,
+        PackedKind::Q4K,
+    ];
+
+    /// `shape` for `kind`: `Q4_K` rows are whole super-blocks of 256.
+    fn shape_for(kind: PackedKind, (m, k, n): (usize, usize, usize)) -> (usize, usize, usize) {
+        match kind {
+            PackedKind::Q4K => (m, k.next_multiple_of(QK_K), n),
+            _ => (m, k, n),
+        }
+    }
 
     /// (m, k, n): n not a multiple of 16 or 64, m with tails of the 4-row kernel.
     const SHAPES: [(usize, usize, usize); 8] = [
@@ -193,7 +222,8 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
         let portable = Kernels::for_level(Level::Portable).unwrap();
         for q4 in KINDS {
-            for (m, k, n) in SHAPES {
+            for shape in SHAPES {
+                let (m, k, n) = shape_for(q4, shape);
                 let (w, _) = random_packed(&mut rng, q4, n, k);
                 let x = random(&mut rng, m * k);
                 let b = random(&mut rng, n);
@@ -215,7 +245,8 @@ mod tests {
         // half a step of the low digit, max|x| / (127 · 254 · 2), per value; plus f32 sums.
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(22);
         for q4 in KINDS {
-            for (m, k, n) in SHAPES {
+            for shape in SHAPES {
+                let (m, k, n) = shape_for(q4, shape);
                 let (w, dense) = random_packed(&mut rng, q4, n, k);
                 let x = random(&mut rng, m * k);
                 let mut got = vec![0f32; m * n];
@@ -256,7 +287,7 @@ mod tests {
     fn rows_do_not_depend_on_the_batch() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
         for q4 in KINDS {
-            let (m, k, n) = (11, 576, 77);
+            let (m, k, n) = shape_for(q4, (11, 576, 77));
             let (w, _) = random_packed(&mut rng, q4, n, k);
             let x = random(&mut rng, m * k);
             for kern in levels() {

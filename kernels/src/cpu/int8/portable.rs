@@ -38,7 +38,7 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
                     }
                 }
             }
-            PackedKind::Q4_1 | PackedKind::Q4_0 => {
+            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
                 for (h, line) in lines.iter().enumerate() {
                     for r in 0..TILE {
                         for u in 0..4 {
@@ -52,7 +52,7 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
         }
         let offset = match w.kind() {
             PackedKind::Q8_0 => x.s128[j],
-            PackedKind::Q4_1 | PackedKind::Q4_0 => 0,
+            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => 0,
         };
         let isum: [i32; TILE] = std::array::from_fn(|r| RADIX * sh[r] + sl[r] + offset);
         for r in 0..TILE {

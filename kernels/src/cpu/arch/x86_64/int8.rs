@@ -110,7 +110,9 @@ unsafe fn tiles_avx512(
     unsafe {
         match w.kind() {
             PackedKind::Q8_0 => tiles_vnni::<false>(w, t0, nt, x, out, ldo),
-            PackedKind::Q4_1 | PackedKind::Q4_0 => tiles_vnni::<true>(w, t0, nt, x, out, ldo),
+            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
+                tiles_vnni::<true>(w, t0, nt, x, out, ldo)
+            }
         }
     }
 }
