@@ -60,12 +60,13 @@ const SHAPES: [(&str, usize, usize); 5] = [
 
 /// Every storage format of `WeightMatrix` (add new ones here; `random_matrix` fills any
 /// format it does not know with small finite values).
-const FORMATS: [WeightFormat; 5] = [
+const FORMATS: [WeightFormat; 6] = [
     WeightFormat::F32,
     WeightFormat::Bf16,
     WeightFormat::Q8_0,
     WeightFormat::Q4_1,
     WeightFormat::Q4K,
+    WeightFormat::Q5K,
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -193,8 +194,8 @@ enum Variant {
 
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    // Q8_0, Q4_1 and Q4_K twice: multiplied exactly in f32, and repacked for int8 dot
-    // products (Q4_K only where rows are whole super-blocks of 256: the down shape); BF16
+    // Q8_0, Q4_1, Q4_K and Q5_K twice: multiplied exactly in f32, and repacked for int8 dot
+    // products (K-quants only where rows are whole super-blocks of 256: the down shape); BF16
     // twice: with f32 activations, and with bf16 ones (`vdpbf16ps`, `--dtype bfloat16`).
     let variants = FORMATS
         .into_iter()
@@ -205,7 +206,10 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                 .filter(|f| {
                     matches!(
                         f,
-                        WeightFormat::Q8_0 | WeightFormat::Q4_1 | WeightFormat::Q4K
+                        WeightFormat::Q8_0
+                            | WeightFormat::Q4_1
+                            | WeightFormat::Q4K
+                            | WeightFormat::Q5K
                     )
                 })
                 .map(|f| (f, Variant::Int8)),

@@ -270,6 +270,7 @@ impl WeightMatrix {
                 PackedKind::Q4_1 => WeightFormat::Q4_1,
                 PackedKind::Q4_0 => WeightFormat::Q4_0,
                 PackedKind::Q4K => WeightFormat::Q4K,
+                PackedKind::Q5K => WeightFormat::Q5K,
             },
             Data::Q4K(_) => WeightFormat::Q4K,
             Data::Q5K(_) => WeightFormat::Q5K,
@@ -284,9 +285,9 @@ impl WeightMatrix {
     }
 
     /// The matrix repacked for integer dot products with 8-bit-quantized activations
-    /// (`cpu::int8`) when it is `Q8_0`, `Q4_1`, `Q4_0` or `Q4_K`; other formats are returned
-    /// unchanged. Products are then faster, but no longer bit-identical to f32 over the
-    /// dequantized matrix (and `Q4_K`'s sub-block scales are rounded to f16).
+    /// (`cpu::int8`) when it is `Q8_0`, `Q4_1`, `Q4_0`, `Q4_K` or `Q5_K`; other formats are
+    /// returned unchanged. Products are then faster, but no longer bit-identical to f32 over
+    /// the dequantized matrix (and the K-quants' sub-block scales are rounded to f16).
     pub fn into_int8(self) -> Self {
         let data = match self.data {
             Data::Q8_0(v) => Data::Packed(PackedMatrix::from_q8_0(self.rows, self.cols, &v)),
@@ -298,6 +299,10 @@ impl WeightMatrix {
             Data::Q4K(v) => match PackedMatrix::from_q4_k(self.rows, self.cols, &v) {
                 Some(p) => Data::Packed(p),
                 None => Data::Q4K(v),
+            },
+            Data::Q5K(v) => match PackedMatrix::from_q5_k(self.rows, self.cols, &v) {
+                Some(p) => Data::Packed(p),
+                None => Data::Q5K(v),
             },
             other => other,
         };

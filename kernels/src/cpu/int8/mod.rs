@@ -122,8 +122,8 @@ mod tests {
     use crate::cpu::int8::packed::PackedKind;
     use crate::cpu::test_util::{levels, random};
     use crate::quant::{
-        BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ8_0, QK_K, dequantize_row_q4_0, dequantize_row_q4_1,
-        dequantize_row_q8_0,
+        BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ8_0, QK_K, dequantize_row_q4_0,
+        dequantize_row_q4_1, dequantize_row_q8_0,
     };
     use half::f16;
     use rand::{Rng, SeedableRng};
@@ -187,20 +187,37 @@ mod tests {
                 }
                 (p, dense)
             }
+            PackedKind::Q5K => {
+                let blocks: Vec<BlockQ5K> = (0..n * k / QK_K)
+                    .map(|_| BlockQ5K {
+                        d: f16::from_f32(rng.random_range(0.0..0.00015)),
+                        dmin: f16::from_f32(rng.random_range(0.0..0.002)),
+                        scales: std::array::from_fn(|_| rng.random()),
+                        qh: std::array::from_fn(|_| rng.random()),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                let p = PackedMatrix::from_q5_k(n, k, &blocks).expect("small scales");
+                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
+                    p.row_f32(j, row);
+                }
+                (p, dense)
+            }
         }
     }
 
-    const KINDS: [PackedKind; 4] = [
+    const KINDS: [PackedKind; 5] = [
         PackedKind::Q8_0,
         PackedKind::Q4_1,
         PackedKind::Q4_0,
         PackedKind::Q4K,
+        PackedKind::Q5K,
     ];
 
-    /// `shape` for `kind`: `Q4_K` rows are whole super-blocks of 256.
+    /// `shape` for `kind`: K-quant rows are whole super-blocks of 256.
     fn shape_for(kind: PackedKind, (m, k, n): (usize, usize, usize)) -> (usize, usize, usize) {
         match kind {
-            PackedKind::Q4K => (m, k.next_multiple_of(QK_K), n),
+            PackedKind::Q4K | PackedKind::Q5K => (m, k.next_multiple_of(QK_K), n),
             _ => (m, k, n),
         }
     }

@@ -18,6 +18,10 @@
 //!   is packed as `Q4_1` blocks with `d = d · sc_j` and `m = -dmin · m_j` rounded to f16 (a
 //!   relative change of at most 2⁻¹¹ per sub-block scale, far below the 4-bit quants' own
 //!   rounding), so it shares those kernels too; 20 bytes per 32 values against the file's 18.
+//! - `Q5_K` (as `Q4_K` with 5-bit quants) is packed the same way, plus a fifth line per block
+//!   with the quants' high bits: for nibble line `h`, a 64-bit mask of its low nibbles' values
+//!   (bit `4 r + u`), then one of its high nibbles'. The kernels add 16 where a bit is set. 24
+//!   bytes per 32 values against the file's 22.
 //!
 //! Tiles come in groups of four (64 rows), which the decode kernel reads together. A group
 //! stores block after block, and one block of a group is one contiguous stretch: the four
@@ -31,8 +35,8 @@
 use half::f16;
 
 use crate::quant::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ8_0, QK_K, dequantize_row_q4_0, dequantize_row_q4_1,
-    dequantize_row_q8_0, get_scale_min_k4,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ8_0, QK_K, dequantize_row_q4_0,
+    dequantize_row_q4_1, dequantize_row_q8_0, get_scale_min_k4,
 };
 
 /// Weight rows per tile (one `zmm` of 32-bit lanes).
@@ -56,6 +60,8 @@ pub enum PackedKind {
     /// GGUF `Q4_K`: each 32-value sub-block laid out as `Q4_1` with `d = d · sc`,
     /// `m = -dmin · m` (rounded to f16).
     Q4K,
+    /// GGUF `Q5_K`: as `Q4K`, with a line of high bits per block.
+    Q5K,
 }
 
 impl PackedKind {
@@ -64,6 +70,7 @@ impl PackedKind {
         match self {
             Self::Q8_0 => TILE * QK,
             Self::Q4_1 | Self::Q4_0 | Self::Q4K => TILE * QK / 2,
+            Self::Q5K => TILE * QK / 2 + LINE,
         }
     }
 
@@ -77,7 +84,7 @@ impl PackedKind {
     pub(crate) const fn scales(self) -> usize {
         match self {
             Self::Q8_0 => TILE,
-            Self::Q4_1 | Self::Q4_0 | Self::Q4K => 2 * TILE,
+            Self::Q4_1 | Self::Q4_0 | Self::Q4K | Self::Q5K => 2 * TILE,
         }
     }
 
@@ -88,7 +95,13 @@ impl PackedKind {
             Self::Q4_1 => size_of::<BlockQ4_1>(),
             Self::Q4_0 => size_of::<BlockQ4_0>(),
             Self::Q4K => size_of::<BlockQ4K>() / (QK_K / QK),
+            Self::Q5K => size_of::<BlockQ5K>() / (QK_K / QK),
         }
+    }
+
+    /// Whether quants are nibbles (two per byte of a line; else one byte each).
+    pub(crate) const fn nibbles(self) -> bool {
+        !matches!(self, Self::Q8_0)
     }
 }
 
@@ -202,6 +215,68 @@ impl PackedMatrix {
         }
         let mut p = Self::from_q4_1(rows, cols, &as_q4_1);
         p.kind = PackedKind::Q4K;
+        Some(p)
+    }
+
+    /// Packs `rows × cols` `Q5_K` super-blocks (row after row; `cols` a multiple of 256), or
+    /// `None` when a sub-block's scale or minimum is too large for f16.
+    pub fn from_q5_k(rows: usize, cols: usize, blocks: &[BlockQ5K]) -> Option<Self> {
+        let subs = QK_K / QK;
+        // (d, m) of every 32-value sub-block, in file order.
+        let mut scales = Vec::with_capacity(blocks.len() * subs);
+        for b in blocks {
+            let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
+            for j in 0..subs {
+                let (sc, m) = get_scale_min_k4(j, &b.scales);
+                let (d, m) = (
+                    f16::from_f32(d * f32::from(sc)),
+                    f16::from_f32(-(dmin * f32::from(m))),
+                );
+                if !(d.is_finite() && m.is_finite()) {
+                    return None;
+                }
+                scales.push((d, m));
+            }
+        }
+        let mut p = Self::empty(PackedKind::Q5K, rows, cols);
+        assert_eq!(
+            blocks.len() * subs,
+            rows * p.blocks(),
+            "Q5_K blocks must be rows × cols/256"
+        );
+        let per_row = cols / QK;
+        p.fill(|row, b, lines, sc| {
+            let r = row % TILE;
+            if row >= rows {
+                // Padding: its quants stay the zeros `empty` starts from.
+                sc[r] = 0;
+                sc[TILE + r] = 0;
+                return;
+            }
+            let (d, m) = scales[row * per_row + b];
+            sc[r] = d.to_bits();
+            sc[TILE + r] = m.to_bits();
+            let blk = &blocks[(row * per_row + b) / subs];
+            let j = b % subs;
+            // Value l of sub-block j: a nibble of its 64-value group, and bit j of qh[l].
+            let q = |l: usize| {
+                let low = (blk.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+                (low, (blk.qh[l] >> j) & 1)
+            };
+            let (head, high) = lines.split_at_mut(QK / 8);
+            for (h, line) in head.iter_mut().enumerate() {
+                for u in 0..4 {
+                    let (lo, lo_bit) = q(4 * h + u);
+                    let (hi, hi_bit) = q(4 * (h + QK / 8) + u);
+                    line.0[4 * r + u] = lo | (hi << 4);
+                    let bit = 4 * r + u;
+                    for (word, set) in [(2 * h, lo_bit), (2 * h + 1, hi_bit)] {
+                        let byte = &mut high[0].0[8 * word + bit / 8];
+                        *byte = (*byte & !(1 << (bit % 8))) | (set << (bit % 8));
+                    }
+                }
+            }
+        });
         Some(p)
     }
 
@@ -347,12 +422,18 @@ impl PackedMatrix {
         let u = e % 4;
         match self.kind {
             PackedKind::Q8_0 => lines[e / 4].0[4 * r + u],
-            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
+            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K | PackedKind::Q5K => {
                 let h = e / 4;
-                if h < QK / 8 {
-                    lines[h].0[4 * r + u] & 0x0F
+                let (nibble, word) = if h < QK / 8 {
+                    (lines[h].0[4 * r + u] & 0x0F, 2 * h)
                 } else {
-                    lines[h - QK / 8].0[4 * r + u] >> 4
+                    (lines[h - QK / 8].0[4 * r + u] >> 4, 2 * (h - QK / 8) + 1)
+                };
+                if self.kind == PackedKind::Q5K {
+                    let bit = 4 * r + u;
+                    nibble | (((lines[QK / 8].0[8 * word + bit / 8] >> (bit % 8)) & 1) << 4)
+                } else {
+                    nibble
                 }
             }
         }
@@ -383,6 +464,12 @@ impl PackedMatrix {
                         }),
                     };
                     dequantize_row_q4_1(std::slice::from_ref(&blk), y);
+                }
+                PackedKind::Q5K => {
+                    let (d, m) = (f16::from_bits(s[r]).to_f32(), f16::from_bits(s[TILE + r]));
+                    for (e, v) in y.iter_mut().enumerate() {
+                        *v = d * f32::from(self.quant(row, b, e)) + m.to_f32();
+                    }
                 }
                 PackedKind::Q4_0 => {
                     let blk = BlockQ4_0 {
@@ -492,5 +579,42 @@ mod tests {
             qs: [0; QK_K / 2],
         };
         assert!(PackedMatrix::from_q4_k(1, QK_K, &[huge]).is_none());
+    }
+
+    #[test]
+    fn q5_k_rows_unpack_to_the_dequantization_within_f16_scales() {
+        use crate::quant::dequantize_row_q5_k;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for (rows, cols) in [(1, 256), (17, 512), (40, 256)] {
+            let nb = rows * cols / QK_K;
+            let blocks: Vec<BlockQ5K> = (0..nb)
+                .map(|_| BlockQ5K {
+                    d: f16::from_f32(rng.random_range(0.0..0.002)),
+                    dmin: f16::from_f32(rng.random_range(0.0..0.004)),
+                    scales: std::array::from_fn(|_| rng.random()),
+                    qh: std::array::from_fn(|_| rng.random()),
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
+            let p = PackedMatrix::from_q5_k(rows, cols, &blocks).expect("small scales");
+            assert_eq!(p.storage_bytes(), nb * 176);
+            let per_row = cols / QK_K;
+            for row in 0..rows {
+                let mut want = vec![0f32; cols];
+                let mut got = vec![f32::NAN; cols];
+                dequantize_row_q5_k(&blocks[row * per_row..(row + 1) * per_row], &mut want);
+                p.row_f32(row, &mut got);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let blk = &blocks[row * per_row + i / QK_K];
+                    let (sc, m) = get_scale_min_k4(i % QK_K / QK, &blk.scales);
+                    let (d, dm) = (
+                        blk.d.to_f32() * f32::from(sc),
+                        blk.dmin.to_f32() * f32::from(m),
+                    );
+                    let bound = (d * 31.0 + dm) * 2f32.powi(-10) + 2f32.powi(-24) * 32.0;
+                    assert!((g - w).abs() <= bound, "row {row} value {i}: {g} vs {w}");
+                }
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! For output `(i, r)`, block by block in order: the exact integer `isum = Σ w_q · (254 h + l)`
 //! (`h`, `l`: the activations' digits, see `activations`), then `acc = fma(isum, d_w · d_x,
-//! acc)` and, for `Q4_1`, `acc = fma(m_w, d_x · Σ (254 h + l), acc)`.
+//! acc)` and, for the nibble formats (`Q4_*`, `Q5_K`), `acc = fma(m_w, d_x · Σ (254 h + l), acc)`.
 //! Integer sums are exact whatever order a SIMD level adds them in, so only this sequence
 //! of f32 operations matters, and it does not depend on the batch.
 #![allow(unsafe_code)]
@@ -38,22 +38,31 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
                     }
                 }
             }
-            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
-                for (h, line) in lines.iter().enumerate() {
+            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K | PackedKind::Q5K => {
+                // Q5_K's fifth line: per nibble line, the high bits of its low nibbles' values,
+                // then of its high nibbles'.
+                let high = |word: usize, bit: usize| match lines.get(QK / 8) {
+                    Some(l) if w.kind() == PackedKind::Q5K => {
+                        ((l.0[8 * word + bit / 8] >> (bit % 8)) & 1) << 4
+                    }
+                    _ => 0,
+                };
+                for (h, line) in lines[..QK / 8].iter().enumerate() {
                     for r in 0..TILE {
                         for u in 0..4 {
                             let byte = line.0[4 * r + u];
-                            add(r, byte & 0x0F, 4 * h + u);
-                            add(r, byte >> 4, 4 * (h + QK / 8) + u);
+                            add(r, (byte & 0x0F) | high(2 * h, 4 * r + u), 4 * h + u);
+                            add(
+                                r,
+                                (byte >> 4) | high(2 * h + 1, 4 * r + u),
+                                4 * (h + QK / 8) + u,
+                            );
                         }
                     }
                 }
             }
         }
-        let offset = match w.kind() {
-            PackedKind::Q8_0 => x.s128[j],
-            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => 0,
-        };
+        let offset = if w.kind().nibbles() { 0 } else { x.s128[j] };
         let isum: [i32; TILE] = std::array::from_fn(|r| RADIX * sh[r] + sl[r] + offset);
         for r in 0..TILE {
             let scale = f16::from_bits(scales[r]).to_f32() * x.d[j];

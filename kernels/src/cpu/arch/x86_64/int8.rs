@@ -109,16 +109,17 @@ unsafe fn tiles_avx512(
     // SAFETY: the table is only handed out after detection; contract forwarded.
     unsafe {
         match w.kind() {
-            PackedKind::Q8_0 => tiles_vnni::<false>(w, t0, nt, x, out, ldo),
+            PackedKind::Q8_0 => tiles_vnni::<false, false>(w, t0, nt, x, out, ldo),
             PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
-                tiles_vnni::<true>(w, t0, nt, x, out, ldo)
+                tiles_vnni::<true, false>(w, t0, nt, x, out, ldo)
             }
+            PackedKind::Q5K => tiles_vnni::<true, true>(w, t0, nt, x, out, ldo),
         }
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tiles_vnni<const Q4: bool>(
+unsafe fn tiles_vnni<const Q4: bool, const HIGH: bool>(
     w: &PackedMatrix,
     t0: usize,
     nt: usize,
@@ -135,15 +136,15 @@ unsafe fn tiles_vnni<const Q4: bool>(
             // Decode: a group's four tiles at a time (one stream; four independent chains
             // hide latency), single tiles up to the first group and after the last.
             while t < t0 + nt && !t.is_multiple_of(GROUP) {
-                kernel::<Q4, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
+                kernel::<Q4, HIGH, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
                 t += 1;
             }
             while t + GROUP <= t0 + nt {
-                kernel::<Q4, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
+                kernel::<Q4, HIGH, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
                 t += GROUP;
             }
             while t < t0 + nt {
-                kernel::<Q4, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
+                kernel::<Q4, HIGH, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
                 t += 1;
             }
         } else {
@@ -155,17 +156,17 @@ unsafe fn tiles_vnni<const Q4: bool>(
                 let mut i = 0;
                 while i + 4 <= m {
                     if pair {
-                        kernel::<Q4, 4, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, 4, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     } else {
-                        kernel::<Q4, 4, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, 4, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     }
                     i += 4;
                 }
                 while i < m {
                     if pair {
-                        kernel::<Q4, 1, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, 1, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     } else {
-                        kernel::<Q4, 1, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, 1, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     }
                     i += 1;
                 }
@@ -188,7 +189,7 @@ const AHEAD: usize = 6;
 /// The rows and tiles exist; `out` is writable at those places.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
+unsafe fn kernel<const Q4: bool, const HIGH: bool, const R: usize, const C: usize>(
     w: &PackedMatrix,
     t: usize,
     x: &QuantizedRows,
@@ -198,6 +199,7 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
     prefetch: bool,
 ) {
     let low = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
     let blocks = w.blocks();
     let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
@@ -247,6 +249,16 @@ unsafe fn kernel<const Q4: bool, const R: usize, const C: usize>(
                         let p = _mm512_load_si512(lines[c].add(64 * h).cast());
                         lo[c] = _mm512_and_si512(p, low);
                         hi[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low);
+                        if HIGH {
+                            // Q5_K: 16 more where the fifth line's bit is set.
+                            let bits = lines[c].add(64 * (QK / 8) + 16 * h).cast::<u64>();
+                            let (kl, kh) = (
+                                _cvtu64_mask64(bits.read_unaligned()),
+                                _cvtu64_mask64(bits.add(1).read_unaligned()),
+                            );
+                            lo[c] = _mm512_mask_add_epi8(lo[c], kl, lo[c], sixteen);
+                            hi[c] = _mm512_mask_add_epi8(hi[c], kh, hi[c], sixteen);
+                        }
                     }
                     for r in 0..R {
                         let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
