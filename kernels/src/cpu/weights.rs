@@ -826,6 +826,41 @@ mod tests {
     }
 
     #[test]
+    fn k_quants_repack_for_int8_products_close_to_exact_ones() {
+        // Q4_K and Q5_K take the integer path (sub-block scales rounded to f16, activations to
+        // two 8-bit digits: well under 1e-3 of the products' magnitude); Q6_K stays exact.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
+        for format in [WeightFormat::Q4K, WeightFormat::Q5K, WeightFormat::Q6K] {
+            for &(m, k, n) in shapes(format) {
+                let exact = random_matrix(&mut rng, format, n, k);
+                let int8 = exact.clone().into_int8();
+                assert_eq!(int8.format(), format);
+                assert_eq!(int8.is_int8(), format != WeightFormat::Q6K, "{format:?}");
+                assert_eq!(int8.storage_bytes(), exact.storage_bytes());
+                let x = random(&mut rng, m * k);
+                let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+                linear_weights(&x, &exact, None, m, &mut want);
+                linear_weights(&x, &int8, None, m, &mut got);
+                let dense = exact.to_f32();
+                for i in 0..m {
+                    for j in 0..n {
+                        let magnitude: f32 = x[i * k..(i + 1) * k]
+                            .iter()
+                            .zip(&dense[j * k..(j + 1) * k])
+                            .map(|(a, b)| (a * b).abs())
+                            .sum();
+                        let e = (got[i * n + j] - want[i * n + j]).abs();
+                        assert!(
+                            e <= 1e-3 * magnitude + 1e-6,
+                            "{format:?} {m}x{k}x{n} ({i},{j}): {e} of {magnitude}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn concat_keeps_a_common_format_and_falls_back_to_f32() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(14);
         let a = random_matrix(&mut rng, WeightFormat::Q4_1, 3, 64);
