@@ -271,6 +271,7 @@ impl WeightMatrix {
                 PackedKind::Q4_0 => WeightFormat::Q4_0,
                 PackedKind::Q4K => WeightFormat::Q4K,
                 PackedKind::Q5K => WeightFormat::Q5K,
+                PackedKind::Q6K => WeightFormat::Q6K,
             },
             Data::Q4K(_) => WeightFormat::Q4K,
             Data::Q5K(_) => WeightFormat::Q5K,
@@ -285,8 +286,8 @@ impl WeightMatrix {
     }
 
     /// The matrix repacked for integer dot products with 8-bit-quantized activations
-    /// (`cpu::int8`) when it is `Q8_0`, `Q4_1`, `Q4_0`, `Q4_K` or `Q5_K`; other formats are
-    /// returned unchanged. Products are then faster, but no longer bit-identical to f32 over
+    /// (`cpu::int8`) when it is `Q8_0`, `Q4_1`, `Q4_0`, `Q4_K`, `Q5_K` or `Q6_K`; other formats
+    /// are returned unchanged. Products are then faster, but no longer bit-identical to f32 over
     /// the dequantized matrix (and the K-quants' sub-block scales are rounded to f16).
     pub fn into_int8(self) -> Self {
         let data = match self.data {
@@ -303,6 +304,10 @@ impl WeightMatrix {
             Data::Q5K(v) => match PackedMatrix::from_q5_k(self.rows, self.cols, &v) {
                 Some(p) => Data::Packed(p),
                 None => Data::Q5K(v),
+            },
+            Data::Q6K(v) => match PackedMatrix::from_q6_k(self.rows, self.cols, &v) {
+                Some(p) => Data::Packed(p),
+                None => Data::Q6K(v),
             },
             other => other,
         };
@@ -827,15 +832,15 @@ mod tests {
 
     #[test]
     fn k_quants_repack_for_int8_products_close_to_exact_ones() {
-        // Q4_K and Q5_K take the integer path (sub-block scales rounded to f16, activations to
-        // two 8-bit digits: well under 1e-3 of the products' magnitude); Q6_K stays exact.
+        // The K-quants take the integer path (sub-block scales rounded to f16, activations to
+        // two 8-bit digits: well under 1e-3 of the products' magnitude).
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
         for format in [WeightFormat::Q4K, WeightFormat::Q5K, WeightFormat::Q6K] {
             for &(m, k, n) in shapes(format) {
                 let exact = random_matrix(&mut rng, format, n, k);
                 let int8 = exact.clone().into_int8();
                 assert_eq!(int8.format(), format);
-                assert_eq!(int8.is_int8(), format != WeightFormat::Q6K, "{format:?}");
+                assert!(int8.is_int8(), "{format:?}");
                 assert_eq!(int8.storage_bytes(), exact.storage_bytes());
                 let x = random(&mut rng, m * k);
                 let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);

@@ -14,9 +14,9 @@
 //! start and end on block boundaries; other slices, and every other format, are loaded as
 //! f32. A fused projection whose parts differ in format (llama.cpp's mixes often quantize v
 //! differently from q and k) is stacked as f32. [`WeightLayout`] chooses how they are
-//! multiplied: by default `Q8_0`, `Q4_0`, `Q4_1`, `Q4_K` and `Q5_K` matrices are repacked for
-//! integer dot products with 8-bit activations (`tessera_kernels::cpu::int8`, as llama.cpp
-//! computes them).
+//! multiplied: by default `Q8_0`, `Q4_0`, `Q4_1`, `Q4_K`, `Q5_K` and `Q6_K` matrices are
+//! repacked for integer dot products with 8-bit activations (`tessera_kernels::cpu::int8`, as
+//! llama.cpp computes them).
 
 use std::ops::Range;
 
@@ -29,8 +29,9 @@ use crate::comm::{HeadSplit, Partition};
 /// How a model's matrices are kept in memory and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightLayout {
-    /// In the file's format; `Q8_0`/`Q4_0`/`Q4_1`/`Q4_K`/`Q5_K` repacked and multiplied with
-    /// 8-bit activations in integers (as llama.cpp does): the fastest, not bit-identical to f32.
+    /// In the file's format; `Q8_0`, `Q4_0`, `Q4_1` and the K-quants repacked and multiplied
+    /// with 8-bit activations in integers (as llama.cpp does): the fastest, not bit-identical
+    /// to f32.
     #[default]
     Int8,
     /// In the file's format, dequantized on the fly and multiplied in f32: bit-identical to

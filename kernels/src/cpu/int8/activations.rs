@@ -29,6 +29,9 @@ pub struct QuantizedRows {
     pub(crate) sd: Vec<f32>,
     /// `-128 · Σ (254 h + l)` per block (takes off what the unsigned `Q8_0` quants add).
     pub(crate) s128: Vec<i32>,
+    /// `-32 · Σ (254 h + l)` over each 16-value half of each block, when asked for (takes off
+    /// what the unsigned `Q6_K` quants add).
+    pub(crate) s32_halves: Vec<[i32; 2]>,
 }
 
 /// One block's input and outputs, as the zipped iterators of [`QuantizedRows::quantize`]
@@ -65,8 +68,16 @@ pub(crate) fn quantize_block_ref(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (f32,
 }
 
 impl QuantizedRows {
-    /// Quantizes `x` (`m × k`, `k` a multiple of 32) with `quantize`, reusing the buffers.
-    pub(crate) fn quantize(&mut self, x: &[f32], m: usize, k: usize, quantize: QuantizeBlockFn) {
+    /// Quantizes `x` (`m × k`, `k` a multiple of 32) with `quantize`, reusing the buffers;
+    /// with `halves`, also the sums of each block's halves.
+    pub(crate) fn quantize(
+        &mut self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        quantize: QuantizeBlockFn,
+        halves: bool,
+    ) {
         assert!(k.is_multiple_of(QK), "int8 rows need whole blocks");
         assert_eq!(x.len(), m * k, "x must be m×k");
         let blocks = m * k / QK;
@@ -105,6 +116,28 @@ impl QuantizedRows {
                 .for_each(per);
         } else {
             it.for_each(per);
+        }
+        self.s32_halves.clear();
+        if halves {
+            let sum = |h: &[i8], l: &[i8]| -> i32 {
+                h.iter()
+                    .zip(l)
+                    .map(|(&h, &l)| RADIX * i32::from(h) + i32::from(l))
+                    .sum()
+            };
+            let half = QK / 2;
+            self.s32_halves
+                .extend(
+                    self.q
+                        .chunks_exact(QK)
+                        .zip(self.q_lo.chunks_exact(QK))
+                        .map(|(h, l)| {
+                            [
+                                -32 * sum(&h[..half], &l[..half]),
+                                -32 * sum(&h[half..], &l[half..]),
+                            ]
+                        }),
+                );
         }
     }
 

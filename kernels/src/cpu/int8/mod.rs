@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use self::activations::{QuantizeBlockFn, QuantizedRows, quantize_block_ref};
-use self::packed::{PackedMatrix, TILE};
+use self::packed::{PackedKind, PackedMatrix, TILE};
 use super::dispatch::{Kernels, Level, kernels};
 use super::matmul::{SharedOut, add_bias, check_shapes};
 
@@ -89,7 +89,7 @@ pub fn linear_int8_with(
     // Taken out of the thread-local for the call, not borrowed: while it waits for the
     // parallel loop, this thread may run another product's task, which needs a buffer too.
     let mut quantized = QUANTIZED.take();
-    quantized.quantize(x, m, k, int8.quantize);
+    quantized.quantize(x, m, k, int8.quantize, w.kind() == PackedKind::Q6K);
     let q = &quantized;
     let tiles = w.tiles();
     // The same number of tasks for every thread, of sizes within one tile of each other
@@ -119,10 +119,9 @@ pub fn linear_int8_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::int8::packed::PackedKind;
     use crate::cpu::test_util::{levels, random};
     use crate::quant::{
-        BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ8_0, QK_K, dequantize_row_q4_0,
+        BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_q4_0,
         dequantize_row_q4_1, dequantize_row_q8_0,
     };
     use half::f16;
@@ -203,21 +202,38 @@ mod tests {
                 }
                 (p, dense)
             }
+            PackedKind::Q6K => {
+                let blocks: Vec<BlockQ6K> = (0..n * k / QK_K)
+                    .map(|_| BlockQ6K {
+                        ql: std::array::from_fn(|_| rng.random()),
+                        qh: std::array::from_fn(|_| rng.random()),
+                        // Include the extremes: -128 and 127.
+                        scales: std::array::from_fn(|_| rng.random()),
+                        d: f16::from_f32(rng.random_range(-0.00005..0.00005)),
+                    })
+                    .collect();
+                let p = PackedMatrix::from_q6_k(n, k, &blocks).expect("small scales");
+                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
+                    p.row_f32(j, row);
+                }
+                (p, dense)
+            }
         }
     }
 
-    const KINDS: [PackedKind; 5] = [
+    const KINDS: [PackedKind; 6] = [
         PackedKind::Q8_0,
         PackedKind::Q4_1,
         PackedKind::Q4_0,
         PackedKind::Q4K,
         PackedKind::Q5K,
+        PackedKind::Q6K,
     ];
 
     /// `shape` for `kind`: K-quant rows are whole super-blocks of 256.
     fn shape_for(kind: PackedKind, (m, k, n): (usize, usize, usize)) -> (usize, usize, usize) {
         match kind {
-            PackedKind::Q4K | PackedKind::Q5K => (m, k.next_multiple_of(QK_K), n),
+            PackedKind::Q4K | PackedKind::Q5K | PackedKind::Q6K => (m, k.next_multiple_of(QK_K), n),
             _ => (m, k, n),
         }
     }

@@ -22,6 +22,12 @@
 //!   with the quants' high bits: for nibble line `h`, a 64-bit mask of its low nibbles' values
 //!   (bit `4 r + u`), then one of its high nibbles'. The kernels add 16 where a bit is set. 24
 //!   bytes per 32 values against the file's 22.
+//! - `Q6_K` (super-blocks of 256: `value = d · sc_s · (q - 32)`, an 8-bit scale per 16 values,
+//!   6-bit quants) is packed as `Q5_K` with a sixth line for the quants' bit 5. The low nibbles
+//!   of a block are its first 16 values and the high nibbles its last 16, so the kernels keep
+//!   one integer sum per half and scale each by its own `d · sc` (rounded to f16; stored where
+//!   the other formats keep `d` and `m`), taking `32 · Σ x` of the half off in integers. 28
+//!   bytes per 32 values against the file's 26.25.
 //!
 //! Tiles come in groups of four (64 rows), which the decode kernel reads together. A group
 //! stores block after block, and one block of a group is one contiguous stretch: the four
@@ -35,7 +41,7 @@
 use half::f16;
 
 use crate::quant::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ8_0, QK_K, dequantize_row_q4_0,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_q4_0,
     dequantize_row_q4_1, dequantize_row_q8_0, get_scale_min_k4,
 };
 
@@ -62,6 +68,8 @@ pub enum PackedKind {
     Q4K,
     /// GGUF `Q5_K`: as `Q4K`, with a line of high bits per block.
     Q5K,
+    /// GGUF `Q6_K`: as `Q5K` with two lines of high bits, and a scale per 16-value half.
+    Q6K,
 }
 
 impl PackedKind {
@@ -71,6 +79,7 @@ impl PackedKind {
             Self::Q8_0 => TILE * QK,
             Self::Q4_1 | Self::Q4_0 | Self::Q4K => TILE * QK / 2,
             Self::Q5K => TILE * QK / 2 + LINE,
+            Self::Q6K => TILE * QK / 2 + 2 * LINE,
         }
     }
 
@@ -84,18 +93,28 @@ impl PackedKind {
     pub(crate) const fn scales(self) -> usize {
         match self {
             Self::Q8_0 => TILE,
-            Self::Q4_1 | Self::Q4_0 | Self::Q4K | Self::Q5K => 2 * TILE,
+            Self::Q4_1 | Self::Q4_0 | Self::Q4K | Self::Q5K | Self::Q6K => 2 * TILE,
         }
     }
 
-    /// Bytes one GGUF block takes in the file.
-    pub(crate) const fn file_block_bytes(self) -> usize {
+    /// Bytes one GGUF block takes in the file, and the values it holds.
+    pub(crate) const fn file_block(self) -> (usize, usize) {
         match self {
-            Self::Q8_0 => size_of::<BlockQ8_0>(),
-            Self::Q4_1 => size_of::<BlockQ4_1>(),
-            Self::Q4_0 => size_of::<BlockQ4_0>(),
-            Self::Q4K => size_of::<BlockQ4K>() / (QK_K / QK),
-            Self::Q5K => size_of::<BlockQ5K>() / (QK_K / QK),
+            Self::Q8_0 => (size_of::<BlockQ8_0>(), QK),
+            Self::Q4_1 => (size_of::<BlockQ4_1>(), QK),
+            Self::Q4_0 => (size_of::<BlockQ4_0>(), QK),
+            Self::Q4K => (size_of::<BlockQ4K>(), QK_K),
+            Self::Q5K => (size_of::<BlockQ5K>(), QK_K),
+            Self::Q6K => (size_of::<BlockQ6K>(), QK_K),
+        }
+    }
+
+    /// Lines of quants' high bits per block of a tile (after the four nibble lines).
+    pub(crate) const fn high_lines(self) -> usize {
+        match self {
+            Self::Q5K => 1,
+            Self::Q6K => 2,
+            _ => 0,
         }
     }
 
@@ -136,6 +155,36 @@ fn nibble(b: &BlockQ4_1, e: usize) -> u8 {
         b.qs[e] & 0x0F
     } else {
         b.qs[e - QK / 2] >> 4
+    }
+}
+
+/// Quant `e` (0..256) of a `Q6_K` super-block, unsigned (`q`, the value being `q - 32`).
+fn q6_k_quant(b: &BlockQ6K, e: usize) -> u8 {
+    let (half, group, l) = (e / 128, e % 128 / 32, e % 32);
+    let low = b.ql[64 * half + l + 32 * (group % 2)] >> (4 * (group / 2)) & 0x0F;
+    let high = (b.qh[32 * half + l] >> (2 * group)) & 3;
+    low | (high << 4)
+}
+
+/// Writes row `r`'s quants `q(0..32)` of one block into a tile's lines: the nibble lines
+/// (line `h`: values `4 h ..` low, `4 (h + 4) ..` high), then, for 5- and 6-bit quants, one
+/// line per bit above the nibble: for nibble line `h`, the 64-bit mask of its low nibbles'
+/// values (bit `4 r + u`), then of its high nibbles'.
+fn set_nibbles_and_high_bits(lines: &mut [Line], r: usize, q: impl Fn(usize) -> u8) {
+    let (head, high) = lines.split_at_mut(QK / 8);
+    for (h, line) in head.iter_mut().enumerate() {
+        for u in 0..4 {
+            let (lo, hi) = (q(4 * h + u), q(4 * (h + QK / 8) + u));
+            line.0[4 * r + u] = (lo & 0x0F) | (hi << 4);
+            let bit = 4 * r + u;
+            for (level, plane) in high.iter_mut().enumerate() {
+                for (word, value) in [(2 * h, lo), (2 * h + 1, hi)] {
+                    let set = (value >> (4 + level)) & 1;
+                    let byte = &mut plane.0[8 * word + bit / 8];
+                    *byte = (*byte & !(1 << (bit % 8))) | (set << (bit % 8));
+                }
+            }
+        }
     }
 }
 
@@ -261,21 +310,52 @@ impl PackedMatrix {
             // Value l of sub-block j: a nibble of its 64-value group, and bit j of qh[l].
             let q = |l: usize| {
                 let low = (blk.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
-                (low, (blk.qh[l] >> j) & 1)
+                low | (((blk.qh[l] >> j) & 1) << 4)
             };
-            let (head, high) = lines.split_at_mut(QK / 8);
-            for (h, line) in head.iter_mut().enumerate() {
-                for u in 0..4 {
-                    let (lo, lo_bit) = q(4 * h + u);
-                    let (hi, hi_bit) = q(4 * (h + QK / 8) + u);
-                    line.0[4 * r + u] = lo | (hi << 4);
-                    let bit = 4 * r + u;
-                    for (word, set) in [(2 * h, lo_bit), (2 * h + 1, hi_bit)] {
-                        let byte = &mut high[0].0[8 * word + bit / 8];
-                        *byte = (*byte & !(1 << (bit % 8))) | (set << (bit % 8));
-                    }
+            set_nibbles_and_high_bits(lines, r, q);
+        });
+        Some(p)
+    }
+
+    /// Packs `rows × cols` `Q6_K` super-blocks (row after row; `cols` a multiple of 256), or
+    /// `None` when a sub-block's scale is too large for f16.
+    pub fn from_q6_k(rows: usize, cols: usize, blocks: &[BlockQ6K]) -> Option<Self> {
+        // d · sc of every 16-value sub-block, in file order.
+        let mut scales = Vec::with_capacity(blocks.len() * QK_K / 16);
+        for b in blocks {
+            for &sc in &b.scales {
+                let d = f16::from_f32(b.d.to_f32() * f32::from(sc));
+                if !d.is_finite() {
+                    return None;
                 }
+                scales.push(d);
             }
+        }
+        let mut p = Self::empty(PackedKind::Q6K, rows, cols);
+        let subs = QK_K / QK;
+        assert_eq!(
+            blocks.len() * subs,
+            rows * p.blocks(),
+            "Q6_K blocks must be rows × cols/256"
+        );
+        let per_row = cols / QK;
+        p.fill(|row, b, lines, sc| {
+            let r = row % TILE;
+            if row >= rows {
+                // Padding: its quants stay the zeros `empty` starts from.
+                sc[r] = 0;
+                sc[TILE + r] = 0;
+                return;
+            }
+            let (sa, sb) = (
+                scales[2 * (row * per_row + b)],
+                scales[2 * (row * per_row + b) + 1],
+            );
+            sc[r] = sa.to_bits();
+            sc[TILE + r] = sb.to_bits();
+            let blk = &blocks[(row * per_row + b) / subs];
+            let q = |l: usize| q6_k_quant(blk, 32 * (b % subs) + l);
+            set_nibbles_and_high_bits(lines, r, q);
         });
         Some(p)
     }
@@ -384,7 +464,8 @@ impl PackedMatrix {
 
     /// Bytes the rows hold in the file's format (padding not counted).
     pub fn storage_bytes(&self) -> usize {
-        self.rows * self.blocks() * self.kind.file_block_bytes()
+        let (bytes, values) = self.kind.file_block();
+        self.rows * self.cols / values * bytes
     }
 
     /// The quant lines of block `b` of tile `t`.
@@ -422,19 +503,18 @@ impl PackedMatrix {
         let u = e % 4;
         match self.kind {
             PackedKind::Q8_0 => lines[e / 4].0[4 * r + u],
-            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K | PackedKind::Q5K => {
+            _ => {
                 let h = e / 4;
                 let (nibble, word) = if h < QK / 8 {
                     (lines[h].0[4 * r + u] & 0x0F, 2 * h)
                 } else {
                     (lines[h - QK / 8].0[4 * r + u] >> 4, 2 * (h - QK / 8) + 1)
                 };
-                if self.kind == PackedKind::Q5K {
-                    let bit = 4 * r + u;
-                    nibble | (((lines[QK / 8].0[8 * word + bit / 8] >> (bit % 8)) & 1) << 4)
-                } else {
-                    nibble
-                }
+                let bit = 4 * r + u;
+                (0..self.kind.high_lines()).fold(nibble, |q, level| {
+                    let plane = &lines[QK / 8 + level].0;
+                    q | (((plane[8 * word + bit / 8] >> (bit % 8)) & 1) << (4 + level))
+                })
             }
         }
     }
@@ -464,6 +544,12 @@ impl PackedMatrix {
                         }),
                     };
                     dequantize_row_q4_1(std::slice::from_ref(&blk), y);
+                }
+                PackedKind::Q6K => {
+                    for (e, v) in y.iter_mut().enumerate() {
+                        let d = f16::from_bits(s[r + TILE * (e / (QK / 2))]).to_f32();
+                        *v = d * (f32::from(self.quant(row, b, e)) - 32.0);
+                    }
                 }
                 PackedKind::Q5K => {
                     let (d, m) = (f16::from_bits(s[r]).to_f32(), f16::from_bits(s[TILE + r]));
@@ -612,6 +698,38 @@ mod tests {
                         blk.dmin.to_f32() * f32::from(m),
                     );
                     let bound = (d * 31.0 + dm) * 2f32.powi(-10) + 2f32.powi(-24) * 32.0;
+                    assert!((g - w).abs() <= bound, "row {row} value {i}: {g} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q6_k_rows_unpack_to_the_dequantization_within_f16_scales() {
+        use crate::quant::dequantize_row_q6_k;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+        for (rows, cols) in [(1, 256), (17, 512), (40, 256)] {
+            let nb = rows * cols / QK_K;
+            let blocks: Vec<BlockQ6K> = (0..nb)
+                .map(|_| BlockQ6K {
+                    ql: std::array::from_fn(|_| rng.random()),
+                    qh: std::array::from_fn(|_| rng.random()),
+                    scales: std::array::from_fn(|_| rng.random()),
+                    d: f16::from_f32(rng.random_range(-0.0005..0.0005)),
+                })
+                .collect();
+            let p = PackedMatrix::from_q6_k(rows, cols, &blocks).expect("small scales");
+            assert_eq!(p.storage_bytes(), nb * 210);
+            let per_row = cols / QK_K;
+            for row in 0..rows {
+                let mut want = vec![0f32; cols];
+                let mut got = vec![f32::NAN; cols];
+                dequantize_row_q6_k(&blocks[row * per_row..(row + 1) * per_row], &mut want);
+                p.row_f32(row, &mut got);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let blk = &blocks[row * per_row + i / QK_K];
+                    let d = (blk.d.to_f32() * f32::from(blk.scales[i % QK_K / 16])).abs();
+                    let bound = d * 32.0 * 2f32.powi(-10) + 2f32.powi(-24) * 32.0;
                     assert!((g - w).abs() <= bound, "row {row} value {i}: {g} vs {w}");
                 }
             }

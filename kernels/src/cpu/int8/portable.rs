@@ -3,6 +3,8 @@
 //! For output `(i, r)`, block by block in order: the exact integer `isum = Σ w_q · (254 h + l)`
 //! (`h`, `l`: the activations' digits, see `activations`), then `acc = fma(isum, d_w · d_x,
 //! acc)` and, for the nibble formats (`Q4_*`, `Q5_K`), `acc = fma(m_w, d_x · Σ (254 h + l), acc)`.
+//! `Q6_K` instead takes each 16-value half of the block in turn: `isum` over the half, less
+//! `32 · Σ (254 h + l)` of the half, then `acc = fma(isum, d_half · d_x, acc)`.
 //! Integer sums are exact whatever order a SIMD level adds them in, so only this sequence
 //! of f32 operations matters, and it does not depend on the batch.
 #![allow(unsafe_code)]
@@ -21,12 +23,15 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
         let j = x.at(i, b);
         let lines = w.lines(t, b);
         let scales = w.block_scales(t, b);
-        // Σ w·h and Σ w·l per row, then 254 · the first + the second: all exact integers.
-        let mut sh = [0i32; TILE];
-        let mut sl = [0i32; TILE];
+        // Σ w·h and Σ w·l per row (per half of the block for Q6_K), then 254 · the first +
+        // the second: all exact integers.
+        let split = w.kind() == PackedKind::Q6K;
+        let mut sh = [[0i32; TILE]; 2];
+        let mut sl = [[0i32; TILE]; 2];
         let mut add = |r: usize, q: u8, e: usize| {
-            sh[r] += i32::from(q) * i32::from(xh[e]);
-            sl[r] += i32::from(q) * i32::from(xl[e]);
+            let half = usize::from(split && e >= QK / 2);
+            sh[half][r] += i32::from(q) * i32::from(xh[e]);
+            sl[half][r] += i32::from(q) * i32::from(xl[e]);
         };
         match w.kind() {
             PackedKind::Q8_0 => {
@@ -38,14 +43,14 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
                     }
                 }
             }
-            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K | PackedKind::Q5K => {
-                // Q5_K's fifth line: per nibble line, the high bits of its low nibbles' values,
+            _ => {
+                // K-quants' extra lines: per nibble line, a bit of its low nibbles' values,
                 // then of its high nibbles'.
-                let high = |word: usize, bit: usize| match lines.get(QK / 8) {
-                    Some(l) if w.kind() == PackedKind::Q5K => {
-                        ((l.0[8 * word + bit / 8] >> (bit % 8)) & 1) << 4
-                    }
-                    _ => 0,
+                let high = |word: usize, bit: usize| {
+                    (0..w.kind().high_lines()).fold(0u8, |q, level| {
+                        let plane = &lines[QK / 8 + level].0;
+                        q | (((plane[8 * word + bit / 8] >> (bit % 8)) & 1) << (4 + level))
+                    })
                 };
                 for (h, line) in lines[..QK / 8].iter().enumerate() {
                     for r in 0..TILE {
@@ -62,8 +67,19 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
                 }
             }
         }
+        if split {
+            // Q6_K: each half's `Σ (q - 32) · x` in integers, times its own scale.
+            for r in 0..TILE {
+                for (half, &s32) in x.s32_halves[j].iter().enumerate() {
+                    let isum = RADIX * sh[half][r] + sl[half][r] + s32;
+                    let scale = f16::from_bits(scales[half * TILE + r]).to_f32() * x.d[j];
+                    acc[r] = (isum as f32).mul_add(scale, acc[r]);
+                }
+            }
+            continue;
+        }
         let offset = if w.kind().nibbles() { 0 } else { x.s128[j] };
-        let isum: [i32; TILE] = std::array::from_fn(|r| RADIX * sh[r] + sl[r] + offset);
+        let isum: [i32; TILE] = std::array::from_fn(|r| RADIX * sh[0][r] + sl[0][r] + offset);
         for r in 0..TILE {
             let scale = f16::from_bits(scales[r]).to_f32() * x.d[j];
             acc[r] = (isum[r] as f32).mul_add(scale, acc[r]);

@@ -114,6 +114,7 @@ unsafe fn tiles_avx512(
                 tiles_vnni::<true, false>(w, t0, nt, x, out, ldo)
             }
             PackedKind::Q5K => tiles_vnni::<true, true>(w, t0, nt, x, out, ldo),
+            PackedKind::Q6K => tiles_q6(w, t0, nt, x, out, ldo),
         }
     }
 }
@@ -303,6 +304,168 @@ unsafe fn kernel<const Q4: bool, const HIGH: bool, const R: usize, const C: usiz
                     acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
                     if Q4 {
                         acc[r][c] = _mm512_fmadd_ps(mw[c], sdx, acc[r][c]);
+                    }
+                }
+            }
+        }
+        for c in 0..C {
+            let valid = (w.rows() - (t + c) * TILE).min(TILE);
+            let mask = if valid == TILE {
+                !0
+            } else {
+                ((1u32 << valid) - 1) as __mmask16
+            };
+            for (r, a) in acc.iter().enumerate() {
+                _mm512_mask_storeu_ps(out.add(r * ldo + c * TILE), mask, a[c]);
+            }
+        }
+    }
+}
+
+/// `Q6_K`: a GEMV takes tiles in pairs; products of several rows take one tile over four rows
+/// (each (row, tile) keeps four integer sums, two digits times two halves, so the wider blocks
+/// of the other formats would not fit in the registers).
+///
+/// # Safety
+/// As `portable::tiles`; only reachable after [`avx512_vnni_supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tiles_q6(
+    w: &PackedMatrix,
+    t0: usize,
+    nt: usize,
+    x: &QuantizedRows,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let m = x.m;
+    let mut t = t0;
+    // SAFETY (whole body): as `tiles_vnni`.
+    unsafe {
+        while t < t0 + nt {
+            let o = out.add((t - t0) * TILE);
+            let pair = t + 2 <= t0 + nt;
+            if m == 1 {
+                if pair {
+                    kernel_q6::<1, 2>(w, t, x, 0, o, ldo, true);
+                } else {
+                    kernel_q6::<1, 1>(w, t, x, 0, o, ldo, true);
+                }
+                t += if pair { 2 } else { 1 };
+                continue;
+            }
+            // Several rows: one tile at a time, its unpacked lines shared by four rows.
+            let mut i = 0;
+            while i < m {
+                let o = o.add(i * ldo);
+                match m - i {
+                    1 => kernel_q6::<1, 1>(w, t, x, i, o, ldo, i == 0),
+                    2 => kernel_q6::<2, 1>(w, t, x, i, o, ldo, i == 0),
+                    3 => kernel_q6::<3, 1>(w, t, x, i, o, ldo, i == 0),
+                    _ => kernel_q6::<4, 1>(w, t, x, i, o, ldo, i == 0),
+                }
+                i += 4;
+            }
+            t += 1;
+        }
+    }
+}
+
+/// [`kernel`] for `Q6_K`: quants of six bits (the nibble lines plus two lines of high bits),
+/// and per half of each block its own integer sums and scale; see `portable::tile_row`.
+///
+/// # Safety
+/// The rows and tiles exist; `out` is writable at those places.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn kernel_q6<const R: usize, const C: usize>(
+    w: &PackedMatrix,
+    t: usize,
+    x: &QuantizedRows,
+    i0: usize,
+    out: *mut f32,
+    ldo: usize,
+    prefetch: bool,
+) {
+    let low = _mm512_set1_epi8(0x0F);
+    let high = [_mm512_set1_epi8(16), _mm512_set1_epi8(32)];
+    let blocks = w.blocks();
+    let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
+    let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
+    let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
+    let (xq, xl, xd) = (x.q.as_ptr(), x.q_lo.as_ptr(), x.d.as_ptr());
+    let halves = x.s32_halves.as_ptr();
+    let radix = _mm512_set1_epi32(RADIX);
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    // SAFETY (whole body): as `kernel`; the high-bit lines are the tile's quant lines 4 and
+    // 5, and `x` has the halves' sums (quantized for a Q6_K matrix).
+    unsafe {
+        for b in 0..blocks {
+            let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));
+            let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
+            if prefetch {
+                for (l, s) in lines.iter().zip(&scales) {
+                    for o in (0..qb).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + AHEAD * stride).cast());
+                    }
+                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_byte_add(AHEAD * stride).cast());
+                }
+            }
+            // [row][tile][half]: against the high digits, and against the low ones.
+            let mut sa = [[[_mm512_setzero_si512(); 2]; C]; R];
+            let mut sb = [[[_mm512_setzero_si512(); 2]; C]; R];
+            let xg = |digits: *const i8, r: usize, g: usize| {
+                _mm512_set1_epi32(
+                    digits
+                        .add((xs[r] + b) * QK + 4 * g)
+                        .cast::<i32>()
+                        .read_unaligned(),
+                )
+            };
+            for h in 0..QK / 8 {
+                let mut lo = [_mm512_setzero_si512(); C];
+                let mut hi = [_mm512_setzero_si512(); C];
+                for c in 0..C {
+                    let p = _mm512_load_si512(lines[c].add(64 * h).cast());
+                    lo[c] = _mm512_and_si512(p, low);
+                    hi[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low);
+                    for (level, add) in high.iter().enumerate() {
+                        let bits = lines[c].add(64 * (QK / 8 + level) + 16 * h).cast::<u64>();
+                        let (kl, kh) = (
+                            _cvtu64_mask64(bits.read_unaligned()),
+                            _cvtu64_mask64(bits.add(1).read_unaligned()),
+                        );
+                        lo[c] = _mm512_mask_add_epi8(lo[c], kl, lo[c], *add);
+                        hi[c] = _mm512_mask_add_epi8(hi[c], kh, hi[c], *add);
+                    }
+                }
+                for r in 0..R {
+                    let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
+                    let (l0, l1) = (xg(xl, r, h), xg(xl, r, h + QK / 8));
+                    for c in 0..C {
+                        sa[r][c][0] = _mm512_dpbusd_epi32(sa[r][c][0], lo[c], h0);
+                        sb[r][c][0] = _mm512_dpbusd_epi32(sb[r][c][0], lo[c], l0);
+                        sa[r][c][1] = _mm512_dpbusd_epi32(sa[r][c][1], hi[c], h1);
+                        sb[r][c][1] = _mm512_dpbusd_epi32(sb[r][c][1], hi[c], l1);
+                    }
+                }
+            }
+            let dw: [[__m512; 2]; C] = std::array::from_fn(|c| {
+                [0, TILE].map(|o| _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(o).cast())))
+            });
+            for r in 0..R {
+                let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
+                let s32 = *halves.add(xs[r] + b);
+                for c in 0..C {
+                    for half in 0..2 {
+                        let combined = _mm512_add_epi32(
+                            _mm512_add_epi32(
+                                _mm512_mullo_epi32(sa[r][c][half], radix),
+                                sb[r][c][half],
+                            ),
+                            _mm512_set1_epi32(s32[half]),
+                        );
+                        let scale = _mm512_mul_ps(dw[c][half], dx);
+                        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(combined), scale, acc[r][c]);
                     }
                 }
             }
