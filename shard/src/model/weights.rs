@@ -397,23 +397,33 @@ mod tests {
 
     use super::*;
 
-    /// Matrices as `Q8_0` blocks and vectors as f32, cut natively like a GGUF file: rows as
-    /// byte ranges, columns on block boundaries only.
-    struct Blocks(HashMap<String, (Vec<usize>, Vec<u8>)>);
-
-    const Q: QuantFormat = QuantFormat::Q8_0;
+    /// Matrices as blocks of one format and vectors as f32, cut natively like a GGUF file:
+    /// rows as byte ranges, columns on block boundaries only.
+    struct Blocks {
+        quant: QuantFormat,
+        tensors: HashMap<String, (Vec<usize>, Vec<u8>)>,
+    }
 
     impl Blocks {
         fn get(&self, name: &str) -> Result<&(Vec<usize>, Vec<u8>), FormatError> {
-            self.0
+            self.tensors
                 .get(name)
                 .ok_or_else(|| FormatError::tensor("mem", name, "missing"))
+        }
+
+        fn format(&self) -> WeightFormat {
+            match self.quant {
+                QuantFormat::Q8_0 => WeightFormat::Q8_0,
+                QuantFormat::Q4K => WeightFormat::Q4K,
+                QuantFormat::Q6K => WeightFormat::Q6K,
+                other => unimplemented!("no test blocks for {other:?}"),
+            }
         }
     }
 
     impl WeightSource for Blocks {
         fn contains(&self, name: &str) -> bool {
-            self.0.contains_key(name)
+            self.tensors.contains_key(name)
         }
 
         fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
@@ -424,7 +434,7 @@ mod tests {
             let (shape, bytes) = self.get(name)?;
             let mut data = vec![0f32; shape.iter().product()];
             if shape.len() == 2 {
-                dequantize(Q, bytes, &mut data).expect("whole blocks");
+                dequantize(self.quant, bytes, &mut data).expect("whole blocks");
             } else {
                 data = bytes
                     .chunks_exact(4)
@@ -452,7 +462,7 @@ mod tests {
             let &[rows, cols] = shape.as_slice() else {
                 return Ok(None);
             };
-            let (per, block) = (Q.block_elements(), Q.block_bytes());
+            let (per, block) = (self.quant.block_elements(), self.quant.block_bytes());
             let row_bytes = cols / per * block;
             let (shape, bytes) = match dim {
                 0 => (
@@ -470,7 +480,7 @@ mod tests {
                 _ => return Ok(None),
             };
             Ok(Some(NativeTensor {
-                format: WeightFormat::Q8_0,
+                format: self.format(),
                 shape,
                 bytes,
             }))
@@ -500,16 +510,37 @@ mod tests {
         }
     }
 
-    fn source(c: &ModelConfig) -> Blocks {
+    /// One block of `quant` with small scales and varied quants, in GGUF's byte order.
+    fn block(quant: QuantFormat, seed: u32) -> Vec<u8> {
+        let scale = |s: f32| f16::from_f32(s + (seed >> 20) as f32 * 1e-6).to_le_bytes();
+        let bytes = |n: u32, mul: u32| (0..n).map(move |j| (seed >> 8).wrapping_add(j * mul) as u8);
+        match quant {
+            QuantFormat::Q8_0 => scale(0.01).into_iter().chain(bytes(32, 37)).collect(),
+            // d, dmin, 12 bytes of 6-bit sub-block scales and minimums, 128 of nibbles.
+            QuantFormat::Q4K => [scale(0.001), scale(0.002)]
+                .into_iter()
+                .flatten()
+                .chain(bytes(12, 29))
+                .chain(bytes(128, 37))
+                .collect(),
+            // 128 bytes of low nibbles, 64 of high bits, 16 signed 8-bit scales, d.
+            QuantFormat::Q6K => bytes(192, 37)
+                .chain(bytes(16, 53))
+                .chain(scale(0.0002))
+                .collect(),
+            other => unimplemented!("no test blocks for {other:?}"),
+        }
+    }
+
+    fn source(c: &ModelConfig, quant: QuantFormat) -> Blocks {
         let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
         let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let mut seed = 1u32;
         let mut matrix = |rows: usize, cols: usize| {
             let mut bytes = Vec::new();
-            for _ in 0..rows * cols / 32 {
+            for _ in 0..rows * cols / quant.block_elements() {
                 seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-                bytes.extend(f16::from_f32(0.01 + (seed >> 20) as f32 * 1e-6).to_le_bytes());
-                bytes.extend((0..32).map(|j| (seed >> 8).wrapping_add(j * 37) as u8));
+                bytes.extend(block(quant, seed));
             }
             (vec![rows, cols], bytes)
         };
@@ -535,13 +566,13 @@ mod tests {
         ] {
             t.insert(norm, (vec![h], ones.clone()));
         }
-        Blocks(t)
+        Blocks { quant, tensors: t }
     }
 
     #[test]
     fn ranks_keep_block_aligned_parts_native_and_equal_to_f32_slices() {
         let c = config();
-        let src = source(&c);
+        let src = source(&c, QuantFormat::Q8_0);
         for (world, layout) in [1, 2, 4]
             .into_iter()
             .flat_map(|w| [(w, WeightLayout::Exact), (w, WeightLayout::Int8)])
@@ -598,6 +629,64 @@ mod tests {
                     w.embed.to_f32(),
                     embed.slice(0, w.vocab.clone()).unwrap().data
                 );
+            }
+        }
+    }
+
+    /// K-quant matrices (rows of whole 256-value super-blocks) load natively on every rank
+    /// where their columns are cut on super-block boundaries, and go to the integer path under
+    /// the default layout, within the f16 rounding of their sub-block scales.
+    #[test]
+    fn k_quant_ranks_load_natively_and_pack_for_int8() {
+        let c = ModelConfig {
+            hidden_size: 256,
+            intermediate_size: 512,
+            head_dim: 64,
+            ..config()
+        };
+        for quant in [QuantFormat::Q4K, QuantFormat::Q6K] {
+            let src = source(&c, quant);
+            for (world, layout) in [1, 2, 4]
+                .into_iter()
+                .flat_map(|w| [(w, WeightLayout::Exact), (w, WeightLayout::Int8)])
+            {
+                for rank in 0..world {
+                    let part = Partition::new(rank, world);
+                    let heads = part.heads(&c);
+                    let w = ModelWeights::load(&c, &src, "mem", part, &heads, layout).unwrap();
+                    let l = &w.layers[0];
+                    let whole = |cols: usize| cols.is_multiple_of(256);
+                    let q_cols = c.num_heads * c.head_dim / world;
+                    let inter = part.split(c.intermediate_size);
+                    for (what, m, native) in [
+                        ("qkv", &l.qkv.weight, true),
+                        ("gate_up", &l.gate_up.weight, true),
+                        ("o", &l.o.weight, whole(q_cols)),
+                        ("down", &l.down.weight, whole(inter.len())),
+                        ("lm_head", w.lm_head.as_ref().unwrap(), true),
+                    ] {
+                        let at = format!("{quant:?} {what} rank {rank} of {world} {layout:?}");
+                        let want = if native {
+                            src.format()
+                        } else {
+                            WeightFormat::F32
+                        };
+                        assert_eq!(m.format(), want, "{at}");
+                        assert_eq!(m.is_int8(), native && layout == WeightLayout::Int8, "{at}");
+                    }
+                    let down = src.load_f32("model.layers.0.mlp.down_proj.weight").unwrap();
+                    let want = down.slice(1, inter).unwrap().data;
+                    let got = l.down.weight.to_f32();
+                    let max = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let worst = got
+                        .iter()
+                        .zip(&want)
+                        .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+                    assert!(
+                        worst <= max * 2f32.powi(-10),
+                        "{quant:?} down: {worst} of {max}"
+                    );
+                }
             }
         }
     }
