@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_formats::ModelFiles;
 use tessera_kernels::cpu::ActivationDtype;
+use tessera_kernels::cpu::bf16_dot::hardware_bf16;
 use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
 use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
 use tessera_shard::service::{ShardInfo, ShardService};
@@ -165,9 +166,20 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(kv_dtype = kv_dtype.name(), "KV cache element type");
     let comm = communicator(&args)?;
     let declared_bf16 = files.config.dtype == Some(tessera_formats::DType::BF16);
+    // bf16 activations need `vdpbf16ps` to be fast: elsewhere its portable reference runs,
+    // ~80x slower than f32 activations over the same bf16 weights.
+    let bf16_dot = hardware_bf16(tessera_kernels::cpu::kernels());
     let activations = match dtype {
-        "bfloat16" => ActivationDtype::Bfloat16,
-        "auto" if declared_bf16 => ActivationDtype::Bfloat16,
+        "bfloat16" => {
+            if !bf16_dot && !on_gpu {
+                tracing::warn!(
+                    "--dtype bfloat16: this CPU has no AVX512_BF16, so bf16 products run a \
+                     portable reference, much slower than --dtype auto or float32"
+                );
+            }
+            ActivationDtype::Bfloat16
+        }
+        "auto" if declared_bf16 && (bf16_dot || on_gpu) => ActivationDtype::Bfloat16,
         _ => ActivationDtype::Float32,
     };
     tracing::info!(activations = ?activations, "activation element type");

@@ -83,6 +83,21 @@ pub fn linear_bf16_dot_with(
     ROUNDED.set(xb);
 }
 
+/// Whether `kernels`' level has `vdpbf16ps` (AVX512_BF16). Elsewhere the portable reference
+/// reproduces its bits at a few GFLOP/s (measured at the AVX2 level: ~80× slower than f32
+/// activations over the same bf16 weights), so callers should keep f32 activations there.
+pub fn hardware_bf16(kernels: &Kernels) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        kernels.level == Level::Avx512 && super::arch::x86_64::bf16_dot::supported()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = kernels;
+        false
+    }
+}
+
 /// The kernel `level` runs.
 fn gemm_for(level: Level) -> Bf16DotGemm {
     #[cfg(target_arch = "x86_64")]

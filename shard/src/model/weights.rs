@@ -21,7 +21,8 @@
 use std::ops::Range;
 
 use tessera_formats::{ModelConfig, NativeTensor, WeightSource};
-use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
+use tessera_kernels::cpu::int8::hardware_int8;
+use tessera_kernels::cpu::{WeightFormat, WeightMatrix, kernels};
 
 use crate::EngineError;
 use crate::comm::{HeadSplit, Partition};
@@ -30,8 +31,8 @@ use crate::comm::{HeadSplit, Partition};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightLayout {
     /// In the file's format; `Q8_0`, `Q4_0`, `Q4_1` and the K-quants repacked and multiplied
-    /// with 8-bit activations in integers (as llama.cpp does): the fastest, not bit-identical
-    /// to f32.
+    /// with 8-bit activations in integers (as llama.cpp does): the fastest with AVX-512 VNNI,
+    /// not bit-identical to f32.
     #[default]
     Int8,
     /// In the file's format, dequantized on the fly and multiplied in f32: bit-identical to
@@ -42,16 +43,30 @@ pub enum WeightLayout {
 }
 
 impl WeightLayout {
-    /// The default, unless `TESSERA_NATIVE_WEIGHTS=0` (→ [`Self::F32`]) or `TESSERA_INT8=0`
-    /// (→ [`Self::Exact`]) asks for another.
+    /// [`Self::Int8`] where the CPU has integer dot products (AVX-512 VNNI), else
+    /// [`Self::Exact`]: without them the integer path runs its portable reference, an order
+    /// of magnitude slower than dequantizing to f32. `TESSERA_NATIVE_WEIGHTS=0` (→
+    /// [`Self::F32`]) and `TESSERA_INT8=0` or `1` (→ [`Self::Exact`] or [`Self::Int8`]) choose
+    /// instead.
     pub fn from_env() -> Self {
-        let off = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "0");
-        if off("TESSERA_NATIVE_WEIGHTS") {
-            Self::F32
-        } else if off("TESSERA_INT8") {
-            Self::Exact
-        } else {
-            Self::Int8
+        let var = |name: &str| std::env::var(name).ok();
+        Self::choose(
+            var("TESSERA_NATIVE_WEIGHTS").as_deref(),
+            var("TESSERA_INT8").as_deref(),
+            hardware_int8(kernels()),
+        )
+    }
+
+    /// [`Self::from_env`] for given variables and hardware.
+    fn choose(native_weights: Option<&str>, int8: Option<&str>, hardware_int8: bool) -> Self {
+        if native_weights.map(str::trim) == Some("0") {
+            return Self::F32;
+        }
+        match int8.map(str::trim) {
+            Some("0") => Self::Exact,
+            Some("1") => Self::Int8,
+            _ if hardware_int8 => Self::Int8,
+            _ => Self::Exact,
         }
     }
 }
@@ -688,6 +703,25 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn integer_products_are_the_default_only_with_hardware_for_them() {
+        use WeightLayout::{Exact, F32, Int8};
+        for (native, int8, hardware, want) in [
+            (None, None, true, Int8),
+            (None, None, false, Exact),
+            (None, Some("0"), true, Exact),
+            (None, Some(" 1 "), false, Int8),
+            (Some("0"), Some("1"), true, F32),
+            (Some("1"), None, true, Int8),
+        ] {
+            assert_eq!(
+                WeightLayout::choose(native, int8, hardware),
+                want,
+                "{native:?} {int8:?} {hardware}"
+            );
         }
     }
 }
