@@ -31,8 +31,8 @@ use crate::comm::{HeadSplit, Partition};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightLayout {
     /// In the file's format; `Q8_0`, `Q4_0`, `Q4_1` and the K-quants repacked and multiplied
-    /// with 8-bit activations in integers (as llama.cpp does): the fastest with AVX-512 VNNI,
-    /// not bit-identical to f32.
+    /// with 8-bit activations in integers (as llama.cpp does): the fastest decode with
+    /// AVX-512 VNNI or AVX2, not bit-identical to f32.
     #[default]
     Int8,
     /// In the file's format, dequantized on the fly and multiplied in f32: bit-identical to
@@ -43,8 +43,8 @@ pub enum WeightLayout {
 }
 
 impl WeightLayout {
-    /// [`Self::Int8`] where the CPU has integer dot products (AVX-512 VNNI), else
-    /// [`Self::Exact`]: without them the integer path runs its portable reference, an order
+    /// [`Self::Int8`] where the CPU has a vector kernel for it (AVX-512 VNNI or AVX2), else
+    /// [`Self::Exact`]: without one the integer path runs its portable reference, an order
     /// of magnitude slower than dequantizing to f32. `TESSERA_NATIVE_WEIGHTS=0` (→
     /// [`Self::F32`]) and `TESSERA_INT8=0` or `1` (→ [`Self::Exact`] or [`Self::Int8`]) choose
     /// instead.

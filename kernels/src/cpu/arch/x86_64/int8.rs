@@ -1,16 +1,15 @@
-//! Integer-dot kernels for packed weights (see `cpu::int8`): AVX-512 VNNI, and the reference
-//! compiled for AVX2 (the compiler vectorizes it; the results are the same bits).
+//! Integer-dot kernels for packed weights (see `cpu::int8`): AVX-512 VNNI here, AVX2 in
+//! `int8_avx2`.
 //!
-//! [`AVX512_VNNI`] is only handed out after [`avx512_vnni_supported`], which is what makes
-//! its safe wrappers sound.
+//! [`AVX512_VNNI`] is only handed out after [`avx512_vnni_supported`], and [`AVX2`] after
+//! `int8_avx2::supported`, which is what makes their safe wrappers sound.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
 
 use crate::cpu::int8::Int8Kernels;
-use crate::cpu::int8::activations::{QuantizedRows, RADIX, quantize_block_ref};
+use crate::cpu::int8::activations::{QuantizedRows, RADIX};
 use crate::cpu::int8::packed::{GROUP, PackedKind, PackedMatrix, QK, TILE};
-use crate::cpu::int8::portable;
 
 /// Whether the CPU has what [`AVX512_VNNI`] uses.
 pub(crate) fn avx512_vnni_supported() -> bool {
@@ -25,35 +24,9 @@ pub(crate) static AVX512_VNNI: Int8Kernels = Int8Kernels {
 };
 
 pub(crate) static AVX2: Int8Kernels = Int8Kernels {
-    tiles: tiles_avx2,
-    quantize: quantize_block_ref,
+    tiles: super::int8_avx2::tiles,
+    quantize: super::int8_avx2::quantize,
 };
-
-/// # Safety
-/// As `portable::tiles`; the CPU must have AVX2 and FMA (the level's table is only used then).
-unsafe fn tiles_avx2(
-    w: &PackedMatrix,
-    t0: usize,
-    nt: usize,
-    x: &QuantizedRows,
-    out: *mut f32,
-    ldo: usize,
-) {
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn inner(
-        w: &PackedMatrix,
-        t0: usize,
-        nt: usize,
-        x: &QuantizedRows,
-        out: *mut f32,
-        ldo: usize,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { portable::tiles(w, t0, nt, x, out, ldo) }
-    }
-    // SAFETY: the AVX2 table is only used on CPUs with AVX2 and FMA; contract forwarded.
-    unsafe { inner(w, t0, nt, x, out, ldo) }
-}
 
 fn quantize_avx512(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (f32, i32) {
     assert!(x.len() == QK && h.len() == QK && l.len() == QK);

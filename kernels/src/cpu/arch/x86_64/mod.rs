@@ -8,4 +8,5 @@ pub(crate) mod bf16_dot;
 mod dequant_avx2;
 mod dequant_avx512;
 pub(crate) mod int8;
+pub(crate) mod int8_avx2;
 mod silu;

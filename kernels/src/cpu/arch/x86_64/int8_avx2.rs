@@ -1,0 +1,277 @@
+//! AVX2 integer-dot kernel for packed weights (see `cpu::int8`), for CPUs without AVX-512
+//! VNNI.
+//!
+//! AVX2 has no `vpdpbusd`. `vpmaddubsw` would saturate on `Q8_0`'s unsigned quants. So quants
+//! are widened to 16 bits and multiplied with `vpmaddwd`, whose 16-bit operand also holds an
+//! activation's two digits at once: `254 h + l` is at most 32385. One instruction takes 16
+//! products, pairs of them summed into 32-bit lanes. A line's 16 rows × 4 values become four
+//! registers of 4 rows each, with two lanes per row; the two lanes are added once per block.
+//! The integer sums are exact (at most 255 · 32385 · 32 per block), and the f32 steps are
+//! `portable::tile_row`'s, so the results are the same bits.
+//!
+//! [`tiles`] is only handed out after [`supported`], which is what makes its calls sound.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use crate::cpu::int8::activations::{QuantizedRows, RADIX};
+use crate::cpu::int8::packed::{PackedKind, PackedMatrix, QK, TILE};
+
+/// Whether the CPU runs [`tiles`] (AVX2, FMA and F16C).
+pub(crate) fn supported() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// `activations::quantize_block_ref`'s operations, 8 lanes at a time (the same bits: the
+/// rounding is nearest-even in both, and the clamps never bind).
+pub(crate) fn quantize(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (f32, i32) {
+    assert!(x.len() == QK && h.len() == QK && l.len() == QK);
+    // SAFETY: only reachable through the AVX2 table, handed out after `supported`; the
+    // slices hold 32 values (checked above).
+    unsafe { quantize_block(x, h, l) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_block(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (f32, i32) {
+    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    // SAFETY: x holds 32 values (checked by the caller).
+    let v: [__m256; 4] = std::array::from_fn(|q| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * q)) });
+    let sign = _mm256_set1_ps(-0.0);
+    let abs = |v: __m256| _mm256_andnot_ps(sign, v);
+    let m = _mm256_max_ps(
+        _mm256_max_ps(abs(v[0]), abs(v[1])),
+        _mm256_max_ps(abs(v[2]), abs(v[3])),
+    );
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+    let s = amax / 127.0;
+    let is = _mm256_set1_ps(if amax != 0.0 { 1.0 / s } else { 0.0 });
+    let radix = _mm256_set1_ps(RADIX as f32);
+    let mut sum = _mm256_setzero_si256();
+    for (q, v) in v.into_iter().enumerate() {
+        let t = _mm256_mul_ps(v, is);
+        let hi = _mm256_round_ps::<NEAREST>(t);
+        let lo = _mm256_round_ps::<NEAREST>(_mm256_mul_ps(_mm256_sub_ps(t, hi), radix));
+        let (hi, lo) = (_mm256_cvtps_epi32(hi), _mm256_cvtps_epi32(lo));
+        let (mut hs, mut ls) = ([0i32; 8], [0i32; 8]);
+        // SAFETY: 8 lanes into 8-value arrays.
+        unsafe {
+            _mm256_storeu_si256(hs.as_mut_ptr().cast(), hi);
+            _mm256_storeu_si256(ls.as_mut_ptr().cast(), lo);
+        }
+        for e in 0..8 {
+            h[8 * q + e] = hs[e] as i8;
+            l[8 * q + e] = ls[e] as i8;
+        }
+        sum = _mm256_add_epi32(
+            sum,
+            _mm256_add_epi32(_mm256_mullo_epi32(hi, _mm256_set1_epi32(RADIX)), lo),
+        );
+    }
+    let mut lanes = [0i32; 8];
+    // SAFETY: 8 lanes into an 8-value array.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum) };
+    (s / RADIX as f32, lanes.iter().sum())
+}
+
+/// `portable::tiles`, with AVX2.
+///
+/// # Safety
+/// As `portable::tiles`; only reachable after [`supported`].
+pub(crate) unsafe fn tiles(
+    w: &PackedMatrix,
+    t0: usize,
+    nt: usize,
+    x: &QuantizedRows,
+    out: *mut f32,
+    ldo: usize,
+) {
+    // SAFETY: forwarded contract; the CPU features were detected.
+    unsafe {
+        match w.kind() {
+            PackedKind::Q8_0 => tiles_of::<false, 0, false>(w, t0, nt, x, out, ldo),
+            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
+                tiles_of::<true, 0, false>(w, t0, nt, x, out, ldo)
+            }
+            PackedKind::Q5K => tiles_of::<true, 1, false>(w, t0, nt, x, out, ldo),
+            PackedKind::Q6K => tiles_of::<true, 2, true>(w, t0, nt, x, out, ldo),
+        }
+    }
+}
+
+/// Tiles `t0..t0 + nt` for every row of `x`, for quants in nibbles (`NIB`, with `HIGH` lines
+/// of high bits) or bytes, and per-half sums and scales (`SPLIT`, `Q6_K`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool>(
+    w: &PackedMatrix,
+    t0: usize,
+    nt: usize,
+    x: &QuantizedRows,
+    out: *mut f32,
+    ldo: usize,
+) {
+    for t in t0..t0 + nt {
+        let valid = (w.rows() - t * TILE).min(TILE);
+        let store = |i: usize, acc: [__m256; 2]| {
+            let mut row = [0f32; TILE];
+            // SAFETY: the caller vouches for row i's outputs of the tile's valid columns.
+            unsafe {
+                _mm256_storeu_ps(row.as_mut_ptr(), acc[0]);
+                _mm256_storeu_ps(row.as_mut_ptr().add(8), acc[1]);
+                for (r, v) in row[..valid].iter().enumerate() {
+                    *out.add(i * ldo + (t - t0) * TILE + r) = *v;
+                }
+            }
+        };
+        let mut i = 0;
+        // Two rows share each unpacked line (four sums per row and half: Q6_K's two halves
+        // leave no registers for a second row).
+        while !SPLIT && i + 2 <= x.m {
+            // SAFETY: the tile and the rows exist.
+            let [a, b] = unsafe { tile_rows::<NIB, HIGH, SPLIT, 2>(w, t, x, i) };
+            store(i, a);
+            store(i + 1, b);
+            i += 2;
+        }
+        while i < x.m {
+            // SAFETY: as above.
+            let [a] = unsafe { tile_rows::<NIB, HIGH, SPLIT, 1>(w, t, x, i) };
+            store(i, a);
+            i += 1;
+        }
+    }
+}
+
+/// Bytes `0xFF` where bit `j` of `mask` is set, for the 32 bytes `j` of a register.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn expand_bits(mask: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(mask as i32),
+        _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+}
+
+/// The 16 outputs of tile `t` (columns 0-7, 8-15) for rows `i0..i0 + R` of `x`, each as
+/// `portable::tile_row`.
+///
+/// # Safety
+/// The tile and the rows exist; for `Q6_K`, `x` carries its halves' sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_rows<const NIB: bool, const HIGH: usize, const SPLIT: bool, const R: usize>(
+    w: &PackedMatrix,
+    t: usize,
+    x: &QuantizedRows,
+    i0: usize,
+) -> [[__m256; 2]; R] {
+    let (lines0, scales0) = w.tile_start(t);
+    let stride = w.block_stride();
+    let low = _mm256_set1_epi8(0x0F);
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    // SAFETY (whole body): block b's lines and scales lie at `b · stride` bytes from the
+    // tile's start, inside `w`; row i's block b is entry `x.at(i, b)` of `x`'s vectors.
+    unsafe {
+        for b in 0..w.blocks() {
+            let lines = lines0.add(b * stride);
+            let scales = scales0.byte_add(b * stride);
+            let js: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, b));
+            // [row][half][4-row group of the tile]: two lanes per tile row.
+            let mut sums = [[[_mm256_setzero_si256(); 4]; 2]; R];
+            // Adds 16 tile rows × 4 values (`v`: rows 0-7, 8-15) times values 4 g.. of x's
+            // rows, each as one 16-bit `254 h + l`.
+            let mut add = |v: [__m256i; 2], g: usize, half: usize| {
+                let x16: [__m256i; R] = std::array::from_fn(|r| {
+                    let four = |d: &[i8]| {
+                        let at = d.as_ptr().add(js[r] * QK + 4 * g).cast::<i32>();
+                        _mm_cvtepi8_epi16(_mm_cvtsi32_si128(at.read_unaligned()))
+                    };
+                    _mm256_broadcastq_epi64(_mm_add_epi16(
+                        _mm_mullo_epi16(four(&x.q), _mm_set1_epi16(RADIX as i16)),
+                        four(&x.q_lo),
+                    ))
+                });
+                for (k, vk) in v.iter().enumerate() {
+                    let quads = [
+                        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(*vk)),
+                        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(*vk)),
+                    ];
+                    for (q, w16) in quads.into_iter().enumerate() {
+                        for (s, xr) in sums.iter_mut().zip(&x16) {
+                            let s = &mut s[half][2 * k + q];
+                            *s = _mm256_add_epi32(*s, _mm256_madd_epi16(w16, *xr));
+                        }
+                    }
+                }
+            };
+            if NIB {
+                for h in 0..QK / 8 {
+                    let p = [
+                        _mm256_loadu_si256(lines.add(64 * h).cast()),
+                        _mm256_loadu_si256(lines.add(64 * h + 32).cast()),
+                    ];
+                    let mut lo = p.map(|v| _mm256_and_si256(v, low));
+                    let mut hi = p.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
+                    for level in 0..HIGH {
+                        let bits = lines.add(64 * (QK / 8 + level) + 16 * h).cast::<u64>();
+                        let (ml, mh) = (bits.read_unaligned(), bits.add(1).read_unaligned());
+                        let step = _mm256_set1_epi8(16 << level);
+                        for k in 0..2 {
+                            let (bl, bh) = ((ml >> (32 * k)) as u32, (mh >> (32 * k)) as u32);
+                            lo[k] = _mm256_add_epi8(lo[k], _mm256_and_si256(expand_bits(bl), step));
+                            hi[k] = _mm256_add_epi8(hi[k], _mm256_and_si256(expand_bits(bh), step));
+                        }
+                    }
+                    add(lo, h, 0);
+                    add(hi, h + QK / 8, usize::from(SPLIT));
+                }
+            } else {
+                for g in 0..QK / 4 {
+                    let p = [
+                        _mm256_loadu_si256(lines.add(64 * g).cast()),
+                        _mm256_loadu_si256(lines.add(64 * g + 32).cast()),
+                    ];
+                    add(p, g, 0);
+                }
+            }
+            // Per row: the two lanes added, rows in order (hadd interleaves 128-bit halves).
+            let rows = |s: &[__m256i; 4], k: usize| {
+                let pairs = _mm256_hadd_epi32(s[2 * k], s[2 * k + 1]);
+                _mm256_permute4x64_epi64::<0b11_01_10_00>(pairs)
+            };
+            let halves = if SPLIT { 2 } else { 1 };
+            for ((sums, acc), &j) in sums.iter().zip(acc.iter_mut()).zip(&js) {
+                let dx = _mm256_set1_ps(x.d[j]);
+                for (half, s) in sums.iter().enumerate().take(halves) {
+                    let offset = if SPLIT {
+                        x.s32_halves[j][half]
+                    } else if NIB {
+                        0
+                    } else {
+                        x.s128[j]
+                    };
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        let isum = _mm256_add_epi32(rows(s, k), _mm256_set1_epi32(offset));
+                        let d = scales.add(half * TILE + 8 * k);
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(d.cast()));
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *a);
+                        if NIB && !SPLIT {
+                            let m = scales.add(TILE + 8 * k);
+                            let m = _mm256_cvtph_ps(_mm_loadu_si128(m.cast()));
+                            *a = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sd[j]), *a);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    acc
+}
