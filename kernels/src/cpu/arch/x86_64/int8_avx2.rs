@@ -113,6 +113,16 @@ unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool>(
     out: *mut f32,
     ldo: usize,
 ) {
+    // Every activation as one 16-bit `254 h + l`, computed once for the call rather than once
+    // per tile (taken out of the thread-local: see `linear_int8_with`).
+    let mut combined = COMBINED.take();
+    combined.clear();
+    combined.extend(
+        x.q.iter()
+            .zip(&x.q_lo)
+            .map(|(&h, &l)| RADIX as i16 * i16::from(h) + i16::from(l)),
+    );
+    let x16 = &combined[..];
     for t in t0..t0 + nt {
         let valid = (w.rows() - t * TILE).min(TILE);
         let store = |i: usize, acc: [__m256; 2]| {
@@ -131,18 +141,24 @@ unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool>(
         // leave no registers for a second row).
         while !SPLIT && i + 2 <= x.m {
             // SAFETY: the tile and the rows exist.
-            let [a, b] = unsafe { tile_rows::<NIB, HIGH, SPLIT, 2>(w, t, x, i) };
+            let [a, b] = unsafe { tile_rows::<NIB, HIGH, SPLIT, 2>(w, t, x, x16, i) };
             store(i, a);
             store(i + 1, b);
             i += 2;
         }
         while i < x.m {
             // SAFETY: as above.
-            let [a] = unsafe { tile_rows::<NIB, HIGH, SPLIT, 1>(w, t, x, i) };
+            let [a] = unsafe { tile_rows::<NIB, HIGH, SPLIT, 1>(w, t, x, x16, i) };
             store(i, a);
             i += 1;
         }
     }
+    COMBINED.set(combined);
+}
+
+thread_local! {
+    /// The current call's activations as 16-bit values.
+    static COMBINED: std::cell::Cell<Vec<i16>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Bytes `0xFF` where bit `j` of `mask` is set, for the 32 bytes `j` of a register.
@@ -164,13 +180,15 @@ fn expand_bits(mask: u32) -> __m256i {
 /// `portable::tile_row`.
 ///
 /// # Safety
-/// The tile and the rows exist; for `Q6_K`, `x` carries its halves' sums.
+/// The tile and the rows exist; `x16` holds `x`'s activations as `254 h + l`; for `Q6_K`, `x`
+/// carries its halves' sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn tile_rows<const NIB: bool, const HIGH: usize, const SPLIT: bool, const R: usize>(
     w: &PackedMatrix,
     t: usize,
     x: &QuantizedRows,
+    x16: &[i16],
     i0: usize,
 ) -> [[__m256; 2]; R] {
     let (lines0, scales0) = w.tile_start(t);
@@ -187,17 +205,11 @@ unsafe fn tile_rows<const NIB: bool, const HIGH: usize, const SPLIT: bool, const
             // [row][half][4-row group of the tile]: two lanes per tile row.
             let mut sums = [[[_mm256_setzero_si256(); 4]; 2]; R];
             // Adds 16 tile rows × 4 values (`v`: rows 0-7, 8-15) times values 4 g.. of x's
-            // rows, each as one 16-bit `254 h + l`.
+            // rows (each as one 16-bit `254 h + l`).
             let mut add = |v: [__m256i; 2], g: usize, half: usize| {
                 let x16: [__m256i; R] = std::array::from_fn(|r| {
-                    let four = |d: &[i8]| {
-                        let at = d.as_ptr().add(js[r] * QK + 4 * g).cast::<i32>();
-                        _mm_cvtepi8_epi16(_mm_cvtsi32_si128(at.read_unaligned()))
-                    };
-                    _mm256_broadcastq_epi64(_mm_add_epi16(
-                        _mm_mullo_epi16(four(&x.q), _mm_set1_epi16(RADIX as i16)),
-                        four(&x.q_lo),
-                    ))
+                    let at = x16.as_ptr().add(js[r] * QK + 4 * g).cast::<i64>();
+                    _mm256_set1_epi64x(at.read_unaligned())
                 });
                 for (k, vk) in v.iter().enumerate() {
                     let quads = [
