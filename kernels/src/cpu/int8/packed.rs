@@ -623,41 +623,97 @@ mod tests {
         }
     }
 
-    #[test]
-    fn q4_k_rows_unpack_to_the_dequantization_within_f16_scales() {
-        use crate::quant::dequantize_row_q4_k;
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    /// Packs random super-blocks of every shape with `pack` and checks each row of the result
+    /// against `dequantize`, within `bound(block, value index in the super-block)`: the f16
+    /// rounding of the sub-block scales.
+    fn k_quant_rows_unpack<B>(
+        seed: u64,
+        block_bytes: usize,
+        random_block: impl Fn(&mut rand_chacha::ChaCha8Rng) -> B,
+        pack: fn(usize, usize, &[B]) -> Option<PackedMatrix>,
+        dequantize: fn(&[B], &mut [f32]),
+        bound: impl Fn(&B, usize) -> f32,
+    ) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         for (rows, cols) in [(1, 256), (17, 512), (40, 256)] {
             let nb = rows * cols / QK_K;
-            let blocks: Vec<BlockQ4K> = (0..nb)
-                .map(|_| BlockQ4K {
-                    d: f16::from_f32(rng.random_range(0.0..0.002)),
-                    dmin: f16::from_f32(rng.random_range(0.0..0.004)),
-                    scales: std::array::from_fn(|_| rng.random()),
-                    qs: std::array::from_fn(|_| rng.random()),
-                })
-                .collect();
-            let p = PackedMatrix::from_q4_k(rows, cols, &blocks).expect("small scales");
-            assert_eq!(p.storage_bytes(), nb * 144);
+            let blocks: Vec<B> = (0..nb).map(|_| random_block(&mut rng)).collect();
+            let p = pack(rows, cols, &blocks).expect("small scales");
+            assert_eq!(p.storage_bytes(), nb * block_bytes);
             let per_row = cols / QK_K;
             for row in 0..rows {
                 let mut want = vec![0f32; cols];
                 let mut got = vec![f32::NAN; cols];
-                dequantize_row_q4_k(&blocks[row * per_row..(row + 1) * per_row], &mut want);
+                dequantize(&blocks[row * per_row..(row + 1) * per_row], &mut want);
                 p.row_f32(row, &mut got);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let blk = &blocks[row * per_row + i / QK_K];
-                    let (sc, m) = get_scale_min_k4(i % QK_K / QK, &blk.scales);
-                    let (d, dm) = (
-                        blk.d.to_f32() * f32::from(sc),
-                        blk.dmin.to_f32() * f32::from(m),
-                    );
-                    // Each of the two terms moves by at most half an f16 step.
-                    let bound = (d * 15.0 + dm) * 2f32.powi(-11) + 2f32.powi(-24) * 16.0;
-                    assert!((g - w).abs() <= bound, "row {row} value {i}: {g} vs {w}");
+                    let b = bound(&blocks[row * per_row + i / QK_K], i % QK_K);
+                    assert!((g - w).abs() <= b, "row {row} value {i}: {g} vs {w}");
                 }
             }
         }
+    }
+
+    /// `d · sc` and `dmin · m` of the sub-block of value `e` of a Q4_K/Q5_K super-block.
+    fn scale_and_min(d: f16, dmin: f16, scales: &[u8; 12], e: usize) -> (f32, f32) {
+        let (sc, m) = get_scale_min_k4(e / QK, scales);
+        (d.to_f32() * f32::from(sc), dmin.to_f32() * f32::from(m))
+    }
+
+    #[test]
+    fn k_quant_rows_unpack_to_the_dequantization_within_f16_scales() {
+        use crate::quant::{dequantize_row_q4_k, dequantize_row_q5_k, dequantize_row_q6_k};
+        // Each term moves by at most half an f16 step (2^-11 relative, 2^-25 when subnormal).
+        let half_step = 2f32.powi(-11);
+        k_quant_rows_unpack(
+            2,
+            144,
+            |rng| BlockQ4K {
+                d: f16::from_f32(rng.random_range(0.0..0.002)),
+                dmin: f16::from_f32(rng.random_range(0.0..0.004)),
+                scales: std::array::from_fn(|_| rng.random()),
+                qs: std::array::from_fn(|_| rng.random()),
+            },
+            PackedMatrix::from_q4_k,
+            dequantize_row_q4_k,
+            |b, e| {
+                let (d, m) = scale_and_min(b.d, b.dmin, &b.scales, e);
+                (d * 15.0 + m) * half_step + 2f32.powi(-24) * 16.0
+            },
+        );
+        k_quant_rows_unpack(
+            3,
+            176,
+            |rng| BlockQ5K {
+                d: f16::from_f32(rng.random_range(0.0..0.002)),
+                dmin: f16::from_f32(rng.random_range(0.0..0.004)),
+                scales: std::array::from_fn(|_| rng.random()),
+                qh: std::array::from_fn(|_| rng.random()),
+                qs: std::array::from_fn(|_| rng.random()),
+            },
+            PackedMatrix::from_q5_k,
+            dequantize_row_q5_k,
+            |b, e| {
+                let (d, m) = scale_and_min(b.d, b.dmin, &b.scales, e);
+                (d * 31.0 + m) * 2.0 * half_step + 2f32.powi(-24) * 32.0
+            },
+        );
+        k_quant_rows_unpack(
+            4,
+            210,
+            |rng| BlockQ6K {
+                ql: std::array::from_fn(|_| rng.random()),
+                qh: std::array::from_fn(|_| rng.random()),
+                scales: std::array::from_fn(|_| rng.random()),
+                d: f16::from_f32(rng.random_range(-0.0005..0.0005)),
+            },
+            PackedMatrix::from_q6_k,
+            dequantize_row_q6_k,
+            |b, e| {
+                let d = (b.d.to_f32() * f32::from(b.scales[e / 16])).abs();
+                d * 32.0 * 2.0 * half_step + 2f32.powi(-24) * 32.0
+            },
+        );
         let huge = BlockQ4K {
             d: f16::from_f32(60000.0),
             dmin: f16::ZERO,
@@ -665,74 +721,5 @@ mod tests {
             qs: [0; QK_K / 2],
         };
         assert!(PackedMatrix::from_q4_k(1, QK_K, &[huge]).is_none());
-    }
-
-    #[test]
-    fn q5_k_rows_unpack_to_the_dequantization_within_f16_scales() {
-        use crate::quant::dequantize_row_q5_k;
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-        for (rows, cols) in [(1, 256), (17, 512), (40, 256)] {
-            let nb = rows * cols / QK_K;
-            let blocks: Vec<BlockQ5K> = (0..nb)
-                .map(|_| BlockQ5K {
-                    d: f16::from_f32(rng.random_range(0.0..0.002)),
-                    dmin: f16::from_f32(rng.random_range(0.0..0.004)),
-                    scales: std::array::from_fn(|_| rng.random()),
-                    qh: std::array::from_fn(|_| rng.random()),
-                    qs: std::array::from_fn(|_| rng.random()),
-                })
-                .collect();
-            let p = PackedMatrix::from_q5_k(rows, cols, &blocks).expect("small scales");
-            assert_eq!(p.storage_bytes(), nb * 176);
-            let per_row = cols / QK_K;
-            for row in 0..rows {
-                let mut want = vec![0f32; cols];
-                let mut got = vec![f32::NAN; cols];
-                dequantize_row_q5_k(&blocks[row * per_row..(row + 1) * per_row], &mut want);
-                p.row_f32(row, &mut got);
-                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let blk = &blocks[row * per_row + i / QK_K];
-                    let (sc, m) = get_scale_min_k4(i % QK_K / QK, &blk.scales);
-                    let (d, dm) = (
-                        blk.d.to_f32() * f32::from(sc),
-                        blk.dmin.to_f32() * f32::from(m),
-                    );
-                    let bound = (d * 31.0 + dm) * 2f32.powi(-10) + 2f32.powi(-24) * 32.0;
-                    assert!((g - w).abs() <= bound, "row {row} value {i}: {g} vs {w}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn q6_k_rows_unpack_to_the_dequantization_within_f16_scales() {
-        use crate::quant::dequantize_row_q6_k;
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
-        for (rows, cols) in [(1, 256), (17, 512), (40, 256)] {
-            let nb = rows * cols / QK_K;
-            let blocks: Vec<BlockQ6K> = (0..nb)
-                .map(|_| BlockQ6K {
-                    ql: std::array::from_fn(|_| rng.random()),
-                    qh: std::array::from_fn(|_| rng.random()),
-                    scales: std::array::from_fn(|_| rng.random()),
-                    d: f16::from_f32(rng.random_range(-0.0005..0.0005)),
-                })
-                .collect();
-            let p = PackedMatrix::from_q6_k(rows, cols, &blocks).expect("small scales");
-            assert_eq!(p.storage_bytes(), nb * 210);
-            let per_row = cols / QK_K;
-            for row in 0..rows {
-                let mut want = vec![0f32; cols];
-                let mut got = vec![f32::NAN; cols];
-                dequantize_row_q6_k(&blocks[row * per_row..(row + 1) * per_row], &mut want);
-                p.row_f32(row, &mut got);
-                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let blk = &blocks[row * per_row + i / QK_K];
-                    let d = (blk.d.to_f32() * f32::from(blk.scales[i % QK_K / 16])).abs();
-                    let bound = d * 32.0 * 2f32.powi(-10) + 2f32.powi(-24) * 32.0;
-                    assert!((g - w).abs() <= bound, "row {row} value {i}: {g} vs {w}");
-                }
-            }
-        }
     }
 }

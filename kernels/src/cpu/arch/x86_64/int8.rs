@@ -155,6 +155,54 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: bool>(
 /// distance interleaved: 3 blocks 49.6-50.4 GB/s, 5-6 blocks 50.1-54.1, 10 and more slower.
 const AHEAD: usize = 6;
 
+/// Asks for the tiles' stream [`AHEAD`] blocks past the current one (`lines` and `scales` of
+/// each tile's current block, `qb` quant bytes each, blocks `stride` apart), so that DRAM
+/// latency overlaps the arithmetic of this block.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn prefetch_ahead<const C: usize>(
+    lines: &[*const u8; C],
+    scales: &[*const u16; C],
+    qb: usize,
+    stride: usize,
+) {
+    // A prefetch never faults (addresses past the matrix are fine); `wrapping_add` keeps the
+    // pointer arithmetic defined.
+    for (l, s) in lines.iter().zip(scales) {
+        for o in (0..qb).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + AHEAD * stride).cast());
+        }
+        _mm_prefetch::<_MM_HINT_T0>(s.wrapping_byte_add(AHEAD * stride).cast());
+    }
+}
+
+/// Writes `acc[r][c]` at `out[r * ldo + c * 16 + lane]` for tile `t + c`'s valid lanes.
+///
+/// # Safety
+/// `out` is writable at those places.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store_tiles<const R: usize, const C: usize>(
+    w: &PackedMatrix,
+    t: usize,
+    acc: &[[__m512; C]; R],
+    out: *mut f32,
+    ldo: usize,
+) {
+    for c in 0..C {
+        let valid = (w.rows() - (t + c) * TILE).min(TILE);
+        let mask = if valid == TILE {
+            !0
+        } else {
+            ((1u32 << valid) - 1) as __mmask16
+        };
+        for (r, a) in acc.iter().enumerate() {
+            // SAFETY: the caller vouches for these places.
+            unsafe { _mm512_mask_storeu_ps(out.add(r * ldo + c * TILE), mask, a[c]) };
+        }
+    }
+}
+
 /// Rows `i0..i0 + R` of `x` times tiles `t..t + C`, written at `out[r * ldo + c * 16 + lane]`
 /// for the tiles' valid lanes. With `prefetch`, the tiles' stream is asked for ahead: the first
 /// rows over a pair of tiles fetch it, the next rows find it in cache.
@@ -189,15 +237,8 @@ unsafe fn kernel<const Q4: bool, const HIGH: bool, const R: usize, const C: usiz
         for b in 0..blocks {
             let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));
             let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
-            // The stream is read a few blocks ahead, so that DRAM latency overlaps the
-            // arithmetic of this block.
             if prefetch {
-                for (l, s) in lines.iter().zip(&scales) {
-                    for o in (0..qb).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + AHEAD * stride).cast());
-                    }
-                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_byte_add(AHEAD * stride).cast());
-                }
+                prefetch_ahead(&lines, &scales, qb, stride);
             }
             // Two integer chains per (row, tile): against the high and the low digits.
             let mut sa = [[_mm512_setzero_si512(); C]; R];
@@ -281,17 +322,7 @@ unsafe fn kernel<const Q4: bool, const HIGH: bool, const R: usize, const C: usiz
                 }
             }
         }
-        for c in 0..C {
-            let valid = (w.rows() - (t + c) * TILE).min(TILE);
-            let mask = if valid == TILE {
-                !0
-            } else {
-                ((1u32 << valid) - 1) as __mmask16
-            };
-            for (r, a) in acc.iter().enumerate() {
-                _mm512_mask_storeu_ps(out.add(r * ldo + c * TILE), mask, a[c]);
-            }
-        }
+        store_tiles(w, t, &acc, out, ldo);
     }
 }
 
@@ -376,12 +407,7 @@ unsafe fn kernel_q6<const R: usize, const C: usize>(
             let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));
             let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
             if prefetch {
-                for (l, s) in lines.iter().zip(&scales) {
-                    for o in (0..qb).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + AHEAD * stride).cast());
-                    }
-                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_byte_add(AHEAD * stride).cast());
-                }
+                prefetch_ahead(&lines, &scales, qb, stride);
             }
             // [row][tile][half]: against the high digits, and against the low ones.
             let mut sa = [[[_mm512_setzero_si512(); 2]; C]; R];
@@ -443,16 +469,6 @@ unsafe fn kernel_q6<const R: usize, const C: usize>(
                 }
             }
         }
-        for c in 0..C {
-            let valid = (w.rows() - (t + c) * TILE).min(TILE);
-            let mask = if valid == TILE {
-                !0
-            } else {
-                ((1u32 << valid) - 1) as __mmask16
-            };
-            for (r, a) in acc.iter().enumerate() {
-                _mm512_mask_storeu_ps(out.add(r * ldo + c * TILE), mask, a[c]);
-            }
-        }
+        store_tiles(w, t, &acc, out, ldo);
     }
 }
