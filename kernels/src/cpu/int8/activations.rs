@@ -32,6 +32,17 @@ pub struct QuantizedRows {
     /// `-32 · Σ (254 h + l)` over each 16-value half of each block, when asked for (takes off
     /// what the unsigned `Q6_K` quants add).
     pub(crate) s32_halves: Vec<[i32; 2]>,
+    /// Every value as one 16-bit `254 h + l`, when asked for (what AVX2's `vpmaddwd` takes).
+    pub(crate) combined: Vec<i16>,
+}
+
+/// What [`QuantizedRows::quantize`] computes besides the digits, for the kernels that read it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Extras {
+    /// [`QuantizedRows::s32_halves`] (for `Q6_K`).
+    pub(crate) halves: bool,
+    /// [`QuantizedRows::combined`] (for the AVX2 kernel).
+    pub(crate) combined: bool,
 }
 
 /// One block's input and outputs, as the zipped iterators of [`QuantizedRows::quantize`]
@@ -68,15 +79,15 @@ pub(crate) fn quantize_block_ref(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (f32,
 }
 
 impl QuantizedRows {
-    /// Quantizes `x` (`m × k`, `k` a multiple of 32) with `quantize`, reusing the buffers;
-    /// with `halves`, also the sums of each block's halves.
+    /// Quantizes `x` (`m × k`, `k` a multiple of 32) with `quantize`, reusing the buffers, and
+    /// computes the `extras` asked for.
     pub(crate) fn quantize(
         &mut self,
         x: &[f32],
         m: usize,
         k: usize,
         quantize: QuantizeBlockFn,
-        halves: bool,
+        extras: Extras,
     ) {
         assert!(k.is_multiple_of(QK), "int8 rows need whole blocks");
         assert_eq!(x.len(), m * k, "x must be m×k");
@@ -118,7 +129,7 @@ impl QuantizedRows {
             it.for_each(per);
         }
         self.s32_halves.clear();
-        if halves {
+        if extras.halves {
             let sum = |h: &[i8], l: &[i8]| -> i32 {
                 h.iter()
                     .zip(l)
@@ -138,6 +149,15 @@ impl QuantizedRows {
                             ]
                         }),
                 );
+        }
+        self.combined.clear();
+        if extras.combined {
+            self.combined.extend(
+                self.q
+                    .iter()
+                    .zip(&self.q_lo)
+                    .map(|(&h, &l)| RADIX as i16 * i16::from(h) + i16::from(l)),
+            );
         }
     }
 

@@ -21,7 +21,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use self::activations::{QuantizeBlockFn, QuantizedRows, quantize_block_ref};
+use self::activations::{Extras, QuantizeBlockFn, QuantizedRows, quantize_block_ref};
 use self::packed::{PackedKind, PackedMatrix, TILE};
 use super::dispatch::{Kernels, Level, kernels};
 use super::matmul::{SharedOut, add_bias, check_shapes};
@@ -34,12 +34,15 @@ pub(crate) type TilesFn =
 pub(crate) struct Int8Kernels {
     pub(crate) tiles: TilesFn,
     pub(crate) quantize: QuantizeBlockFn,
+    /// Whether `tiles` reads [`QuantizedRows::combined`].
+    pub(crate) combined: bool,
 }
 
 /// The portable level's: the references.
 const PORTABLE: Int8Kernels = Int8Kernels {
     tiles: portable::tiles,
     quantize: quantize_block_ref,
+    combined: false,
 };
 
 impl Int8Kernels {
@@ -114,7 +117,11 @@ pub fn linear_int8_with(
     // Taken out of the thread-local for the call, not borrowed: while it waits for the
     // parallel loop, this thread may run another product's task, which needs a buffer too.
     let mut quantized = QUANTIZED.take();
-    quantized.quantize(x, m, k, int8.quantize, w.kind() == PackedKind::Q6K);
+    let extras = Extras {
+        halves: w.kind() == PackedKind::Q6K,
+        combined: int8.combined,
+    };
+    quantized.quantize(x, m, k, int8.quantize, extras);
     let q = &quantized;
     let tiles = w.tiles();
     // The same number of tasks for every thread, of sizes within one tile of each other

@@ -158,6 +158,21 @@ fn nibble(b: &BlockQ4_1, e: usize) -> u8 {
     }
 }
 
+/// `x` as an f16, when it is finite there.
+fn finite_f16(x: f32) -> Option<f16> {
+    let h = f16::from_f32(x);
+    h.is_finite().then_some(h)
+}
+
+/// Sub-block `j`'s `d · sc` and `-dmin · m` of a `Q4_K`/`Q5_K` super-block, as f16.
+fn k4_scale_min(d: f16, dmin: f16, scales: &[u8; 12], j: usize) -> Option<(f16, f16)> {
+    let (sc, m) = get_scale_min_k4(j, scales);
+    Some((
+        finite_f16(d.to_f32() * f32::from(sc))?,
+        finite_f16(-(dmin.to_f32() * f32::from(m)))?,
+    ))
+}
+
 /// Quant `e` (0..256) of a `Q6_K` super-block, unsigned (`q`, the value being `q - 32`).
 fn q6_k_quant(b: &BlockQ6K, e: usize) -> u8 {
     let (half, group, l) = (e / 128, e % 128 / 32, e % 32);
@@ -240,103 +255,72 @@ impl PackedMatrix {
     /// Packs `rows × cols` `Q4_K` super-blocks (row after row; `cols` a multiple of 256) as
     /// `Q4_1` sub-blocks, or `None` when a sub-block's scale or minimum is too large for f16.
     pub fn from_q4_k(rows: usize, cols: usize, blocks: &[BlockQ4K]) -> Option<Self> {
-        let mut as_q4_1 = Vec::with_capacity(blocks.len() * (QK_K / QK));
-        for b in blocks {
-            let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-            for j in 0..QK_K / QK {
-                let (sc, m) = get_scale_min_k4(j, &b.scales);
-                // Sub-block j's values: nibbles of the 32 bytes of its 64-value group, low
-                // nibbles for even j.
-                let v = |l: usize| (b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
-                let (d, m) = (
-                    f16::from_f32(d * f32::from(sc)),
-                    f16::from_f32(-(dmin * f32::from(m))),
-                );
-                if !(d.is_finite() && m.is_finite()) {
-                    return None;
-                }
-                as_q4_1.push(BlockQ4_1 {
-                    d,
-                    m,
-                    qs: std::array::from_fn(|i| v(i) | (v(i + QK / 2) << 4)),
-                });
-            }
-        }
-        let mut p = Self::from_q4_1(rows, cols, &as_q4_1);
-        p.kind = PackedKind::Q4K;
-        Some(p)
+        let quant = |b: &BlockQ4K, e: usize| {
+            let (j, l) = (e / QK, e % QK);
+            (b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F
+        };
+        Self::from_super_blocks(
+            PackedKind::Q4K,
+            rows,
+            cols,
+            blocks,
+            |b, j| k4_scale_min(b.d, b.dmin, &b.scales, j),
+            quant,
+        )
     }
 
     /// Packs `rows × cols` `Q5_K` super-blocks (row after row; `cols` a multiple of 256), or
     /// `None` when a sub-block's scale or minimum is too large for f16.
     pub fn from_q5_k(rows: usize, cols: usize, blocks: &[BlockQ5K]) -> Option<Self> {
-        let subs = QK_K / QK;
-        // (d, m) of every 32-value sub-block, in file order.
-        let mut scales = Vec::with_capacity(blocks.len() * subs);
-        for b in blocks {
-            let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-            for j in 0..subs {
-                let (sc, m) = get_scale_min_k4(j, &b.scales);
-                let (d, m) = (
-                    f16::from_f32(d * f32::from(sc)),
-                    f16::from_f32(-(dmin * f32::from(m))),
-                );
-                if !(d.is_finite() && m.is_finite()) {
-                    return None;
-                }
-                scales.push((d, m));
-            }
-        }
-        let mut p = Self::empty(PackedKind::Q5K, rows, cols);
-        assert_eq!(
-            blocks.len() * subs,
-            rows * p.blocks(),
-            "Q5_K blocks must be rows × cols/256"
-        );
-        let per_row = cols / QK;
-        p.fill(|row, b, lines, sc| {
-            let r = row % TILE;
-            if row >= rows {
-                // Padding: its quants stay the zeros `empty` starts from.
-                sc[r] = 0;
-                sc[TILE + r] = 0;
-                return;
-            }
-            let (d, m) = scales[row * per_row + b];
-            sc[r] = d.to_bits();
-            sc[TILE + r] = m.to_bits();
-            let blk = &blocks[(row * per_row + b) / subs];
-            let j = b % subs;
-            // Value l of sub-block j: a nibble of its 64-value group, and bit j of qh[l].
-            let q = |l: usize| {
-                let low = (blk.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
-                low | (((blk.qh[l] >> j) & 1) << 4)
-            };
-            set_nibbles_and_high_bits(lines, r, q);
-        });
-        Some(p)
+        // Value l of sub-block j: a nibble of its 64-value group, and bit j of qh[l].
+        let quant = |b: &BlockQ5K, e: usize| {
+            let (j, l) = (e / QK, e % QK);
+            let low = (b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+            low | (((b.qh[l] >> j) & 1) << 4)
+        };
+        Self::from_super_blocks(
+            PackedKind::Q5K,
+            rows,
+            cols,
+            blocks,
+            |b, j| k4_scale_min(b.d, b.dmin, &b.scales, j),
+            quant,
+        )
     }
 
     /// Packs `rows × cols` `Q6_K` super-blocks (row after row; `cols` a multiple of 256), or
     /// `None` when a sub-block's scale is too large for f16.
     pub fn from_q6_k(rows: usize, cols: usize, blocks: &[BlockQ6K]) -> Option<Self> {
-        // d · sc of every 16-value sub-block, in file order.
-        let mut scales = Vec::with_capacity(blocks.len() * QK_K / 16);
-        for b in blocks {
-            for &sc in &b.scales {
-                let d = f16::from_f32(b.d.to_f32() * f32::from(sc));
-                if !d.is_finite() {
-                    return None;
-                }
-                scales.push(d);
-            }
-        }
-        let mut p = Self::empty(PackedKind::Q6K, rows, cols);
+        // The two 16-value halves' `d · sc`, where the other kinds keep `d` and `m`.
+        let scales = |b: &BlockQ6K, j: usize| {
+            let half = |sc: i8| finite_f16(b.d.to_f32() * f32::from(sc));
+            Some((half(b.scales[2 * j])?, half(b.scales[2 * j + 1])?))
+        };
+        Self::from_super_blocks(PackedKind::Q6K, rows, cols, blocks, scales, q6_k_quant)
+    }
+
+    /// Packs super-blocks of 256 values as eight 32-value blocks each: `scales(block, j)` gives
+    /// sub-block `j`'s two f16 scales (`None`: not representable), `quant(block, e)` value `e`'s
+    /// unsigned quant.
+    fn from_super_blocks<B>(
+        kind: PackedKind,
+        rows: usize,
+        cols: usize,
+        blocks: &[B],
+        scales: impl Fn(&B, usize) -> Option<(f16, f16)>,
+        quant: impl Fn(&B, usize) -> u8,
+    ) -> Option<Self> {
         let subs = QK_K / QK;
+        let pairs: Vec<(f16, f16)> = blocks
+            .iter()
+            .flat_map(|b| (0..subs).map(move |j| (b, j)))
+            .map(|(b, j)| scales(b, j))
+            .collect::<Option<_>>()?;
+        let mut p = Self::empty(kind, rows, cols);
         assert_eq!(
             blocks.len() * subs,
             rows * p.blocks(),
-            "Q6_K blocks must be rows × cols/256"
+            "{kind:?} blocks must be rows × cols/256"
         );
         let per_row = cols / QK;
         p.fill(|row, b, lines, sc| {
@@ -347,15 +331,11 @@ impl PackedMatrix {
                 sc[TILE + r] = 0;
                 return;
             }
-            let (sa, sb) = (
-                scales[2 * (row * per_row + b)],
-                scales[2 * (row * per_row + b) + 1],
-            );
-            sc[r] = sa.to_bits();
-            sc[TILE + r] = sb.to_bits();
+            let (first, second) = pairs[row * per_row + b];
+            sc[r] = first.to_bits();
+            sc[TILE + r] = second.to_bits();
             let blk = &blocks[(row * per_row + b) / subs];
-            let q = |l: usize| q6_k_quant(blk, 32 * (b % subs) + l);
-            set_nibbles_and_high_bits(lines, r, q);
+            set_nibbles_and_high_bits(lines, r, |l| quant(blk, QK * (b % subs) + l));
         });
         Some(p)
     }

@@ -21,11 +21,13 @@ pub(crate) fn avx512_vnni_supported() -> bool {
 pub(crate) static AVX512_VNNI: Int8Kernels = Int8Kernels {
     tiles: tiles_avx512,
     quantize: quantize_avx512,
+    combined: false,
 };
 
 pub(crate) static AVX2: Int8Kernels = Int8Kernels {
     tiles: super::int8_avx2::tiles,
     quantize: super::int8_avx2::quantize,
+    combined: true,
 };
 
 fn quantize_avx512(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (f32, i32) {
@@ -82,18 +84,18 @@ unsafe fn tiles_avx512(
     // SAFETY: the table is only handed out after detection; contract forwarded.
     unsafe {
         match w.kind() {
-            PackedKind::Q8_0 => tiles_vnni::<false, false>(w, t0, nt, x, out, ldo),
+            PackedKind::Q8_0 => tiles_vnni::<false, 0>(w, t0, nt, x, out, ldo),
             PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
-                tiles_vnni::<true, false>(w, t0, nt, x, out, ldo)
+                tiles_vnni::<true, 0>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::Q5K => tiles_vnni::<true, true>(w, t0, nt, x, out, ldo),
+            PackedKind::Q5K => tiles_vnni::<true, 1>(w, t0, nt, x, out, ldo),
             PackedKind::Q6K => tiles_q6(w, t0, nt, x, out, ldo),
         }
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tiles_vnni<const Q4: bool, const HIGH: bool>(
+unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize>(
     w: &PackedMatrix,
     t0: usize,
     nt: usize,
@@ -155,6 +157,35 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: bool>(
 /// distance interleaved: 3 blocks 49.6-50.4 GB/s, 5-6 blocks 50.1-54.1, 10 and more slower.
 const AHEAD: usize = 6;
 
+/// Nibble line `h` of a tile's block (`lines`: the block's quant lines) as the values of its
+/// low nibbles and of its high ones, each plus `16 << level` where bit `level` of the `HIGH`
+/// high-bit lines after the four nibble lines is set (`Q5_K`: one, `Q6_K`: two).
+///
+/// # Safety
+/// `lines` points at a block of a tile of a matrix whose kind has `HIGH` high-bit lines.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn nibble_line<const HIGH: usize>(lines: *const u8, h: usize) -> (__m512i, __m512i) {
+    let low = _mm512_set1_epi8(0x0F);
+    // SAFETY: the caller vouches for the block's `4 + HIGH` lines.
+    unsafe {
+        let p = _mm512_load_si512(lines.add(64 * h).cast());
+        let mut lo = _mm512_and_si512(p, low);
+        let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low);
+        for level in 0..HIGH {
+            let bits = lines.add(64 * (QK / 8 + level) + 16 * h).cast::<u64>();
+            let step = _mm512_set1_epi8(16 << level);
+            let (kl, kh) = (
+                _cvtu64_mask64(bits.read_unaligned()),
+                _cvtu64_mask64(bits.add(1).read_unaligned()),
+            );
+            lo = _mm512_mask_add_epi8(lo, kl, lo, step);
+            hi = _mm512_mask_add_epi8(hi, kh, hi, step);
+        }
+        (lo, hi)
+    }
+}
+
 /// Asks for the tiles' stream [`AHEAD`] blocks past the current one (`lines` and `scales` of
 /// each tile's current block, `qb` quant bytes each, blocks `stride` apart), so that DRAM
 /// latency overlaps the arithmetic of this block.
@@ -211,7 +242,7 @@ unsafe fn store_tiles<const R: usize, const C: usize>(
 /// The rows and tiles exist; `out` is writable at those places.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn kernel<const Q4: bool, const HIGH: bool, const R: usize, const C: usize>(
+unsafe fn kernel<const Q4: bool, const HIGH: usize, const R: usize, const C: usize>(
     w: &PackedMatrix,
     t: usize,
     x: &QuantizedRows,
@@ -220,8 +251,6 @@ unsafe fn kernel<const Q4: bool, const HIGH: bool, const R: usize, const C: usiz
     ldo: usize,
     prefetch: bool,
 ) {
-    let low = _mm512_set1_epi8(0x0F);
-    let sixteen = _mm512_set1_epi8(16);
     let blocks = w.blocks();
     let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
@@ -261,19 +290,7 @@ unsafe fn kernel<const Q4: bool, const HIGH: bool, const R: usize, const C: usiz
                     let mut lo = [_mm512_setzero_si512(); C];
                     let mut hi = [_mm512_setzero_si512(); C];
                     for c in 0..C {
-                        let p = _mm512_load_si512(lines[c].add(64 * h).cast());
-                        lo[c] = _mm512_and_si512(p, low);
-                        hi[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low);
-                        if HIGH {
-                            // Q5_K: 16 more where the fifth line's bit is set.
-                            let bits = lines[c].add(64 * (QK / 8) + 16 * h).cast::<u64>();
-                            let (kl, kh) = (
-                                _cvtu64_mask64(bits.read_unaligned()),
-                                _cvtu64_mask64(bits.add(1).read_unaligned()),
-                            );
-                            lo[c] = _mm512_mask_add_epi8(lo[c], kl, lo[c], sixteen);
-                            hi[c] = _mm512_mask_add_epi8(hi[c], kh, hi[c], sixteen);
-                        }
+                        (lo[c], hi[c]) = nibble_line::<HIGH>(lines[c], h);
                     }
                     for r in 0..R {
                         let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
@@ -390,8 +407,6 @@ unsafe fn kernel_q6<const R: usize, const C: usize>(
     ldo: usize,
     prefetch: bool,
 ) {
-    let low = _mm512_set1_epi8(0x0F);
-    let high = [_mm512_set1_epi8(16), _mm512_set1_epi8(32)];
     let blocks = w.blocks();
     let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
@@ -424,18 +439,7 @@ unsafe fn kernel_q6<const R: usize, const C: usize>(
                 let mut lo = [_mm512_setzero_si512(); C];
                 let mut hi = [_mm512_setzero_si512(); C];
                 for c in 0..C {
-                    let p = _mm512_load_si512(lines[c].add(64 * h).cast());
-                    lo[c] = _mm512_and_si512(p, low);
-                    hi[c] = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low);
-                    for (level, add) in high.iter().enumerate() {
-                        let bits = lines[c].add(64 * (QK / 8 + level) + 16 * h).cast::<u64>();
-                        let (kl, kh) = (
-                            _cvtu64_mask64(bits.read_unaligned()),
-                            _cvtu64_mask64(bits.add(1).read_unaligned()),
-                        );
-                        lo[c] = _mm512_mask_add_epi8(lo[c], kl, lo[c], *add);
-                        hi[c] = _mm512_mask_add_epi8(hi[c], kh, hi[c], *add);
-                    }
+                    (lo[c], hi[c]) = nibble_line::<2>(lines[c], h);
                 }
                 for r in 0..R {
                     let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));

@@ -113,16 +113,7 @@ unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool>(
     out: *mut f32,
     ldo: usize,
 ) {
-    // Every activation as one 16-bit `254 h + l`, computed once for the call rather than once
-    // per tile (taken out of the thread-local: see `linear_int8_with`).
-    let mut combined = COMBINED.take();
-    combined.clear();
-    combined.extend(
-        x.q.iter()
-            .zip(&x.q_lo)
-            .map(|(&h, &l)| RADIX as i16 * i16::from(h) + i16::from(l)),
-    );
-    let x16 = &combined[..];
+    let x16 = &x.combined[..];
     for t in t0..t0 + nt {
         let valid = (w.rows() - t * TILE).min(TILE);
         let store = |i: usize, acc: [__m256; 2]| {
@@ -153,12 +144,6 @@ unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool>(
             i += 1;
         }
     }
-    COMBINED.set(combined);
-}
-
-thread_local! {
-    /// The current call's activations as 16-bit values.
-    static COMBINED: std::cell::Cell<Vec<i16>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Bytes `0xFF` where bit `j` of `mask` is set, for the 32 bytes `j` of a register.
@@ -180,8 +165,8 @@ fn expand_bits(mask: u32) -> __m256i {
 /// `portable::tile_row`.
 ///
 /// # Safety
-/// The tile and the rows exist; `x16` holds `x`'s activations as `254 h + l`; for `Q6_K`, `x`
-/// carries its halves' sums.
+/// The tile and the rows exist; `x16` is `x.combined` (the AVX2 table asks for it); for
+/// `Q6_K`, `x` carries its halves' sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn tile_rows<const NIB: bool, const HIGH: usize, const SPLIT: bool, const R: usize>(
