@@ -275,8 +275,8 @@ fn valid_blocks(format: QuantFormat, n_blocks: usize, seed: u32) -> Vec<u8> {
     for _ in 0..n_blocks {
         let mut block: Vec<u8> = (0..format.block_bytes()).map(|_| next()).collect();
         let scale_offsets: &[usize] = match format {
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 => &[0],
-            QuantFormat::Q4_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => &[0],
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
         };
         for &o in scale_offsets {
@@ -293,6 +293,8 @@ fn every_supported_type_loads_with_hf_shape() {
         (QuantFormat::Q8_0, 8),
         (QuantFormat::Q4_0, 2),
         (QuantFormat::Q4_1, 3),
+        (QuantFormat::Q5_0, 6),
+        (QuantFormat::Q5_1, 7),
         (QuantFormat::Q4K, 12),
         (QuantFormat::Q5K, 13),
         (QuantFormat::Q6K, 14),
@@ -341,7 +343,7 @@ fn every_supported_type_loads_with_hf_shape() {
 fn unsupported_and_unmapped_tensors_are_clear_errors() {
     let w = Writer::new()
         .kv("general.architecture", V::String("llama".into()))
-        .tensor("blk.0.ffn_up.weight", &[32, 1], 6, vec![0; 22]); // Q5_0
+        .tensor("blk.0.ffn_up.weight", &[256, 1], 11, vec![0; 110]); // Q3_K
     let (bytes, _) = w.bytes();
     let file = write_file(&bytes);
     let gguf = GgufFile::open(&file.path).unwrap();
@@ -350,7 +352,7 @@ fn unsupported_and_unmapped_tensors_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("Q5_0") && err.contains("not supported"),
+        err.contains("Q3_K") && err.contains("not supported"),
         "{err}"
     );
     assert!(err.contains(&file.path.display().to_string()), "{err}");
@@ -977,12 +979,14 @@ fn native_bytes(format: WeightFormat, blocks: usize, seed: u32) -> Vec<u8> {
 }
 
 /// (format, GGUF type id) of every type whose matrices stay native.
-const NATIVE: [(WeightFormat, u32); 8] = [
+const NATIVE: [(WeightFormat, u32); 10] = [
     (WeightFormat::F16, 1),
     (WeightFormat::Bf16, 30),
     (WeightFormat::Q8_0, 8),
     (WeightFormat::Q4_0, 2),
     (WeightFormat::Q4_1, 3),
+    (WeightFormat::Q5_0, 6),
+    (WeightFormat::Q5_1, 7),
     (WeightFormat::Q4K, 12),
     (WeightFormat::Q5K, 13),
     (WeightFormat::Q6K, 14),

@@ -80,7 +80,8 @@ const TABLE: [(GgmlType, u32, &str, usize, usize); 32] = [
 
 impl GgmlType {
     /// The types Tessera can convert to f32, for error messages.
-    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K";
+    pub const SUPPORTED: &'static str =
+        "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
 
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
         // Every variant has a row; the fallback is unreachable but keeps this panic-free.
@@ -118,6 +119,8 @@ impl GgmlType {
             Self::Q8_0 => Some(QuantFormat::Q8_0),
             Self::Q4_0 => Some(QuantFormat::Q4_0),
             Self::Q4_1 => Some(QuantFormat::Q4_1),
+            Self::Q5_0 => Some(QuantFormat::Q5_0),
+            Self::Q5_1 => Some(QuantFormat::Q5_1),
             Self::Q4K => Some(QuantFormat::Q4K),
             Self::Q5K => Some(QuantFormat::Q5K),
             Self::Q6K => Some(QuantFormat::Q6K),
@@ -134,6 +137,8 @@ impl GgmlType {
             Self::Q8_0 => Some(WeightFormat::Q8_0),
             Self::Q4_0 => Some(WeightFormat::Q4_0),
             Self::Q4_1 => Some(WeightFormat::Q4_1),
+            Self::Q5_0 => Some(WeightFormat::Q5_0),
+            Self::Q5_1 => Some(WeightFormat::Q5_1),
             Self::Q4K => Some(WeightFormat::Q4K),
             Self::Q5K => Some(WeightFormat::Q5K),
             Self::Q6K => Some(WeightFormat::Q6K),

@@ -1,8 +1,8 @@
 //! Weight matrices kept in their file's format, multiplied without an f32 copy of the model.
 //!
 //! [`WeightMatrix`] holds a `rows × cols` matrix in the PyTorch `Linear` layout as f32,
-//! bfloat16, f16, or GGUF blocks (`Q8_0`, `Q4_0`, `Q4_1` of 32 values; `Q4_K`, `Q5_K`,
-//! `Q6_K` super-blocks of 256), each row a whole number of blocks.
+//! bfloat16, f16, or GGUF blocks (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` of 32 values; `Q4_K`,
+//! `Q5_K`, `Q6_K` super-blocks of 256), each row a whole number of blocks.
 //! [`linear_weights`] computes `out = x · wᵀ + b` like [`super::matmul::linear`]: each rayon
 //! task dequantizes a few weight rows at a time into a small per-thread buffer, with the
 //! dispatched level's dequantizer, and hands them to the level's f32 kernel while they are
@@ -25,9 +25,10 @@ use super::int8::linear_int8_with;
 use super::int8::packed::{PackedKind, PackedMatrix};
 use super::matmul::{SharedOut, add_bias, check_shapes, linear_chunks, linear_with, rows_per_task};
 use crate::quant::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, QK8_0, QuantError,
-    dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q5_k,
-    dequantize_row_q6_k, dequantize_row_q8_0,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K,
+    QK8_0, QuantError, dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_k,
+    dequantize_row_q5_0, dequantize_row_q5_1, dequantize_row_q5_k, dequantize_row_q6_k,
+    dequantize_row_q8_0,
 };
 
 /// How a [`WeightMatrix`] stores its values.
@@ -45,6 +46,10 @@ pub enum WeightFormat {
     Q4_0,
     /// GGUF `Q4_1` blocks: 32 values, f16 scale and minimum, 4-bit quants.
     Q4_1,
+    /// GGUF `Q5_0` blocks: 32 values, f16 scale, 5-bit quants offset by 16.
+    Q5_0,
+    /// GGUF `Q5_1` blocks: 32 values, f16 scale and minimum, 5-bit quants.
+    Q5_1,
     /// GGUF `Q4_K` super-blocks: 256 values, 6-bit sub-block scales and minimums, 4-bit
     /// quants.
     Q4K,
@@ -56,13 +61,15 @@ pub enum WeightFormat {
 
 impl WeightFormat {
     /// Every format, for tests and tables.
-    pub const ALL: [WeightFormat; 9] = [
+    pub const ALL: [WeightFormat; 11] = [
         Self::F32,
         Self::Bf16,
         Self::F16,
         Self::Q8_0,
         Self::Q4_0,
         Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
         Self::Q4K,
         Self::Q5K,
         Self::Q6K,
@@ -72,7 +79,7 @@ impl WeightFormat {
     pub const fn block_elements(self) -> usize {
         match self {
             Self::F32 | Self::Bf16 | Self::F16 => 1,
-            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 => QK8_0,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 => QK8_0,
             Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
         }
     }
@@ -85,6 +92,8 @@ impl WeightFormat {
             Self::Q8_0 => size_of::<BlockQ8_0>(),
             Self::Q4_0 => size_of::<BlockQ4_0>(),
             Self::Q4_1 => size_of::<BlockQ4_1>(),
+            Self::Q5_0 => size_of::<BlockQ5_0>(),
+            Self::Q5_1 => size_of::<BlockQ5_1>(),
             Self::Q4K => size_of::<BlockQ4K>(),
             Self::Q5K => size_of::<BlockQ5K>(),
             Self::Q6K => size_of::<BlockQ6K>(),
@@ -100,6 +109,8 @@ impl WeightFormat {
             Self::Q8_0 => "Q8_0",
             Self::Q4_0 => "Q4_0",
             Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
@@ -120,6 +131,10 @@ pub(crate) struct Dequant {
     pub(crate) f16: fn(&[f16], &mut [f32]),
     /// `out.len() == blocks.len() * 32`.
     pub(crate) q4_0: fn(&[BlockQ4_0], &mut [f32]),
+    /// `out.len() == blocks.len() * 32`.
+    pub(crate) q5_0: fn(&[BlockQ5_0], &mut [f32]),
+    /// `out.len() == blocks.len() * 32`.
+    pub(crate) q5_1: fn(&[BlockQ5_1], &mut [f32]),
     /// `out.len() == blocks.len() * 256`.
     pub(crate) q4_k: fn(&[BlockQ4K], &mut [f32]),
     /// `out.len() == blocks.len() * 256`.
@@ -149,6 +164,8 @@ pub(crate) const PORTABLE_DEQUANT: Dequant = Dequant {
     bf16: bf16_to_f32_ref,
     f16: f16_to_f32_ref,
     q4_0: dequantize_row_q4_0,
+    q5_0: dequantize_row_q5_0,
+    q5_1: dequantize_row_q5_1,
     q4_k: dequantize_row_q4_k,
     q5_k: dequantize_row_q5_k,
     q6_k: dequantize_row_q6_k,
@@ -162,6 +179,8 @@ enum Data {
     Q8_0(Vec<BlockQ8_0>),
     Q4_0(Vec<BlockQ4_0>),
     Q4_1(Vec<BlockQ4_1>),
+    Q5_0(Vec<BlockQ5_0>),
+    Q5_1(Vec<BlockQ5_1>),
     /// `Q8_0` or `Q4_1` repacked for integer dot products (see `cpu::int8`).
     Packed(PackedMatrix),
     Q4K(Vec<BlockQ4K>),
@@ -227,6 +246,8 @@ impl WeightMatrix {
             WeightFormat::Q8_0 => Data::Q8_0(collect(bytes)),
             WeightFormat::Q4_0 => Data::Q4_0(collect(bytes)),
             WeightFormat::Q4_1 => Data::Q4_1(collect(bytes)),
+            WeightFormat::Q5_0 => Data::Q5_0(collect(bytes)),
+            WeightFormat::Q5_1 => Data::Q5_1(collect(bytes)),
             WeightFormat::Q4K => Data::Q4K(collect(bytes)),
             WeightFormat::Q5K => Data::Q5K(collect(bytes)),
             WeightFormat::Q6K => Data::Q6K(collect(bytes)),
@@ -265,10 +286,14 @@ impl WeightMatrix {
             Data::Q8_0(_) => WeightFormat::Q8_0,
             Data::Q4_0(_) => WeightFormat::Q4_0,
             Data::Q4_1(_) => WeightFormat::Q4_1,
+            Data::Q5_0(_) => WeightFormat::Q5_0,
+            Data::Q5_1(_) => WeightFormat::Q5_1,
             Data::Packed(p) => match p.kind() {
                 PackedKind::Q8_0 => WeightFormat::Q8_0,
                 PackedKind::Q4_1 => WeightFormat::Q4_1,
                 PackedKind::Q4_0 => WeightFormat::Q4_0,
+                PackedKind::Q5_0 => WeightFormat::Q5_0,
+                PackedKind::Q5_1 => WeightFormat::Q5_1,
                 PackedKind::Q4K => WeightFormat::Q4K,
                 PackedKind::Q5K => WeightFormat::Q5K,
                 PackedKind::Q6K => WeightFormat::Q6K,
@@ -286,8 +311,8 @@ impl WeightMatrix {
     }
 
     /// The matrix repacked for integer dot products with 8-bit-quantized activations
-    /// (`cpu::int8`) when it is `Q8_0`, `Q4_1`, `Q4_0`, `Q4_K`, `Q5_K` or `Q6_K`; other formats
-    /// are returned unchanged. Products are then faster, but no longer bit-identical to f32 over
+    /// (`cpu::int8`) when it is in a GGUF block format; the float formats are returned
+    /// unchanged. Products are then faster, but no longer bit-identical to f32 over
     /// the dequantized matrix (and the K-quants' sub-block scales are rounded to f16).
     pub fn into_int8(self) -> Self {
         let data = match self.data {
@@ -297,6 +322,11 @@ impl WeightMatrix {
                 Some(p) => Data::Packed(p),
                 None => Data::Q4_0(v),
             },
+            Data::Q5_0(v) => match PackedMatrix::from_q5_0(self.rows, self.cols, &v) {
+                Some(p) => Data::Packed(p),
+                None => Data::Q5_0(v),
+            },
+            Data::Q5_1(v) => Data::Packed(PackedMatrix::from_q5_1(self.rows, self.cols, &v)),
             Data::Q4K(v) => match PackedMatrix::from_q4_k(self.rows, self.cols, &v) {
                 Some(p) => Data::Packed(p),
                 None => Data::Q4K(v),
@@ -333,6 +363,8 @@ impl WeightMatrix {
             Data::Q8_0(v) => (dequant.q8_0)(&v[b0..b1], out),
             Data::Q4_0(v) => (dequant.q4_0)(&v[b0..b1], out),
             Data::Q4_1(v) => (dequant.q4_1)(&v[b0..b1], out),
+            Data::Q5_0(v) => (dequant.q5_0)(&v[b0..b1], out),
+            Data::Q5_1(v) => (dequant.q5_1)(&v[b0..b1], out),
             Data::Packed(p) => {
                 for (r, row) in out.chunks_exact_mut(cols).enumerate() {
                     p.row_f32(start + r, row);
@@ -418,7 +450,7 @@ impl WeightMatrix {
                 }
             };
         }
-        let data = stack!(F32, Bf16, F16, Q8_0, Q4_0, Q4_1, Q4K, Q5K, Q6K);
+        let data = stack!(F32, Bf16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K);
         WeightMatrix { rows, cols, data }
     }
 }
@@ -570,6 +602,8 @@ mod tests {
             WeightFormat::Q8_0 => &[(0, -0.02, 0.02)],
             WeightFormat::Q4_0 => &[(0, -0.15, 0.15)],
             WeightFormat::Q4_1 => &[(0, 0.0, 0.01), (2, -0.08, 0.0)],
+            WeightFormat::Q5_0 => &[(0, -0.07, 0.07)],
+            WeightFormat::Q5_1 => &[(0, 0.0, 0.005), (2, -0.08, 0.0)],
             WeightFormat::Q4K | WeightFormat::Q5K => &[(0, 0.0, 0.0005), (2, 0.0, 0.0005)],
             WeightFormat::Q6K => &[(208, -0.0002, 0.0002)],
         }

@@ -19,6 +19,8 @@
 mod q4_0;
 mod q4_1;
 mod q4_k;
+mod q5_0;
+mod q5_1;
 mod q5_k;
 mod q6_k;
 mod q8_0;
@@ -30,6 +32,9 @@ pub use q4_0::{BlockQ4_0, QK4_0, dequantize_row_q4_0};
 pub use q4_1::{BlockQ4_1, QK4_1, dequantize_row_q4_1};
 pub(crate) use q4_k::scales_mins_k4;
 pub use q4_k::{BlockQ4K, K_SCALE_SIZE, QK_K, dequantize_row_q4_k, get_scale_min_k4};
+pub(crate) use q5_0::quant5;
+pub use q5_0::{BlockQ5_0, QK5_0, dequantize_row_q5_0};
+pub use q5_1::{BlockQ5_1, QK5_1, dequantize_row_q5_1};
 pub use q5_k::{BlockQ5K, dequantize_row_q5_k};
 pub use q6_k::{BlockQ6K, dequantize_row_q6_k};
 pub use q8_0::{BlockQ8_0, QK8_0, dequantize_row_q8_0};
@@ -43,6 +48,10 @@ pub enum QuantFormat {
     Q4_0,
     /// 32 values, f16 scale and minimum, 4-bit quants (20 bytes).
     Q4_1,
+    /// 32 values, f16 scale, 5-bit quants (22 bytes).
+    Q5_0,
+    /// 32 values, f16 scale and minimum, 5-bit quants (24 bytes).
+    Q5_1,
     /// 256 values, 4-bit quants with 6-bit sub-block scales and minimums (144 bytes).
     Q4K,
     /// 256 values, 5-bit quants with 6-bit sub-block scales and minimums (176 bytes).
@@ -53,10 +62,12 @@ pub enum QuantFormat {
 
 impl QuantFormat {
     /// Every format, for tests and tables.
-    pub const ALL: [QuantFormat; 6] = [
+    pub const ALL: [QuantFormat; 8] = [
         Self::Q8_0,
         Self::Q4_0,
         Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
         Self::Q4K,
         Self::Q5K,
         Self::Q6K,
@@ -65,7 +76,7 @@ impl QuantFormat {
     /// Values per block.
     pub const fn block_elements(self) -> usize {
         match self {
-            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 => 32,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
         }
     }
@@ -76,6 +87,8 @@ impl QuantFormat {
             Self::Q8_0 => size_of::<BlockQ8_0>(),
             Self::Q4_0 => size_of::<BlockQ4_0>(),
             Self::Q4_1 => size_of::<BlockQ4_1>(),
+            Self::Q5_0 => size_of::<BlockQ5_0>(),
+            Self::Q5_1 => size_of::<BlockQ5_1>(),
             Self::Q4K => size_of::<BlockQ4K>(),
             Self::Q5K => size_of::<BlockQ5K>(),
             Self::Q6K => size_of::<BlockQ6K>(),
@@ -88,6 +101,8 @@ impl QuantFormat {
             Self::Q8_0 => "Q8_0",
             Self::Q4_0 => "Q4_0",
             Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
@@ -229,6 +244,8 @@ pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) -> Result<
         QuantFormat::Q8_0 => run_blocks::<BlockQ8_0>(bytes, out, per, dequantize_row_q8_0),
         QuantFormat::Q4_0 => run_blocks::<BlockQ4_0>(bytes, out, per, dequantize_row_q4_0),
         QuantFormat::Q4_1 => run_blocks::<BlockQ4_1>(bytes, out, per, dequantize_row_q4_1),
+        QuantFormat::Q5_0 => run_blocks::<BlockQ5_0>(bytes, out, per, dequantize_row_q5_0),
+        QuantFormat::Q5_1 => run_blocks::<BlockQ5_1>(bytes, out, per, dequantize_row_q5_1),
         QuantFormat::Q4K => run_blocks::<BlockQ4K>(bytes, out, per, dequantize_row_q4_k),
         QuantFormat::Q5K => run_blocks::<BlockQ5K>(bytes, out, per, dequantize_row_q5_k),
         QuantFormat::Q6K => run_blocks::<BlockQ6K>(bytes, out, per, dequantize_row_q6_k),

@@ -55,6 +55,40 @@ fn quantize(format: QuantFormat, x: &[f32]) -> Vec<u8> {
                 };
                 out.extend_from_slice(bytemuck::bytes_of(&block));
             }
+            QuantFormat::Q5_0 | QuantFormat::Q5_1 => {
+                let (d, m, q) = if format == QuantFormat::Q5_0 {
+                    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let d = f16::from_f32(amax / 15.0);
+                    let id = 1.0 / d.to_f32();
+                    let q: Vec<u8> = b
+                        .iter()
+                        .map(|&v| (nearest(v * id, -16, 15) + 16) as u8)
+                        .collect();
+                    (d, None, q)
+                } else {
+                    let min = b.iter().copied().fold(f32::INFINITY, f32::min);
+                    let max = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let (d, m) = (f16::from_f32((max - min) / 31.0), f16::from_f32(min));
+                    let id = 1.0 / d.to_f32();
+                    let q: Vec<u8> = b
+                        .iter()
+                        .map(|&v| nearest((v - m.to_f32()) * id, 0, 31) as u8)
+                        .collect();
+                    (d, Some(m), q)
+                };
+                let qs = std::array::from_fn(|j| (q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4);
+                let qh = q
+                    .iter()
+                    .enumerate()
+                    .fold(0u32, |h, (e, &v)| h | u32::from(v >> 4) << e)
+                    .to_le_bytes();
+                match m {
+                    None => out.extend_from_slice(bytemuck::bytes_of(&BlockQ5_0 { d, qh, qs })),
+                    Some(m) => {
+                        out.extend_from_slice(bytemuck::bytes_of(&BlockQ5_1 { d, m, qh, qs }))
+                    }
+                }
+            }
             QuantFormat::Q4K | QuantFormat::Q5K => {
                 let levels = if format == QuantFormat::Q4K { 15 } else { 31 };
                 // Per 32-value sub-block: scale and (negated) minimum, quantized to 6 bits
@@ -168,7 +202,7 @@ fn quantize_then_dequantize_round_trips() {
     let tolerance = |f: QuantFormat| match f {
         QuantFormat::Q8_0 => 0.01,
         QuantFormat::Q6K => 0.04,
-        QuantFormat::Q5K => 0.05,
+        QuantFormat::Q5K | QuantFormat::Q5_0 | QuantFormat::Q5_1 => 0.05,
         QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4K => 0.1,
     };
     for format in QuantFormat::ALL {
@@ -194,6 +228,8 @@ fn block_sizes_match_ggml() {
         (32, 34),
         (32, 18),
         (32, 20),
+        (32, 22),
+        (32, 24),
         (256, 144),
         (256, 176),
         (256, 210),

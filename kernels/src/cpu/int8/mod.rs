@@ -153,8 +153,9 @@ mod tests {
     use super::*;
     use crate::cpu::test_util::{levels, random};
     use crate::quant::{
-        BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_q4_0,
-        dequantize_row_q4_1, dequantize_row_q8_0,
+        BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K,
+        dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q5_0, dequantize_row_q5_1,
+        dequantize_row_q8_0,
     };
     use half::f16;
     use rand::{Rng, SeedableRng};
@@ -190,6 +191,30 @@ mod tests {
                     .collect();
                 dequantize_row_q4_0(&blocks, &mut dense);
                 let p = PackedMatrix::from_q4_0(n, k, &blocks).expect("small scales");
+                (p, dense)
+            }
+            PackedKind::Q5_1 => {
+                let blocks: Vec<BlockQ5_1> = (0..nb)
+                    .map(|_| BlockQ5_1 {
+                        d: f16::from_f32(rng.random_range(0.0..0.005)),
+                        m: f16::from_f32(rng.random_range(-0.08..0.0)),
+                        qh: rng.random(),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                dequantize_row_q5_1(&blocks, &mut dense);
+                (PackedMatrix::from_q5_1(n, k, &blocks), dense)
+            }
+            PackedKind::Q5_0 => {
+                let blocks: Vec<BlockQ5_0> = (0..nb)
+                    .map(|_| BlockQ5_0 {
+                        d: f16::from_f32(rng.random_range(-0.005..0.005)),
+                        qh: rng.random(),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                dequantize_row_q5_0(&blocks, &mut dense);
+                let p = PackedMatrix::from_q5_0(n, k, &blocks).expect("small scales");
                 (p, dense)
             }
             PackedKind::Q8_0 => {
@@ -253,10 +278,12 @@ mod tests {
         }
     }
 
-    const KINDS: [PackedKind; 6] = [
+    const KINDS: [PackedKind; 8] = [
         PackedKind::Q8_0,
         PackedKind::Q4_1,
         PackedKind::Q4_0,
+        PackedKind::Q5_1,
+        PackedKind::Q5_0,
         PackedKind::Q4K,
         PackedKind::Q5K,
         PackedKind::Q6K,

@@ -22,6 +22,9 @@
 //!   with the quants' high bits: for nibble line `h`, a 64-bit mask of its low nibbles' values
 //!   (bit `4 r + u`), then one of its high nibbles'. The kernels add 16 where a bit is set. 24
 //!   bytes per 32 values against the file's 22.
+//! - `Q5_1` (`value = q · d + m`, 5-bit quants) is packed as `Q5_K`'s sub-blocks, with its own
+//!   `d` and `m` (exact); `Q5_0` (`value = (q - 16) · d`) too, with `m = -16 d` (exact in f16
+//!   for any `|d| ≤ 4094`). 24 bytes per 32 values against the files' 22 and 24.
 //! - `Q6_K` (super-blocks of 256: `value = d · sc_s · (q - 32)`, an 8-bit scale per 16 values,
 //!   6-bit quants) is packed as `Q5_K` with a sixth line for the quants' bit 5. The low nibbles
 //!   of a block are its first 16 values and the high nibbles its last 16, so the kernels keep
@@ -41,8 +44,8 @@
 use half::f16;
 
 use crate::quant::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_q4_0,
-    dequantize_row_q4_1, dequantize_row_q8_0, get_scale_min_k4,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K,
+    dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q8_0, get_scale_min_k4, quant5,
 };
 
 /// Weight rows per tile (one `zmm` of 32-bit lanes).
@@ -68,6 +71,10 @@ pub enum PackedKind {
     Q4K,
     /// GGUF `Q5_K`: as `Q4K`, with a line of high bits per block.
     Q5K,
+    /// GGUF `Q5_1`: `value = q · d + m`, laid out as `Q5K`.
+    Q5_1,
+    /// GGUF `Q5_0`: `value = (q - 16) · d`, laid out as `Q5K` with `m = -16 d`.
+    Q5_0,
     /// GGUF `Q6_K`: as `Q5K` with two lines of high bits, and a scale per 16-value half.
     Q6K,
 }
@@ -78,7 +85,7 @@ impl PackedKind {
         match self {
             Self::Q8_0 => TILE * QK,
             Self::Q4_1 | Self::Q4_0 | Self::Q4K => TILE * QK / 2,
-            Self::Q5K => TILE * QK / 2 + LINE,
+            Self::Q5K | Self::Q5_1 | Self::Q5_0 => TILE * QK / 2 + LINE,
             Self::Q6K => TILE * QK / 2 + 2 * LINE,
         }
     }
@@ -93,7 +100,13 @@ impl PackedKind {
     pub(crate) const fn scales(self) -> usize {
         match self {
             Self::Q8_0 => TILE,
-            Self::Q4_1 | Self::Q4_0 | Self::Q4K | Self::Q5K | Self::Q6K => 2 * TILE,
+            Self::Q4_1
+            | Self::Q4_0
+            | Self::Q4K
+            | Self::Q5K
+            | Self::Q5_1
+            | Self::Q5_0
+            | Self::Q6K => 2 * TILE,
         }
     }
 
@@ -105,6 +118,8 @@ impl PackedKind {
             Self::Q4_0 => (size_of::<BlockQ4_0>(), QK),
             Self::Q4K => (size_of::<BlockQ4K>(), QK_K),
             Self::Q5K => (size_of::<BlockQ5K>(), QK_K),
+            Self::Q5_1 => (size_of::<BlockQ5_1>(), QK),
+            Self::Q5_0 => (size_of::<BlockQ5_0>(), QK),
             Self::Q6K => (size_of::<BlockQ6K>(), QK_K),
         }
     }
@@ -112,7 +127,7 @@ impl PackedKind {
     /// Lines of quants' high bits per block of a tile (after the four nibble lines).
     pub(crate) const fn high_lines(self) -> usize {
         match self {
-            Self::Q5K => 1,
+            Self::Q5K | Self::Q5_1 | Self::Q5_0 => 1,
             Self::Q6K => 2,
             _ => 0,
         }
@@ -259,7 +274,7 @@ impl PackedMatrix {
             let (j, l) = (e / QK, e % QK);
             (b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F
         };
-        Self::from_super_blocks(
+        Self::from_blocks(
             PackedKind::Q4K,
             rows,
             cols,
@@ -278,7 +293,7 @@ impl PackedMatrix {
             let low = (b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
             low | (((b.qh[l] >> j) & 1) << 4)
         };
-        Self::from_super_blocks(
+        Self::from_blocks(
             PackedKind::Q5K,
             rows,
             cols,
@@ -296,13 +311,39 @@ impl PackedMatrix {
             let half = |sc: i8| finite_f16(b.d.to_f32() * f32::from(sc));
             Some((half(b.scales[2 * j])?, half(b.scales[2 * j + 1])?))
         };
-        Self::from_super_blocks(PackedKind::Q6K, rows, cols, blocks, scales, q6_k_quant)
+        Self::from_blocks(PackedKind::Q6K, rows, cols, blocks, scales, q6_k_quant)
     }
 
-    /// Packs super-blocks of 256 values as eight 32-value blocks each: `scales(block, j)` gives
-    /// sub-block `j`'s two f16 scales (`None`: not representable), `quant(block, e)` value `e`'s
-    /// unsigned quant.
-    fn from_super_blocks<B>(
+    /// Packs `rows × cols` `Q5_1` blocks (row after row; `cols` a multiple of 32).
+    pub fn from_q5_1(rows: usize, cols: usize, blocks: &[BlockQ5_1]) -> Self {
+        Self::from_blocks(
+            PackedKind::Q5_1,
+            rows,
+            cols,
+            blocks,
+            |b, _| Some((b.d, b.m)),
+            |b, e| quant5(&b.qs, b.qh, e),
+        )
+        .expect("Q5_1 scales are stored as they are")
+    }
+
+    /// Packs `rows × cols` `Q5_0` blocks with `m = -16 d`, or `None` when a scale is too large
+    /// for `-16 d` to be an f16.
+    pub fn from_q5_0(rows: usize, cols: usize, blocks: &[BlockQ5_0]) -> Option<Self> {
+        Self::from_blocks(
+            PackedKind::Q5_0,
+            rows,
+            cols,
+            blocks,
+            |b, _| Some((b.d, finite_f16(-16.0 * b.d.to_f32())?)),
+            |b, e| quant5(&b.qs, b.qh, e),
+        )
+    }
+
+    /// Packs file blocks of `kind.file_block()` values (32, or the K-quants' 256) as 32-value
+    /// blocks: `scales(block, j)` gives sub-block `j`'s two f16 scales (`None`: not
+    /// representable), `quant(block, e)` value `e`'s unsigned quant.
+    fn from_blocks<B>(
         kind: PackedKind,
         rows: usize,
         cols: usize,
@@ -310,7 +351,7 @@ impl PackedMatrix {
         scales: impl Fn(&B, usize) -> Option<(f16, f16)>,
         quant: impl Fn(&B, usize) -> u8,
     ) -> Option<Self> {
-        let subs = QK_K / QK;
+        let subs = kind.file_block().1 / QK;
         let pairs: Vec<(f16, f16)> = blocks
             .iter()
             .flat_map(|b| (0..subs).map(move |j| (b, j)))
@@ -320,7 +361,8 @@ impl PackedMatrix {
         assert_eq!(
             blocks.len() * subs,
             rows * p.blocks(),
-            "{kind:?} blocks must be rows × cols/256"
+            "{kind:?} blocks must be rows × cols/{}",
+            QK * subs
         );
         let per_row = cols / QK;
         p.fill(|row, b, lines, sc| {
@@ -531,10 +573,16 @@ impl PackedMatrix {
                         *v = d * (f32::from(self.quant(row, b, e)) - 32.0);
                     }
                 }
-                PackedKind::Q5K => {
+                PackedKind::Q5K | PackedKind::Q5_1 => {
                     let (d, m) = (f16::from_bits(s[r]).to_f32(), f16::from_bits(s[TILE + r]));
                     for (e, v) in y.iter_mut().enumerate() {
                         *v = d * f32::from(self.quant(row, b, e)) + m.to_f32();
+                    }
+                }
+                PackedKind::Q5_0 => {
+                    let d = f16::from_bits(s[r]).to_f32();
+                    for (e, v) in y.iter_mut().enumerate() {
+                        *v = (i32::from(self.quant(row, b, e)) - 16) as f32 * d;
                     }
                 }
                 PackedKind::Q4_0 => {
@@ -554,6 +602,7 @@ impl PackedMatrix {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::{dequantize_row_q5_0, dequantize_row_q5_1};
     use rand::{Rng, SeedableRng};
 
     #[test]
@@ -580,8 +629,27 @@ mod tests {
                     qs: std::array::from_fn(|_| rng.random()),
                 })
                 .collect();
+            let q51: Vec<BlockQ5_1> = (0..nb)
+                .map(|_| BlockQ5_1 {
+                    d: f16::from_f32(rng.random_range(0.0..0.05)),
+                    m: f16::from_f32(rng.random_range(-1.0..0.0)),
+                    qh: rng.random(),
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
+            let q50: Vec<BlockQ5_0> = (0..nb)
+                .map(|_| BlockQ5_0 {
+                    d: f16::from_f32(rng.random_range(-0.05..0.05)),
+                    qh: rng.random(),
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
             let p0 = PackedMatrix::from_q4_0(rows, cols, &q0).unwrap();
             assert_eq!(p0.storage_bytes(), nb * 18);
+            let p51 = PackedMatrix::from_q5_1(rows, cols, &q51);
+            assert_eq!(p51.storage_bytes(), nb * 24);
+            let p50 = PackedMatrix::from_q5_0(rows, cols, &q50).unwrap();
+            assert_eq!(p50.storage_bytes(), nb * 22);
             let p8 = PackedMatrix::from_q8_0(rows, cols, &q8);
             let p4 = PackedMatrix::from_q4_1(rows, cols, &q4);
             assert_eq!(p8.storage_bytes(), nb * 34);
@@ -599,6 +667,12 @@ mod tests {
                 dequantize_row_q4_0(&q0[row * blocks..(row + 1) * blocks], &mut want);
                 p0.row_f32(row, &mut got);
                 assert_eq!(got, want, "Q4_0 row {row} of {rows}x{cols}");
+                dequantize_row_q5_1(&q51[row * blocks..(row + 1) * blocks], &mut want);
+                p51.row_f32(row, &mut got);
+                assert_eq!(got, want, "Q5_1 row {row} of {rows}x{cols}");
+                dequantize_row_q5_0(&q50[row * blocks..(row + 1) * blocks], &mut want);
+                p50.row_f32(row, &mut got);
+                assert_eq!(got, want, "Q5_0 row {row} of {rows}x{cols}");
             }
         }
     }
@@ -701,5 +775,11 @@ mod tests {
             qs: [0; QK_K / 2],
         };
         assert!(PackedMatrix::from_q4_k(1, QK_K, &[huge]).is_none());
+        let huge = BlockQ5_0 {
+            d: f16::from_f32(5000.0),
+            qh: [0; 4],
+            qs: [0; QK / 2],
+        };
+        assert!(PackedMatrix::from_q5_0(1, QK, &[huge]).is_none());
     }
 }

@@ -34,6 +34,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
         bf16: dequant_bf16,
         f16: super::dequant_avx2::f16,
         q4_0: super::dequant_avx2::q4_0,
+        q5_0: super::dequant_avx2::q5_0,
+        q5_1: super::dequant_avx2::q5_1,
         q4_k: super::dequant_avx2::q4_k,
         q5_k: super::dequant_avx2::q5_k,
         q6_k: super::dequant_avx2::q6_k,

@@ -33,6 +33,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
         bf16: dequant_bf16,
         f16: super::dequant_avx512::f16,
         q4_0: super::dequant_avx512::q4_0,
+        q5_0: super::dequant_avx512::q5_0,
+        q5_1: super::dequant_avx512::q5_1,
         q4_k: super::dequant_avx512::q4_k,
         q5_k: super::dequant_avx512::q5_k,
         q6_k: super::dequant_avx512::q6_k,

@@ -1,4 +1,4 @@
-//! AVX2 + FMA dequantizers of f16, `Q4_0` and the K-quants (`Q4_K`, `Q5_K`, `Q6_K`), for the
+//! AVX2 + FMA dequantizers of f16, `Q4_0`, `Q5_0`, `Q5_1` and the K-quants (`Q4_K`, `Q5_K`, `Q6_K`), for the
 //! level's `Dequant` table (see `avx2.rs`).
 //!
 //! Each writes the portable reference's values bit for bit: the products are exact (see
@@ -12,7 +12,9 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use crate::quant::{BlockQ4_0, BlockQ4K, BlockQ5K, BlockQ6K, QK_K, scales_mins_k4};
+use crate::quant::{
+    BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, QK_K, scales_mins_k4,
+};
 
 /// Eight bytes at `p`, zero-extended to 32-bit lanes.
 ///
@@ -77,6 +79,66 @@ fn q4_0_avx2(blocks: &[BlockQ4_0], out: &mut [f32]) {
 pub(super) fn q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
     // SAFETY: avx2 was detected (see avx2::KERNELS).
     unsafe { q4_0_avx2(blocks, out) }
+}
+
+/// A `Q5_0`/`Q5_1` block's unsigned 5-bit quants, eight at a time: values `8 j..8 j + 8`
+/// in entry `j`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn q5_quants(qs: &[u8; 16], qh: [u8; 4]) -> [__m256i; 4] {
+    let high = _mm256_set1_epi32(u32::from_le_bytes(qh) as i32);
+    let (low, one) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(1));
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    std::array::from_fn(|j| {
+        // SAFETY: bytes 8 (j % 2).. (8 of the 16 in `qs`).
+        let q = unsafe { u8x8(qs.as_ptr().add(8 * (j % 2))) };
+        let nibbles = if j < 2 {
+            _mm256_and_si256(q, low)
+        } else {
+            _mm256_srli_epi32::<4>(q)
+        };
+        // Bit `e` of the high bits, for the lanes' values e = 8 j..8 j + 8.
+        let at = _mm256_add_epi32(_mm256_set1_epi32(8 * j as i32), lanes);
+        let bit = _mm256_and_si256(_mm256_srlv_epi32(high, at), one);
+        _mm256_or_si256(nibbles, _mm256_slli_epi32::<4>(bit))
+    })
+}
+
+#[target_feature(enable = "avx2")]
+fn q5_0_avx2(blocks: &[BlockQ5_0], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    let sixteen = _mm256_set1_epi32(16);
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        let d = _mm256_set1_ps(b.d.to_f32());
+        for (j, q) in q5_quants(&b.qs, b.qh).into_iter().enumerate() {
+            let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, sixteen));
+            // SAFETY: values 8 j.. (8 of the block's 32) of `y`.
+            unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(8 * j), _mm256_mul_ps(v, d)) };
+        }
+    }
+}
+
+pub(super) fn q5_0(blocks: &[BlockQ5_0], out: &mut [f32]) {
+    // SAFETY: avx2 was detected (see avx2::KERNELS).
+    unsafe { q5_0_avx2(blocks, out) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn q5_1_avx2(blocks: &[BlockQ5_1], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        let (d, m) = (_mm256_set1_ps(b.d.to_f32()), _mm256_set1_ps(b.m.to_f32()));
+        for (j, q) in q5_quants(&b.qs, b.qh).into_iter().enumerate() {
+            let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m);
+            // SAFETY: values 8 j.. (8 of the block's 32) of `y`.
+            unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(8 * j), v) };
+        }
+    }
+}
+
+pub(super) fn q5_1(blocks: &[BlockQ5_1], out: &mut [f32]) {
+    // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
+    unsafe { q5_1_avx2(blocks, out) }
 }
 
 /// A `Q4_K`/`Q5_K` block's eight effective scales `d·sc[j]` (`0..8`) and minimums

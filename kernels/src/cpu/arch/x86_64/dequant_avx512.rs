@@ -1,4 +1,4 @@
-//! AVX-512 F dequantizers of f16, `Q4_0` and the K-quants (`Q4_K`, `Q5_K`, `Q6_K`), for the
+//! AVX-512 F dequantizers of f16, `Q4_0`, `Q5_0`, `Q5_1` and the K-quants (`Q4_K`, `Q5_K`, `Q6_K`), for the
 //! level's `Dequant` table (see `avx512.rs`).
 //!
 //! Each writes the portable reference's values bit for bit: the products are exact (see
@@ -12,7 +12,9 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use crate::quant::{BlockQ4_0, BlockQ4K, BlockQ5K, BlockQ6K, QK_K, scales_mins_k4};
+use crate::quant::{
+    BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, QK_K, scales_mins_k4,
+};
 
 /// Sixteen bytes at `p`, zero-extended to 32-bit lanes.
 ///
@@ -72,6 +74,58 @@ fn q4_0_avx512(blocks: &[BlockQ4_0], out: &mut [f32]) {
 pub(super) fn q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
     unsafe { q4_0_avx512(blocks, out) }
+}
+
+/// A `Q5_0`/`Q5_1` block's unsigned 5-bit quants: values `0..16`, then `16..32`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn q5_quants(qs: &[u8; 16], qh: [u8; 4]) -> [__m512i; 2] {
+    let high = u32::from_le_bytes(qh);
+    let (low, sixteen) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(16));
+    // SAFETY: `qs` holds 16 bytes.
+    let q = unsafe { u8x16(qs.as_ptr()) };
+    let (lo, hi) = (_mm512_and_si512(q, low), _mm512_srli_epi32::<4>(q));
+    [
+        _mm512_mask_add_epi32(lo, high as u16, lo, sixteen),
+        _mm512_mask_add_epi32(hi, (high >> 16) as u16, hi, sixteen),
+    ]
+}
+
+#[target_feature(enable = "avx512f")]
+fn q5_0_avx512(blocks: &[BlockQ5_0], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    let sixteen = _mm512_set1_epi32(16);
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        let d = _mm512_set1_ps(b.d.to_f32());
+        for (half, q) in q5_quants(&b.qs, b.qh).into_iter().enumerate() {
+            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, sixteen));
+            // SAFETY: values 16 · half.. (16 of the block's 32) of `y`.
+            unsafe { _mm512_storeu_ps(y.as_mut_ptr().add(16 * half), _mm512_mul_ps(v, d)) };
+        }
+    }
+}
+
+pub(super) fn q5_0(blocks: &[BlockQ5_0], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { q5_0_avx512(blocks, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn q5_1_avx512(blocks: &[BlockQ5_1], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        let (d, m) = (_mm512_set1_ps(b.d.to_f32()), _mm512_set1_ps(b.m.to_f32()));
+        for (half, q) in q5_quants(&b.qs, b.qh).into_iter().enumerate() {
+            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m);
+            // SAFETY: values 16 · half.. (16 of the block's 32) of `y`.
+            unsafe { _mm512_storeu_ps(y.as_mut_ptr().add(16 * half), v) };
+        }
+    }
+}
+
+pub(super) fn q5_1(blocks: &[BlockQ5_1], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { q5_1_avx512(blocks, out) }
 }
 
 /// A `Q4_K`/`Q5_K` block's eight effective scales `d·sc[j]` (lanes 0..8) and minimums

@@ -88,7 +88,9 @@ unsafe fn tiles_avx512(
             PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
                 tiles_vnni::<true, 0>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::Q5K => tiles_vnni::<true, 1>(w, t0, nt, x, out, ldo),
+            PackedKind::Q5K | PackedKind::Q5_1 | PackedKind::Q5_0 => {
+                tiles_vnni::<true, 1>(w, t0, nt, x, out, ldo)
+            }
             PackedKind::Q6K => tiles_q6(w, t0, nt, x, out, ldo),
         }
     }

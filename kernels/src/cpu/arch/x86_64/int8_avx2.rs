@@ -96,7 +96,9 @@ pub(crate) unsafe fn tiles(
             PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
                 tiles_of::<true, 0, false>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::Q5K => tiles_of::<true, 1, false>(w, t0, nt, x, out, ldo),
+            PackedKind::Q5K | PackedKind::Q5_1 | PackedKind::Q5_0 => {
+                tiles_of::<true, 1, false>(w, t0, nt, x, out, ldo)
+            }
             PackedKind::Q6K => tiles_of::<true, 2, true>(w, t0, nt, x, out, ldo),
         }
     }

@@ -1,0 +1,46 @@
+//! `Q5_0`: 32 values per block, one f16 scale, 5-bit quants offset by 16.
+//!
+//! llama.cpp writes it where a K-quant cannot go: rows whose width is not a multiple of 256
+//! (Qwen2.5-0.5B's 896, SmolLM2's 576) in `Q4_K_M` and `Q5_K_M` files.
+
+use half::f16;
+
+/// Values per [`BlockQ5_0`].
+pub const QK5_0: usize = 32;
+
+/// One `Q5_0` block as ggml stores it (`block_q5_0`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct BlockQ5_0 {
+    /// Scale.
+    pub d: f16,
+    /// High bits, little-endian: bit `j` belongs to value `j`.
+    pub qh: [u8; 4],
+    /// Nibbles: the low nibble of byte `j` is value `j`, the high nibble value `j + 16`.
+    pub qs: [u8; QK5_0 / 2],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
+
+/// Unsigned 5-bit quant `e` (0..32) of a block of nibbles `qs` and high bits `qh`.
+pub(crate) fn quant5(qs: &[u8; 16], qh: [u8; 4], e: usize) -> u8 {
+    let nibble = if e < 16 {
+        qs[e] & 0x0F
+    } else {
+        qs[e - 16] >> 4
+    };
+    let high = (u32::from_le_bytes(qh) >> e) & 1;
+    nibble | (high as u8) << 4
+}
+
+/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q5_0`.
+/// `out.len()` must be `blocks.len() * 32`.
+pub fn dequantize_row_q5_0(blocks: &[BlockQ5_0], out: &mut [f32]) {
+    debug_assert_eq!(out.len(), blocks.len() * QK5_0);
+    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK5_0)) {
+        let d = block.d.to_f32();
+        for (e, v) in y.iter_mut().enumerate() {
+            *v = (i32::from(quant5(&block.qs, block.qh, e)) - 16) as f32 * d;
+        }
+    }
+}
