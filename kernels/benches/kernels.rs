@@ -60,11 +60,12 @@ const SHAPES: [(&str, usize, usize); 5] = [
 
 /// Every storage format of `WeightMatrix` (add new ones here; `random_matrix` fills any
 /// format it does not know with small finite values).
-const FORMATS: [WeightFormat; 7] = [
+const FORMATS: [WeightFormat; 8] = [
     WeightFormat::F32,
     WeightFormat::Bf16,
     WeightFormat::Q8_0,
     WeightFormat::Q4_1,
+    WeightFormat::Q5_0,
     WeightFormat::Q4K,
     WeightFormat::Q5K,
     WeightFormat::Q6K,
@@ -195,7 +196,7 @@ enum Variant {
 
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    // Q8_0, Q4_1 and the K-quants twice: multiplied exactly in f32, and repacked for int8 dot
+    // Q8_0, Q4_1, Q5_0 (whose kernels Q5_1 shares) and the K-quants twice: multiplied exactly in f32, and repacked for int8 dot
     // products (K-quants only where rows are whole super-blocks of 256: the down shape); BF16
     // twice: with f32 activations, and with bf16 ones (`vdpbf16ps`, `--dtype bfloat16`).
     let variants = FORMATS
@@ -209,6 +210,7 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                         f,
                         WeightFormat::Q8_0
                             | WeightFormat::Q4_1
+                            | WeightFormat::Q5_0
                             | WeightFormat::Q4K
                             | WeightFormat::Q5K
                             | WeightFormat::Q6K

@@ -6,11 +6,15 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use common::{Schedule, repo_root, run};
+use half::f16;
 use serde::Deserialize;
-use tessera_formats::ModelFiles;
+use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
+use tessera_kernels::cpu::WeightFormat;
+use tessera_kernels::quant::{BlockQ4_1, BlockQ5_0, BlockQ5_1, dequantize_row_q4_1};
 use tessera_shard::{KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -230,33 +234,159 @@ fn speculative_greedy_tokens_match_transformers() {
 #[test]
 fn int8_products_agree_with_exact_f32() {
     let Some(path) = gguf_path() else { return };
+    // Most of SmolLM2's bytes are Q4_1 blocks (the tied embedding is Q8_0).
+    int8_agrees_with_exact(&ModelFiles::open(&path).unwrap(), "Q4_1");
+}
+
+/// llama.cpp's K-quant files keep the rows that are not a multiple of 256 (all of SmolLM2's)
+/// in `Q5_0` or `Q5_1`. The GGUF's `Q4_1` matrices handed to the loader as `Q5_1` blocks (the
+/// same scales, minimums and quants, high bits 0) give the `Q4_1` model's logits bit for bit;
+/// requantized to `Q5_0` (every quant bit used), int8 products agree with exact f32 as they
+/// do for `Q4_1`.
+#[test]
+fn q5_0_and_q5_1_matrices_run_end_to_end() {
+    let Some(path) = gguf_path() else { return };
     let files = ModelFiles::open(&path).unwrap();
+    let as_q5_1 = reencoded(&path, WeightFormat::Q5_1, q4_1_as_q5_1);
     let golden = golden();
-    let exact = Model::load_with(&files, WeightLayout::Exact).unwrap();
-    let int8 = Model::load_with(&files, WeightLayout::Int8).unwrap();
-    // Most of SmolLM2's bytes are Q4_1 blocks (the tied embedding is Q8_0), either way.
-    assert_eq!(exact.weights_dtype(), "Q4_1");
-    assert_eq!(int8.weights_dtype(), "Q4_1");
+    let tokens = [&golden.chat.prompt_ids[..], &golden.chat.greedy_ids[..]].concat();
+    for layout in [WeightLayout::Int8, WeightLayout::Exact] {
+        let q4 = Model::load_with(&files, layout).unwrap();
+        let q5 = Model::load_with(&as_q5_1, layout).unwrap();
+        assert_eq!(q5.weights_dtype(), "Q5_1");
+        assert!(
+            all_logits(&q4, &tokens) == all_logits(&q5, &tokens),
+            "{layout:?}: Q5_1 logits differ from the same values' Q4_1 logits"
+        );
+    }
+    int8_agrees_with_exact(&reencoded(&path, WeightFormat::Q5_0, q4_1_as_q5_0), "Q5_0");
+}
+
+/// The GGUF with every `Q4_1` matrix handed to the loader as `format`, re-encoded by `encode`.
+fn reencoded(path: &Path, format: WeightFormat, encode: fn(&[u8]) -> Vec<u8>) -> ModelFiles {
+    let mut files = ModelFiles::open(path).unwrap();
+    files.weights = Arc::new(Reencoded {
+        inner: files.weights.clone(),
+        format,
+        encode,
+    });
+    files
+}
+
+struct Reencoded {
+    inner: Arc<dyn WeightSource>,
+    format: WeightFormat,
+    encode: fn(&[u8]) -> Vec<u8>,
+}
+
+impl WeightSource for Reencoded {
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+
+    fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
+        self.inner.shape(name)
+    }
+
+    fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
+        self.inner.load_f32(name)
+    }
+
+    fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
+        Ok(self.inner.load_native(name)?.map(|t| {
+            if t.format == WeightFormat::Q4_1 {
+                NativeTensor {
+                    format: self.format,
+                    shape: t.shape,
+                    bytes: (self.encode)(&t.bytes),
+                }
+            } else {
+                t
+            }
+        }))
+    }
+}
+
+fn q4_1_blocks(bytes: &[u8]) -> impl Iterator<Item = BlockQ4_1> + '_ {
+    bytes
+        .chunks_exact(size_of::<BlockQ4_1>())
+        .map(bytemuck::pod_read_unaligned)
+}
+
+/// The same values: `Q4_1`'s quants are `Q5_1`'s with the high bit 0.
+fn q4_1_as_q5_1(bytes: &[u8]) -> Vec<u8> {
+    q4_1_blocks(bytes)
+        .flat_map(|b| {
+            let q5 = BlockQ5_1 {
+                d: b.d,
+                m: b.m,
+                qh: [0; 4],
+                qs: b.qs,
+            };
+            bytemuck::bytes_of(&q5).to_vec()
+        })
+        .collect()
+}
+
+/// The values requantized as ggml's `quantize_row_q5_0_ref` does.
+fn q4_1_as_q5_0(bytes: &[u8]) -> Vec<u8> {
+    q4_1_blocks(bytes)
+        .flat_map(|b| {
+            let mut x = [0f32; 32];
+            dequantize_row_q4_1(std::slice::from_ref(&b), &mut x);
+            // The value of largest magnitude maps to -16.
+            let max = x
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            let d = max / -16.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let q: Vec<u8> = x
+                .iter()
+                .map(|&v| ((v * id + 16.5) as i8).min(31) as u8)
+                .collect();
+            let q5 = BlockQ5_0 {
+                d: f16::from_f32(d),
+                qh: q
+                    .iter()
+                    .enumerate()
+                    .fold(0u32, |h, (e, &v)| h | u32::from(v >> 4) << e)
+                    .to_le_bytes(),
+                qs: std::array::from_fn(|j| (q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4),
+            };
+            bytemuck::bytes_of(&q5).to_vec()
+        })
+        .collect()
+}
+
+/// Logits at every position of `tokens`, run as one prompt.
+fn all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut cache = model.new_cache(tokens.len().div_ceil(16) + 1, 16).unwrap();
+    let blocks: Vec<u32> = (1..=tokens.len().div_ceil(16) as u32).collect();
+    let chunk = SequenceChunk {
+        tokens,
+        start_position: 0,
+        block_table: &blocks,
+        logits: LogitsWanted::All,
+    };
+    let out = model.forward(&[chunk], &mut cache).unwrap();
+    (0..tokens.len())
+        .map(|i| out.row(0, i).to_vec())
+        .collect::<Vec<_>>()
+}
+
+/// See `int8_products_agree_with_exact_f32`; `dtype` is what both models report.
+fn int8_agrees_with_exact(files: &ModelFiles, dtype: &str) {
+    let golden = golden();
+    let exact = Model::load_with(files, WeightLayout::Exact).unwrap();
+    let int8 = Model::load_with(files, WeightLayout::Int8).unwrap();
+    assert_eq!(exact.weights_dtype(), dtype);
+    assert_eq!(int8.weights_dtype(), dtype);
     let mut sequences: Vec<Vec<u32>> = golden
         .prompts
         .iter()
         .map(|p| [&p.prompt_ids[..], &p.greedy_ids[..]].concat())
         .collect();
     sequences.push([&golden.chat.prompt_ids[..], &golden.chat.greedy_ids[..]].concat());
-    let all_logits = |model: &Model, tokens: &[u32]| {
-        let mut cache = model.new_cache(tokens.len().div_ceil(16) + 1, 16).unwrap();
-        let blocks: Vec<u32> = (1..=tokens.len().div_ceil(16) as u32).collect();
-        let chunk = SequenceChunk {
-            tokens,
-            start_position: 0,
-            block_table: &blocks,
-            logits: LogitsWanted::All,
-        };
-        let out = model.forward(&[chunk], &mut cache).unwrap();
-        (0..tokens.len())
-            .map(|i| out.row(0, i).to_vec())
-            .collect::<Vec<_>>()
-    };
     let argmax = |v: &[f32]| {
         v.iter()
             .enumerate()
@@ -301,7 +431,7 @@ fn int8_products_agree_with_exact_f32() {
         sum_abs / count as f64
     );
     eprintln!(
-        "int8 vs exact f32, teacher-forced over {positions} positions: max |Δlogit| {worst:.4}, \
+        "{dtype}: int8 vs exact f32, teacher-forced over {positions} positions: max |Δlogit| {worst:.4}, \
          {ties} argmax differences (all at near ties)"
     );
     // 8-bit activations move logits by a few tenths on average (measured: mean 0.19, max 1.8
@@ -326,9 +456,12 @@ fn int8_products_agree_with_exact_f32() {
     let b = run(&int8, &prompts, 32, 64, Schedule::Together);
     for ((p, x), y) in golden.prompts.iter().zip(&a).zip(&b) {
         match x.tokens.iter().zip(&y.tokens).position(|(s, t)| s != t) {
-            None => eprintln!("{:?}: int8 and exact agree on 32 greedy tokens", p.text),
+            None => eprintln!(
+                "{dtype} {:?}: int8 and exact agree on 32 greedy tokens",
+                p.text
+            ),
             Some(i) => eprintln!(
-                "{:?}: first greedy divergence at token {i} (exact {}, int8 {})",
+                "{dtype} {:?}: first greedy divergence at token {i} (exact {}, int8 {})",
                 p.text, x.tokens[i], y.tokens[i]
             ),
         }

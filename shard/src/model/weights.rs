@@ -7,14 +7,14 @@
 //! columns of o_proj and down_proj (row-parallel: their partial products are summed across
 //! ranks, and their biases are added by rank 0 only).
 //!
-//! Matrices stay in their file's format (GGUF `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`,
-//! `Q4_K`, `Q5_K`, `Q6_K`; see [`WeightSource::load_native`]) and are multiplied directly by
-//! `tessera_kernels::cpu::weights`. Under tensor parallelism so are a rank's rows (a byte
+//! Matrices stay in their file's format (GGUF `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`,
+//! `Q5_1`, `Q4_K`, `Q5_K`, `Q6_K`; see [`WeightSource::load_native`]) and are multiplied
+//! directly by `tessera_kernels::cpu::weights`. Under tensor parallelism so are a rank's rows (a byte
 //! range of whole blocks, [`WeightSource::load_native_slice`]) and its columns when they
 //! start and end on block boundaries; other slices, and every other format, are loaded as
 //! f32. A fused projection whose parts differ in format (llama.cpp's mixes often quantize v
 //! differently from q and k) is stacked as f32. [`WeightLayout`] chooses how they are
-//! multiplied: by default `Q8_0`, `Q4_0`, `Q4_1`, `Q4_K`, `Q5_K` and `Q6_K` matrices are
+//! multiplied: by default the GGUF block formats (all of the above but `F16` and `BF16`) are
 //! repacked for integer dot products with 8-bit activations (`tessera_kernels::cpu::int8`, as
 //! llama.cpp computes them).
 
@@ -30,9 +30,9 @@ use crate::comm::{HeadSplit, Partition};
 /// How a model's matrices are kept in memory and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightLayout {
-    /// In the file's format; `Q8_0`, `Q4_0`, `Q4_1` and the K-quants repacked and multiplied
-    /// with 8-bit activations in integers (as llama.cpp does): the fastest decode with
-    /// AVX-512 VNNI or AVX2, not bit-identical to f32.
+    /// In the file's format; the GGUF block formats repacked and multiplied with 8-bit
+    /// activations in integers (as llama.cpp does): the fastest decode with AVX-512 VNNI or
+    /// AVX2, not bit-identical to f32.
     #[default]
     Int8,
     /// In the file's format, dequantized on the fly and multiplied in f32: bit-identical to
