@@ -239,34 +239,53 @@ fn int8_products_agree_with_exact_f32() {
 }
 
 /// llama.cpp's K-quant files keep the rows that are not a multiple of 256 (all of SmolLM2's)
-/// in `Q5_0` or `Q5_1`. The GGUF's `Q4_1` matrices handed to the loader as `Q5_1` blocks (the
-/// same scales, minimums and quants, high bits 0) give the `Q4_1` model's logits bit for bit;
-/// requantized to `Q5_0` (every quant bit used), int8 products agree with exact f32 as they
-/// do for `Q4_1`.
+/// in `Q5_0` or `Q5_1`, and give v another format than q and k. The GGUF's `Q4_1` matrices
+/// handed to the loader as `Q5_1` blocks (the same scales, minimums and quants, high bits 0)
+/// give the `Q4_1` model's logits bit for bit: all of them, or only v (each fused q/k/v
+/// projection then a stack of two formats, still native); requantized to `Q5_0` (every quant
+/// bit used), int8 products agree with exact f32 as they do for `Q4_1`.
 #[test]
-fn q5_0_and_q5_1_matrices_run_end_to_end() {
+fn q5_0_q5_1_and_mixed_matrices_run_end_to_end() {
     let Some(path) = gguf_path() else { return };
     let files = ModelFiles::open(&path).unwrap();
-    let as_q5_1 = reencoded(&path, WeightFormat::Q5_1, q4_1_as_q5_1);
+    let every = |_: &str| true;
+    let as_q5_1 = reencoded(&path, every, WeightFormat::Q5_1, q4_1_as_q5_1);
+    let v_as_q5_1 = reencoded(
+        &path,
+        |n| n.contains("v_proj"),
+        WeightFormat::Q5_1,
+        q4_1_as_q5_1,
+    );
     let golden = golden();
     let tokens = [&golden.chat.prompt_ids[..], &golden.chat.greedy_ids[..]].concat();
     for layout in [WeightLayout::Int8, WeightLayout::Exact] {
-        let q4 = Model::load_with(&files, layout).unwrap();
-        let q5 = Model::load_with(&as_q5_1, layout).unwrap();
-        assert_eq!(q5.weights_dtype(), "Q5_1");
-        assert!(
-            all_logits(&q4, &tokens) == all_logits(&q5, &tokens),
-            "{layout:?}: Q5_1 logits differ from the same values' Q4_1 logits"
-        );
+        let q4 = all_logits(&Model::load_with(&files, layout).unwrap(), &tokens);
+        for (files, dtype) in [(&as_q5_1, "Q5_1"), (&v_as_q5_1, "Q4_1")] {
+            // A fused projection stacked as f32 would make most of the bytes f32.
+            let model = Model::load_with(files, layout).unwrap();
+            assert_eq!(model.weights_dtype(), dtype);
+            assert!(
+                all_logits(&model, &tokens) == q4,
+                "{layout:?}, {dtype}: logits differ from the same values' Q4_1 logits"
+            );
+        }
     }
-    int8_agrees_with_exact(&reencoded(&path, WeightFormat::Q5_0, q4_1_as_q5_0), "Q5_0");
+    let as_q5_0 = reencoded(&path, every, WeightFormat::Q5_0, q4_1_as_q5_0);
+    int8_agrees_with_exact(&as_q5_0, "Q5_0");
 }
 
-/// The GGUF with every `Q4_1` matrix handed to the loader as `format`, re-encoded by `encode`.
-fn reencoded(path: &Path, format: WeightFormat, encode: fn(&[u8]) -> Vec<u8>) -> ModelFiles {
+/// The GGUF with the `Q4_1` matrices whose names `which` accepts handed to the loader as
+/// `format`, re-encoded by `encode`.
+fn reencoded(
+    path: &Path,
+    which: fn(&str) -> bool,
+    format: WeightFormat,
+    encode: fn(&[u8]) -> Vec<u8>,
+) -> ModelFiles {
     let mut files = ModelFiles::open(path).unwrap();
     files.weights = Arc::new(Reencoded {
         inner: files.weights.clone(),
+        which,
         format,
         encode,
     });
@@ -275,6 +294,7 @@ fn reencoded(path: &Path, format: WeightFormat, encode: fn(&[u8]) -> Vec<u8>) ->
 
 struct Reencoded {
     inner: Arc<dyn WeightSource>,
+    which: fn(&str) -> bool,
     format: WeightFormat,
     encode: fn(&[u8]) -> Vec<u8>,
 }
@@ -294,7 +314,7 @@ impl WeightSource for Reencoded {
 
     fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
         Ok(self.inner.load_native(name)?.map(|t| {
-            if t.format == WeightFormat::Q4_1 {
+            if t.format == WeightFormat::Q4_1 && (self.which)(name) {
                 NativeTensor {
                     format: self.format,
                     shape: t.shape,

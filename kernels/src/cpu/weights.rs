@@ -183,6 +183,10 @@ enum Data {
     Q5_1(Vec<BlockQ5_1>),
     /// `Q8_0` or `Q4_1` repacked for integer dot products (see `cpu::int8`).
     Packed(PackedMatrix),
+    /// Matrices of different formats stacked row-wise, each kept (and multiplied) in its own:
+    /// llama.cpp's mixes give v another format than q and k, and their fused projection
+    /// would otherwise be f32. Never nested, never fewer than two.
+    Stack(Vec<WeightMatrix>),
     Q4K(Vec<BlockQ4K>),
     Q5K(Vec<BlockQ5K>),
     Q6K(Vec<BlockQ6K>),
@@ -277,9 +281,14 @@ impl WeightMatrix {
         self.cols
     }
 
-    /// The storage format.
+    /// The storage format (of most of the bytes, for a stack of matrices in several formats:
+    /// see [`Self::concat_rows`]).
     pub fn format(&self) -> WeightFormat {
         match &self.data {
+            Data::Stack(parts) => parts
+                .iter()
+                .max_by_key(|p| p.storage_bytes())
+                .map_or(WeightFormat::F32, |p| p.format()),
             Data::F32(_) => WeightFormat::F32,
             Data::Bf16(_) => WeightFormat::Bf16,
             Data::F16(_) => WeightFormat::F16,
@@ -307,7 +316,20 @@ impl WeightMatrix {
     /// Whether products use 8-bit activations and integer dot products (see
     /// [`Self::into_int8`]).
     pub fn is_int8(&self) -> bool {
-        matches!(self.data, Data::Packed(_))
+        match &self.data {
+            Data::Packed(_) => true,
+            Data::Stack(parts) => parts.iter().all(|p| p.is_int8()),
+            _ => false,
+        }
+    }
+
+    /// The matrices a stack of several formats keeps (see [`Self::concat_rows`]), top to
+    /// bottom; just this matrix otherwise.
+    pub fn parts(&self) -> &[WeightMatrix] {
+        match &self.data {
+            Data::Stack(parts) => parts,
+            _ => std::slice::from_ref(self),
+        }
     }
 
     /// The matrix repacked for integer dot products with 8-bit-quantized activations
@@ -339,6 +361,7 @@ impl WeightMatrix {
                 Some(p) => Data::Packed(p),
                 None => Data::Q6K(v),
             },
+            Data::Stack(parts) => Data::Stack(parts.into_iter().map(Self::into_int8).collect()),
             other => other,
         };
         Self { data, ..self }
@@ -346,6 +369,9 @@ impl WeightMatrix {
 
     /// Bytes the values occupy in memory.
     pub fn storage_bytes(&self) -> usize {
+        if let Data::Stack(parts) = &self.data {
+            return parts.iter().map(Self::storage_bytes).sum();
+        }
         self.rows * (self.cols / self.format().block_elements()) * self.format().block_bytes()
     }
 
@@ -354,6 +380,19 @@ impl WeightMatrix {
     fn rows_f32_with(&self, dequant: &Dequant, start: usize, out: &mut [f32]) {
         let (cols, n) = (self.cols, out.len() / self.cols);
         debug_assert!(start + n <= self.rows && out.len() == n * cols);
+        if let Data::Stack(parts) = &self.data {
+            // Each part's rows that fall in start..start + n.
+            let mut first = 0;
+            for p in parts {
+                let (lo, hi) = (start.max(first), (start + n).min(first + p.rows));
+                if lo < hi {
+                    let dst = &mut out[(lo - start) * cols..(hi - start) * cols];
+                    p.rows_f32_with(dequant, lo - first, dst);
+                }
+                first += p.rows;
+            }
+            return;
+        }
         let per = self.format().block_elements();
         let (b0, b1) = (start * cols / per, (start + n) * cols / per);
         match &self.data {
@@ -373,6 +412,7 @@ impl WeightMatrix {
             Data::Q4K(v) => (dequant.q4_k)(&v[b0..b1], out),
             Data::Q5K(v) => (dequant.q5_k)(&v[b0..b1], out),
             Data::Q6K(v) => (dequant.q6_k)(&v[b0..b1], out),
+            Data::Stack(_) => unreachable!("stacks are handled above"),
         }
     }
 
@@ -412,8 +452,9 @@ impl WeightMatrix {
         }
     }
 
-    /// The matrices' rows stacked (their widths must agree): in their common format, or
-    /// as f32 when their formats differ.
+    /// The matrices' rows stacked (their widths must agree): in their common format, or as a
+    /// stack of the parts, each in its own format, when their formats differ (or any is
+    /// already repacked for int8). A product with a stack multiplies each part in turn.
     pub fn concat_rows(parts: Vec<WeightMatrix>) -> WeightMatrix {
         let cols = parts.first().map_or(0, |p| p.cols);
         assert!(
@@ -425,12 +466,21 @@ impl WeightMatrix {
         if parts.len() == 1 {
             return parts.into_iter().next().expect("one part");
         }
-        if !parts
-            .iter()
-            .all(|p| Some(p.format()) == format && !p.is_int8())
-        {
-            let data = Data::F32(parts.iter().flat_map(|p| p.to_f32()).collect());
-            return WeightMatrix { rows, cols, data };
+        if !parts.iter().all(|p| {
+            Some(p.format()) == format && !matches!(p.data, Data::Packed(_) | Data::Stack(_))
+        }) {
+            let flat = parts
+                .into_iter()
+                .flat_map(|p| match p.data {
+                    Data::Stack(inner) => inner,
+                    _ => vec![p],
+                })
+                .collect();
+            return WeightMatrix {
+                rows,
+                cols,
+                data: Data::Stack(flat),
+            };
         }
         let mut it = parts.into_iter().map(|p| p.data);
         // Appends the rest's storage to the first's; every part has the first's variant.
@@ -445,7 +495,9 @@ impl WeightMatrix {
                         }
                         Data::$variant(v)
                     })*
-                    Some(Data::Packed(_)) => unreachable!("int8 matrices are stacked as f32"),
+                    Some(Data::Packed(_) | Data::Stack(_)) => {
+                        unreachable!("repacked matrices and stacks are stacked as parts")
+                    }
                     None => Data::F32(Vec::new()),
                 }
             };
@@ -515,7 +567,34 @@ pub fn linear_weights_as(
         (Data::Bf16(v), ActivationDtype::Bfloat16) => {
             super::bf16_dot::linear_bf16_dot(x, v, bias, m, w.cols, out)
         }
+        (Data::Stack(parts), _) => linear_parts(parts, bias, m, out, |p, b, o| {
+            linear_weights_as(x, p, b, m, o, dtype)
+        }),
         _ => linear_weights(x, w, bias, m, out),
+    }
+}
+
+/// A stack's product: `product(part, its bias, its m × part.rows outputs)` for each part in
+/// turn, each written into its columns of `out` (`m × Σ rows`).
+fn linear_parts(
+    parts: &[WeightMatrix],
+    bias: Option<&[f32]>,
+    m: usize,
+    out: &mut [f32],
+    product: impl Fn(&WeightMatrix, Option<&[f32]>, &mut [f32]),
+) {
+    let n: usize = parts.iter().map(|p| p.rows).sum();
+    assert_eq!(out.len(), m * n, "out must be m × rows");
+    assert!(bias.is_none_or(|b| b.len() == n), "a bias per output row");
+    let mut part_out = Vec::new();
+    let mut first = 0;
+    for p in parts {
+        part_out.resize(m * p.rows, 0.0);
+        product(p, bias.map(|b| &b[first..first + p.rows]), &mut part_out);
+        for (row, part_row) in out.chunks_exact_mut(n).zip(part_out.chunks_exact(p.rows)) {
+            row[first..first + p.rows].copy_from_slice(part_row);
+        }
+        first += p.rows;
     }
 }
 
@@ -532,6 +611,11 @@ pub fn linear_weights_with(
     match &w.data {
         Data::F32(v) => return linear_with(kernels, x, v, bias, m, k, out),
         Data::Packed(p) => return linear_int8_with(kernels, x, p, bias, m, out),
+        Data::Stack(parts) => {
+            return linear_parts(parts, bias, m, out, |p, b, o| {
+                linear_weights_with(kernels, x, p, b, m, o)
+            });
+        }
         _ => {}
     }
     if check_shapes(x, n * k, bias, m, k, out).is_none() {
@@ -899,8 +983,75 @@ mod tests {
         }
     }
 
+    /// A stack's products are its parts' products side by side (with their biases): on the
+    /// exact path the bits of f32 over the whole dequantized matrix, on the int8 path those
+    /// of each part's own product; with bf16 activations, bf16 parts take `vdpbf16ps`.
     #[test]
-    fn concat_keeps_a_common_format_and_falls_back_to_f32() {
+    fn stacked_parts_multiply_like_their_concatenation() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
+        let k = 512;
+        let parts = [
+            random_matrix(&mut rng, WeightFormat::Q4K, 20, k),
+            random_matrix(&mut rng, WeightFormat::Q5_0, 7, k),
+            random_matrix(&mut rng, WeightFormat::Q6K, 9, k),
+            random_matrix(&mut rng, WeightFormat::Bf16, 5, k),
+        ];
+        let n: usize = parts.iter().map(|p| p.rows()).sum();
+        let bias = random(&mut rng, n);
+        let stack = WeightMatrix::concat_rows(parts.to_vec());
+        let dense = stack.to_f32();
+        // Each part's `m` output rows (from `product(part, its bias)`) side by side.
+        let side_by_side = |m: usize, product: &dyn Fn(&WeightMatrix, &[f32]) -> Vec<f32>| {
+            let mut out = vec![0f32; m * n];
+            let mut first = 0;
+            for p in &parts {
+                let o = product(p, &bias[first..first + p.rows()]);
+                for (row, part) in out.chunks_exact_mut(n).zip(o.chunks_exact(p.rows())) {
+                    row[first..first + p.rows()].copy_from_slice(part);
+                }
+                first += p.rows();
+            }
+            out
+        };
+        for kern in levels() {
+            for m in [1, 3, 17] {
+                let x = random(&mut rng, m * k);
+                let mut got = vec![f32::NAN; m * n];
+                linear_weights_with(kern, &x, &stack, Some(&bias), m, &mut got);
+                let mut want = vec![0f32; m * n];
+                linear_with(kern, &x, &dense, Some(&bias), m, k, &mut want);
+                assert_eq!(got, want, "{:?} m={m}: exact", kern.level);
+                let int8 = stack.clone().into_int8();
+                assert!(!int8.is_int8(), "the bf16 part stays bf16");
+                linear_weights_with(kern, &x, &int8, Some(&bias), m, &mut got);
+                let want = side_by_side(m, &|p, b| {
+                    let mut o = vec![0f32; m * p.rows()];
+                    linear_weights_with(kern, &x, &p.clone().into_int8(), Some(b), m, &mut o);
+                    o
+                });
+                assert_eq!(got, want, "{:?} m={m}: int8", kern.level);
+            }
+        }
+        let (m, x) = (2, random(&mut rng, 2 * k));
+        let mut got = vec![f32::NAN; m * n];
+        linear_weights_as(
+            &x,
+            &stack,
+            Some(&bias),
+            m,
+            &mut got,
+            ActivationDtype::Bfloat16,
+        );
+        let want = side_by_side(m, &|p, b| {
+            let mut o = vec![0f32; m * p.rows()];
+            linear_weights_as(&x, p, Some(b), m, &mut o, ActivationDtype::Bfloat16);
+            o
+        });
+        assert_eq!(got, want, "bf16 activations");
+    }
+
+    #[test]
+    fn concat_keeps_a_common_format_and_stacks_mixed_ones() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(14);
         let a = random_matrix(&mut rng, WeightFormat::Q4_1, 3, 64);
         let b = random_matrix(&mut rng, WeightFormat::Q4_1, 2, 64);
@@ -913,14 +1064,18 @@ mod tests {
         let want: Vec<f32> = [a.to_f32(), b.to_f32()].concat();
         assert_eq!(ab.to_f32(), want);
         let ac = WeightMatrix::concat_rows(vec![a.clone(), c.clone()]);
-        assert_eq!(ac.format(), WeightFormat::F32);
+        // Mixed: each part keeps its format; the larger part's is reported.
+        assert_eq!(
+            (ac.format(), ac.parts().len(), ac.storage_bytes()),
+            (WeightFormat::Q8_0, 2, 3 * 40 + 2 * 68)
+        );
         assert_eq!(ac.to_f32(), [a.to_f32(), c.to_f32()].concat());
         let mut row = vec![0f32; 64];
         ac.row_f32(4, &mut row);
         assert_eq!(row, c.to_f32()[64..]);
         assert!(WeightMatrix::from_bytes(WeightFormat::Q8_0, 1, 48, &[0; 34]).is_err());
         // K-quants: q, k, v of one format stay in it; a Q6_K v (as llama.cpp's mixes
-        // often have) makes the stack f32.
+        // often have) makes a stack of parts.
         for format in [
             WeightFormat::F16,
             WeightFormat::Q4_0,
@@ -940,12 +1095,16 @@ mod tests {
             assert_eq!(qk.to_f32(), [q.to_f32(), k.to_f32(), k.to_f32()].concat());
             let qkv = WeightMatrix::concat_rows(vec![q.clone(), k.clone(), v.clone()]);
             let mixed = format != WeightFormat::Q6K;
-            assert_eq!(qkv.format() == WeightFormat::F32, mixed, "{format:?}");
+            assert_eq!(qkv.parts().len() == 3, mixed, "{format:?}");
             assert_eq!(qkv.to_f32(), [q.to_f32(), k.to_f32(), v.to_f32()].concat());
             let mut row = vec![0f32; 512];
             qkv.row_f32(7, &mut row);
             assert_eq!(row, v.to_f32()[512..]);
         }
+        // A stack of a stack is flat.
+        let ac_a = WeightMatrix::concat_rows(vec![ac.clone(), a.clone()]);
+        assert_eq!(ac_a.parts().len(), 3);
+        assert_eq!(ac_a.to_f32(), [a.to_f32(), c.to_f32(), a.to_f32()].concat());
         // Rows of a K-quant must be whole 256-value super-blocks.
         let err = WeightMatrix::from_bytes(WeightFormat::Q4K, 1, 96, &[0; 54]).unwrap_err();
         assert!(err.to_string().contains("Q4_K"), "{err}");

@@ -13,7 +13,7 @@
 //! range of whole blocks, [`WeightSource::load_native_slice`]) and its columns when they
 //! start and end on block boundaries; other slices, and every other format, are loaded as
 //! f32. A fused projection whose parts differ in format (llama.cpp's mixes often quantize v
-//! differently from q and k) is stacked as f32. [`WeightLayout`] chooses how they are
+//! differently from q and k) keeps each part in its own (a stack, multiplied part by part). [`WeightLayout`] chooses how they are
 //! multiplied: by default the GGUF block formats (all of the above but `F16` and `BF16`) are
 //! repacked for integer dot products with 8-bit activations (`tessera_kernels::cpu::int8`, as
 //! llama.cpp computes them).
@@ -125,7 +125,8 @@ impl ModelWeights {
                 ]
             })
             .chain(std::iter::once(&self.embed))
-            .chain(self.lm_head.as_ref());
+            .chain(self.lm_head.as_ref())
+            .flat_map(WeightMatrix::parts);
         let mut bytes: Vec<(WeightFormat, usize)> = Vec::new();
         for m in matrices {
             match bytes.iter_mut().find(|(f, _)| *f == m.format()) {
