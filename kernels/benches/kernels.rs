@@ -196,9 +196,10 @@ enum Variant {
 
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    // Q8_0, Q4_1, Q5_0 (whose kernels Q5_1 shares) and the K-quants twice: multiplied exactly in f32, and repacked for int8 dot
-    // products (K-quants only where rows are whole super-blocks of 256: the down shape); BF16
-    // twice: with f32 activations, and with bf16 ones (`vdpbf16ps`, `--dtype bfloat16`).
+    // Q8_0, Q4_1, Q5_0 (whose kernels Q5_1 shares) and the K-quants twice: multiplied exactly
+    // in f32, and repacked for int8 dot products (K-quants only where rows are whole
+    // super-blocks of 256: the down shape); BF16 twice: with f32 activations, and with bf16
+    // ones (`vdpbf16ps`, `--dtype bfloat16`).
     let variants = FORMATS
         .into_iter()
         .map(|f| (f, Variant::Exact))
