@@ -370,6 +370,37 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     rows
 }
 
+/// Repacking for int8 products at load: one 4096 × 4096 matrix (a 7B model's attention
+/// projection) of each block format, from its file bytes. GB/s: of the file's bytes.
+fn packing_rows(wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+    let (n, k) = (4096, 4096);
+    let mut rows = Vec::new();
+    for format in FORMATS.into_iter().filter(|f| f.block_elements() > 1) {
+        let name = format!("pack {} {n}x{k} for int8", format.name());
+        if !wanted(&name) {
+            continue;
+        }
+        let w = random_matrix(format, n, k, 11);
+        // Repacking consumes the matrix: each run takes a fresh copy (not timed).
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let copy = w.clone();
+            let t = Instant::now();
+            let packed = copy.into_int8();
+            best = best.min(t.elapsed().as_secs_f64());
+            assert!(packed.is_int8(), "{name}: not repacked");
+        }
+        rows.push(Row {
+            name: format!("{name} ({:.2} ns/value)", best * 1e9 / (n * k) as f64),
+            ms: best * 1e3,
+            gbs: Some(w.storage_bytes() as f64 / best),
+            hot_gbs: None,
+            flops: 0.0,
+        });
+    }
+    rows
+}
+
 fn main() {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let filter = env("TESSERA_BENCH_FILTER");
@@ -395,6 +426,7 @@ fn main() {
     let rows = rayon::scope(|_| {
         let mut rows = linear_rows(budget, cold_bytes, &wanted);
         rows.extend(attention_rows(budget, &wanted));
+        rows.extend(packing_rows(&wanted));
         rows
     });
     let limits = before.max(&machine::Limits::measure());

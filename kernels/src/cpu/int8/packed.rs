@@ -42,6 +42,7 @@
 //! the GGUF blocks, rearranged: memory stays the file's size, plus at most 63 padding rows.
 
 use half::f16;
+use rayon::prelude::*;
 
 use crate::quant::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K,
@@ -196,24 +197,25 @@ fn q6_k_quant(b: &BlockQ6K, e: usize) -> u8 {
     low | (high << 4)
 }
 
-/// Writes row `r`'s quants `q(0..32)` of one block into a tile's lines: the nibble lines
-/// (line `h`: values `4 h ..` low, `4 (h + 4) ..` high), then, for 5- and 6-bit quants, one
-/// line per bit above the nibble: for nibble line `h`, the 64-bit mask of its low nibbles'
-/// values (bit `4 r + u`), then of its high nibbles'.
-fn set_nibbles_and_high_bits(lines: &mut [Line], r: usize, q: impl Fn(usize) -> u8) {
+/// Writes row `r`'s quants `q` of one block into a tile's lines: the nibble lines (line `h`:
+/// values `4 h ..` low, `4 (h + 4) ..` high), then, for 5- and 6-bit quants, one line per bit
+/// above the nibble: for nibble line `h`, the 64-bit mask of its low nibbles' values (bit
+/// `4 r + u`), then of its high nibbles'.
+fn set_nibbles_and_high_bits(lines: &mut [Line], r: usize, q: &[u8; QK]) {
     let (head, high) = lines.split_at_mut(QK / 8);
     for (h, line) in head.iter_mut().enumerate() {
         for u in 0..4 {
-            let (lo, hi) = (q(4 * h + u), q(4 * (h + QK / 8) + u));
-            line.0[4 * r + u] = (lo & 0x0F) | (hi << 4);
-            let bit = 4 * r + u;
-            for (level, plane) in high.iter_mut().enumerate() {
-                for (word, value) in [(2 * h, lo), (2 * h + 1, hi)] {
-                    let set = (value >> (4 + level)) & 1;
-                    let byte = &mut plane.0[8 * word + bit / 8];
-                    *byte = (*byte & !(1 << (bit % 8))) | (set << (bit % 8));
-                }
-            }
+            line.0[4 * r + u] = (q[4 * h + u] & 0x0F) | (q[4 * (h + QK / 8) + u] << 4);
+        }
+    }
+    // Row r's four bits of a mask are nibble r % 2 of its byte r / 2.
+    let shift = 4 * (r % 2);
+    for (level, plane) in high.iter_mut().enumerate() {
+        for word in 0..QK / 4 {
+            let first = 4 * (word / 2 + (word % 2) * QK / 8);
+            let bits = (0..4).fold(0u8, |m, u| m | ((q[first + u] >> (4 + level)) & 1) << u);
+            let byte = &mut plane.0[8 * word + r / 2];
+            *byte = (*byte & !(0x0F << shift)) | (bits << shift);
         }
     }
 }
@@ -343,18 +345,18 @@ impl PackedMatrix {
     /// Packs file blocks of `kind.file_block()` values (32, or the K-quants' 256) as 32-value
     /// blocks: `scales(block, j)` gives sub-block `j`'s two f16 scales (`None`: not
     /// representable), `quant(block, e)` value `e`'s unsigned quant.
-    fn from_blocks<B>(
+    fn from_blocks<B: Sync>(
         kind: PackedKind,
         rows: usize,
         cols: usize,
         blocks: &[B],
-        scales: impl Fn(&B, usize) -> Option<(f16, f16)>,
-        quant: impl Fn(&B, usize) -> u8,
+        scales: impl Fn(&B, usize) -> Option<(f16, f16)> + Sync,
+        quant: impl Fn(&B, usize) -> u8 + Sync,
     ) -> Option<Self> {
         let subs = kind.file_block().1 / QK;
         let pairs: Vec<(f16, f16)> = blocks
-            .iter()
-            .flat_map(|b| (0..subs).map(move |j| (b, j)))
+            .par_iter()
+            .flat_map_iter(|b| (0..subs).map(move |j| (b, j)))
             .map(|(b, j)| scales(b, j))
             .collect::<Option<_>>()?;
         let mut p = Self::empty(kind, rows, cols);
@@ -377,7 +379,9 @@ impl PackedMatrix {
             sc[r] = first.to_bits();
             sc[TILE + r] = second.to_bits();
             let blk = &blocks[(row * per_row + b) / subs];
-            set_nibbles_and_high_bits(lines, r, |l| quant(blk, QK * (b % subs) + l));
+            let first = QK * (b % subs);
+            let q = std::array::from_fn(|l| quant(blk, first + l));
+            set_nibbles_and_high_bits(lines, r, &q);
         });
         Some(p)
     }
@@ -423,39 +427,60 @@ impl PackedMatrix {
             kind,
             rows,
             cols,
-            data: vec![Line([0; LINE]); groups * blocks * kind.group_block_bytes() / LINE],
+            // Zeroed by the allocator (lazily, page by page, as the threads of `fill` write).
+            data: bytemuck::zeroed_vec(groups * blocks * kind.group_block_bytes() / LINE),
         }
     }
 
     /// Calls `f(row, block, lines, scales)` for every row of every tile (padding included)
-    /// with the tile's lines and scales of that block.
-    fn fill(&mut self, mut f: impl FnMut(usize, usize, &mut [Line], &mut [u16])) {
-        let lq = self.kind.quant_bytes() / LINE;
-        let mut scales = vec![0u16; self.kind.scales()];
-        for t in 0..self.padded_tiles() {
-            for b in 0..self.blocks() {
-                let (q, s) = self.offsets(t, b);
-                for r in 0..TILE {
-                    let lines = &mut self.data[q / LINE..q / LINE + lq];
-                    f(t * TILE + r, b, lines, &mut scales);
-                }
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.data);
-                bytes[s..s + 2 * scales.len()].copy_from_slice(bytemuck::cast_slice(&scales));
-            }
+    /// with the tile's lines and scales of that block; groups of tiles in parallel (each is
+    /// its own stretch of `data`).
+    fn fill(&mut self, f: impl Fn(usize, usize, &mut [Line], &mut [u16]) + Sync) {
+        let kind = self.kind;
+        let (lq, blocks) = (kind.quant_bytes() / LINE, self.blocks());
+        let group_lines = blocks * kind.group_block_bytes() / LINE;
+        if group_lines == 0 {
+            return;
         }
-    }
-
-    /// Tiles including the last group's padding.
-    fn padded_tiles(&self) -> usize {
-        self.rows.div_ceil(TILE * GROUP) * GROUP
+        self.data
+            .par_chunks_mut(group_lines)
+            .enumerate()
+            .for_each(|(g, group)| {
+                let mut scales = vec![0u16; kind.scales()];
+                for c in 0..GROUP {
+                    let t = g * GROUP + c;
+                    for b in 0..blocks {
+                        let (q, s) = Self::offsets_in_group(kind, c, b);
+                        for r in 0..TILE {
+                            f(
+                                t * TILE + r,
+                                b,
+                                &mut group[q / LINE..q / LINE + lq],
+                                &mut scales,
+                            );
+                        }
+                        let bytes: &mut [u8] = bytemuck::cast_slice_mut(group);
+                        bytes[s..s + 2 * scales.len()]
+                            .copy_from_slice(bytemuck::cast_slice(&scales));
+                    }
+                }
+            });
     }
 
     /// Byte offsets in `data` of tile `t`'s quants and scales of block `b`.
     fn offsets(&self, t: usize, b: usize) -> (usize, usize) {
         let (g, c) = (t / GROUP, t % GROUP);
-        let base = (g * self.blocks() + b) * self.kind.group_block_bytes();
-        let quants = base + c * self.kind.quant_bytes();
-        let scales = base + GROUP * self.kind.quant_bytes() + c * 2 * self.kind.scales();
+        let base = g * self.blocks() * self.kind.group_block_bytes();
+        let (quants, scales) = Self::offsets_in_group(self.kind, c, b);
+        (base + quants, base + scales)
+    }
+
+    /// Byte offsets, from the start of its group, of the quants and scales of block `b` of the
+    /// group's tile `c`.
+    fn offsets_in_group(kind: PackedKind, c: usize, b: usize) -> (usize, usize) {
+        let base = b * kind.group_block_bytes();
+        let quants = base + c * kind.quant_bytes();
+        let scales = base + GROUP * kind.quant_bytes() + c * 2 * kind.scales();
         (quants, scales)
     }
 
