@@ -60,7 +60,7 @@ const SHAPES: [(&str, usize, usize); 5] = [
 
 /// Every storage format of `WeightMatrix` (add new ones here; `random_matrix` fills any
 /// format it does not know with small finite values).
-const FORMATS: [WeightFormat; 8] = [
+const FORMATS: [WeightFormat; 10] = [
     WeightFormat::F32,
     WeightFormat::Bf16,
     WeightFormat::Q8_0,
@@ -69,6 +69,8 @@ const FORMATS: [WeightFormat; 8] = [
     WeightFormat::Q4K,
     WeightFormat::Q5K,
     WeightFormat::Q6K,
+    WeightFormat::IQ4NL,
+    WeightFormat::IQ4XS,
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -196,8 +198,8 @@ enum Variant {
 
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    // Q8_0, Q4_1, Q5_0 (whose kernels Q5_1 shares) and the K-quants twice: multiplied exactly
-    // in f32, and repacked for int8 dot products (K-quants only where rows are whole
+    // The block formats twice (Q5_1 shares Q5_0's kernels): multiplied exactly in f32, and
+    // repacked for int8 dot products (K-quants and IQ4_XS only where rows are whole
     // super-blocks of 256: the down shape); BF16 twice: with f32 activations, and with bf16
     // ones (`vdpbf16ps`, `--dtype bfloat16`).
     let variants = FORMATS
@@ -215,6 +217,8 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                             | WeightFormat::Q4K
                             | WeightFormat::Q5K
                             | WeightFormat::Q6K
+                            | WeightFormat::IQ4NL
+                            | WeightFormat::IQ4XS
                     )
                 })
                 .map(|f| (f, Variant::Int8)),

@@ -14,7 +14,9 @@ use half::f16;
 use serde::Deserialize;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::WeightFormat;
-use tessera_kernels::quant::{BlockQ4_1, BlockQ5_0, BlockQ5_1, dequantize_row_q4_1};
+use tessera_kernels::quant::{
+    BlockIQ4NL, BlockQ4_1, BlockQ5_0, BlockQ5_1, KVALUES_IQ4NL, dequantize_row_q4_1,
+};
 use tessera_shard::{KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -239,13 +241,14 @@ fn int8_products_agree_with_exact_f32() {
 }
 
 /// llama.cpp's K-quant files keep the rows that are not a multiple of 256 (all of SmolLM2's)
-/// in `Q5_0` or `Q5_1`, and give v another format than q and k. The GGUF's `Q4_1` matrices
+/// in `Q5_0` or `Q5_1` (its `IQ4_XS` files in `IQ4_NL`), and give v another format than q and
+/// k. The GGUF's `Q4_1` matrices
 /// handed to the loader as `Q5_1` blocks (the same scales, minimums and quants, high bits 0)
 /// give the `Q4_1` model's logits bit for bit: all of them, or only v (each fused q/k/v
 /// projection then a stack of two formats, still native); requantized to `Q5_0` (every quant
-/// bit used), int8 products agree with exact f32 as they do for `Q4_1`.
+/// bit used) or `IQ4_NL`, int8 products agree with exact f32 as they do for `Q4_1`.
 #[test]
-fn q5_0_q5_1_and_mixed_matrices_run_end_to_end() {
+fn other_block_formats_and_mixes_run_end_to_end() {
     let Some(path) = gguf_path() else { return };
     let files = ModelFiles::open(&path).unwrap();
     let every = |_: &str| true;
@@ -272,6 +275,8 @@ fn q5_0_q5_1_and_mixed_matrices_run_end_to_end() {
     }
     let as_q5_0 = reencoded(&path, every, WeightFormat::Q5_0, q4_1_as_q5_0);
     int8_agrees_with_exact(&as_q5_0, "Q5_0");
+    let as_iq4_nl = reencoded(&path, every, WeightFormat::IQ4NL, q4_1_as_iq4_nl);
+    int8_agrees_with_exact(&as_iq4_nl, "IQ4_NL");
 }
 
 /// The GGUF with the `Q4_1` matrices whose names `which` accepts handed to the loader as
@@ -374,6 +379,37 @@ fn q4_1_as_q5_0(bytes: &[u8]) -> Vec<u8> {
                 qs: std::array::from_fn(|j| (q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4),
             };
             bytemuck::bytes_of(&q5).to_vec()
+        })
+        .collect()
+}
+
+/// The values requantized to `IQ4_NL`: the value of largest magnitude maps to the table's
+/// -127, every value to its nearest table entry (ggml also searches nearby scales).
+fn q4_1_as_iq4_nl(bytes: &[u8]) -> Vec<u8> {
+    q4_1_blocks(bytes)
+        .flat_map(|b| {
+            let mut x = [0f32; 32];
+            dequantize_row_q4_1(std::slice::from_ref(&b), &mut x);
+            let max = x
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            let d = f16::from_f32(max / -127.0);
+            let id = if d.to_f32() != 0.0 {
+                1.0 / d.to_f32()
+            } else {
+                0.0
+            };
+            let index = |v: f32| {
+                let err = |i: &usize| (f32::from(KVALUES_IQ4NL[*i]) - v * id).abs();
+                (0..16)
+                    .min_by(|a, b| err(a).total_cmp(&err(b)))
+                    .unwrap_or(0) as u8
+            };
+            let block = BlockIQ4NL {
+                d,
+                qs: std::array::from_fn(|j| index(x[j]) | index(x[j + 16]) << 4),
+            };
+            bytemuck::bytes_of(&block).to_vec()
         })
         .collect()
 }

@@ -275,7 +275,11 @@ fn valid_blocks(format: QuantFormat, n_blocks: usize, seed: u32) -> Vec<u8> {
     for _ in 0..n_blocks {
         let mut block: Vec<u8> = (0..format.block_bytes()).map(|_| next()).collect();
         let scale_offsets: &[usize] = match format {
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => &[0],
+            QuantFormat::Q8_0
+            | QuantFormat::Q4_0
+            | QuantFormat::Q5_0
+            | QuantFormat::IQ4NL
+            | QuantFormat::IQ4XS => &[0],
             QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
         };
@@ -298,6 +302,8 @@ fn every_supported_type_loads_with_hf_shape() {
         (QuantFormat::Q4K, 12),
         (QuantFormat::Q5K, 13),
         (QuantFormat::Q6K, 14),
+        (QuantFormat::IQ4NL, 20),
+        (QuantFormat::IQ4XS, 23),
     ];
     for (format, id) in ids {
         // A [rows=2, cols=2 blocks] matrix: HF shape [2, 2 * block_elements].
@@ -979,7 +985,7 @@ fn native_bytes(format: WeightFormat, blocks: usize, seed: u32) -> Vec<u8> {
 }
 
 /// (format, GGUF type id) of every type whose matrices stay native.
-const NATIVE: [(WeightFormat, u32); 10] = [
+const NATIVE: [(WeightFormat, u32); 12] = [
     (WeightFormat::F16, 1),
     (WeightFormat::Bf16, 30),
     (WeightFormat::Q8_0, 8),
@@ -990,6 +996,8 @@ const NATIVE: [(WeightFormat, u32); 10] = [
     (WeightFormat::Q4K, 12),
     (WeightFormat::Q5K, 13),
     (WeightFormat::Q6K, 14),
+    (WeightFormat::IQ4NL, 20),
+    (WeightFormat::IQ4XS, 23),
 ];
 
 /// q (8 rows in 2 heads, permuted under llama) and k (4 rows in 1 head) of `format`, `cols`

@@ -1,8 +1,9 @@
 //! Weight matrices kept in their file's format, multiplied without an f32 copy of the model.
 //!
 //! [`WeightMatrix`] holds a `rows × cols` matrix in the PyTorch `Linear` layout as f32,
-//! bfloat16, f16, or GGUF blocks (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` of 32 values; `Q4_K`,
-//! `Q5_K`, `Q6_K` super-blocks of 256), each row a whole number of blocks.
+//! bfloat16, f16, or GGUF blocks (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `IQ4_NL` of 32
+//! values; `Q4_K`, `Q5_K`, `Q6_K`, `IQ4_XS` super-blocks of 256), each row a whole number of
+//! blocks.
 //! [`linear_weights`] computes `out = x · wᵀ + b` like [`super::matmul::linear`]: each rayon
 //! task dequantizes a few weight rows at a time into a small per-thread buffer, with the
 //! dispatched level's dequantizer, and hands them to the level's f32 kernel while they are
@@ -11,8 +12,9 @@
 //! reduction order for any batch size. Exact because every product fits an f32's 24-bit
 //! significand: an f16 scale (11 bits) times a quant of at most 8 bits, or times a 6-bit
 //! sub-block scale and a 5-bit quant (`Q4_K`/`Q5_K`), or times an 8-bit sub-block scale and
-//! a 6-bit quant (`Q6_K`, 11 + 7 + 5 bits of magnitude). So `q·d − m` rounds once, fused or
-//! not, `d·s·q` never, and f16 and bfloat16 widen exactly.
+//! a 6-bit quant (`Q6_K`, 11 + 7 + 5 bits of magnitude), or times a 6-bit sub-block scale and
+//! a 7-bit table value (`IQ4_XS`). So `q·d − m` rounds once, fused or not, `d·s·q` never, and
+//! f16 and bfloat16 widen exactly.
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
@@ -25,10 +27,10 @@ use super::int8::linear_int8_with;
 use super::int8::packed::{PackedKind, PackedMatrix};
 use super::matmul::{SharedOut, add_bias, check_shapes, linear_chunks, linear_with, rows_per_task};
 use crate::quant::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K,
-    QK8_0, QuantError, dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_k,
-    dequantize_row_q5_0, dequantize_row_q5_1, dequantize_row_q5_k, dequantize_row_q6_k,
-    dequantize_row_q8_0,
+    BlockIQ4NL, BlockIQ4XS, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K,
+    BlockQ6K, BlockQ8_0, QK_K, QK8_0, QuantError, dequantize_row_iq4_nl, dequantize_row_iq4_xs,
+    dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q5_0,
+    dequantize_row_q5_1, dequantize_row_q5_k, dequantize_row_q6_k, dequantize_row_q8_0,
 };
 
 /// How a [`WeightMatrix`] stores its values.
@@ -57,11 +59,15 @@ pub enum WeightFormat {
     Q5K,
     /// GGUF `Q6_K` super-blocks: 256 values, 8-bit sub-block scales, 6-bit quants.
     Q6K,
+    /// GGUF `IQ4_NL` blocks: 32 values, f16 scale, 4-bit indices into a fixed table.
+    IQ4NL,
+    /// GGUF `IQ4_XS` super-blocks: 256 values, 6-bit sub-block scales, `IQ4_NL`'s indices.
+    IQ4XS,
 }
 
 impl WeightFormat {
     /// Every format, for tests and tables.
-    pub const ALL: [WeightFormat; 11] = [
+    pub const ALL: [WeightFormat; 13] = [
         Self::F32,
         Self::Bf16,
         Self::F16,
@@ -73,14 +79,16 @@ impl WeightFormat {
         Self::Q4K,
         Self::Q5K,
         Self::Q6K,
+        Self::IQ4NL,
+        Self::IQ4XS,
     ];
 
     /// Values per block (1 for the float formats).
     pub const fn block_elements(self) -> usize {
         match self {
             Self::F32 | Self::Bf16 | Self::F16 => 1,
-            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 => QK8_0,
-            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::IQ4NL => QK8_0,
+            Self::Q4K | Self::Q5K | Self::Q6K | Self::IQ4XS => QK_K,
         }
     }
 
@@ -97,6 +105,8 @@ impl WeightFormat {
             Self::Q4K => size_of::<BlockQ4K>(),
             Self::Q5K => size_of::<BlockQ5K>(),
             Self::Q6K => size_of::<BlockQ6K>(),
+            Self::IQ4NL => size_of::<BlockIQ4NL>(),
+            Self::IQ4XS => size_of::<BlockIQ4XS>(),
         }
     }
 
@@ -114,6 +124,8 @@ impl WeightFormat {
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::IQ4NL => "IQ4_NL",
+            Self::IQ4XS => "IQ4_XS",
         }
     }
 }
@@ -141,6 +153,10 @@ pub(crate) struct Dequant {
     pub(crate) q5_k: fn(&[BlockQ5K], &mut [f32]),
     /// `out.len() == blocks.len() * 256`.
     pub(crate) q6_k: fn(&[BlockQ6K], &mut [f32]),
+    /// `out.len() == blocks.len() * 32`.
+    pub(crate) iq4_nl: fn(&[BlockIQ4NL], &mut [f32]),
+    /// `out.len() == blocks.len() * 256`.
+    pub(crate) iq4_xs: fn(&[BlockIQ4XS], &mut [f32]),
 }
 
 /// bfloat16 to f32, the portable level's (and the reference).
@@ -169,6 +185,8 @@ pub(crate) const PORTABLE_DEQUANT: Dequant = Dequant {
     q4_k: dequantize_row_q4_k,
     q5_k: dequantize_row_q5_k,
     q6_k: dequantize_row_q6_k,
+    iq4_nl: dequantize_row_iq4_nl,
+    iq4_xs: dequantize_row_iq4_xs,
 };
 
 #[derive(Clone)]
@@ -181,15 +199,17 @@ enum Data {
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
     Q5_1(Vec<BlockQ5_1>),
-    /// `Q8_0` or `Q4_1` repacked for integer dot products (see `cpu::int8`).
+    Q4K(Vec<BlockQ4K>),
+    Q5K(Vec<BlockQ5K>),
+    Q6K(Vec<BlockQ6K>),
+    IQ4NL(Vec<BlockIQ4NL>),
+    IQ4XS(Vec<BlockIQ4XS>),
+    /// A block format repacked for integer dot products (see `cpu::int8`).
     Packed(PackedMatrix),
     /// Matrices of different formats stacked row-wise, each kept (and multiplied) in its own:
     /// llama.cpp's mixes give v another format than q and k, and their fused projection
     /// would otherwise be f32. Never nested, never fewer than two.
     Stack(Vec<WeightMatrix>),
-    Q4K(Vec<BlockQ4K>),
-    Q5K(Vec<BlockQ5K>),
-    Q6K(Vec<BlockQ6K>),
 }
 
 /// A `rows × cols` weight matrix (PyTorch `Linear` layout: one row per output) in its
@@ -255,6 +275,8 @@ impl WeightMatrix {
             WeightFormat::Q4K => Data::Q4K(collect(bytes)),
             WeightFormat::Q5K => Data::Q5K(collect(bytes)),
             WeightFormat::Q6K => Data::Q6K(collect(bytes)),
+            WeightFormat::IQ4NL => Data::IQ4NL(collect(bytes)),
+            WeightFormat::IQ4XS => Data::IQ4XS(collect(bytes)),
         };
         Ok(Self { rows, cols, data })
     }
@@ -306,10 +328,14 @@ impl WeightMatrix {
                 PackedKind::Q4K => WeightFormat::Q4K,
                 PackedKind::Q5K => WeightFormat::Q5K,
                 PackedKind::Q6K => WeightFormat::Q6K,
+                PackedKind::IQ4NL => WeightFormat::IQ4NL,
+                PackedKind::IQ4XS => WeightFormat::IQ4XS,
             },
             Data::Q4K(_) => WeightFormat::Q4K,
             Data::Q5K(_) => WeightFormat::Q5K,
             Data::Q6K(_) => WeightFormat::Q6K,
+            Data::IQ4NL(_) => WeightFormat::IQ4NL,
+            Data::IQ4XS(_) => WeightFormat::IQ4XS,
         }
     }
 
@@ -360,6 +386,11 @@ impl WeightMatrix {
             Data::Q6K(v) => match PackedMatrix::from_q6_k(self.rows, self.cols, &v) {
                 Some(p) => Data::Packed(p),
                 None => Data::Q6K(v),
+            },
+            Data::IQ4NL(v) => Data::Packed(PackedMatrix::from_iq4_nl(self.rows, self.cols, &v)),
+            Data::IQ4XS(v) => match PackedMatrix::from_iq4_xs(self.rows, self.cols, &v) {
+                Some(p) => Data::Packed(p),
+                None => Data::IQ4XS(v),
             },
             Data::Stack(parts) => Data::Stack(parts.into_iter().map(Self::into_int8).collect()),
             other => other,
@@ -412,6 +443,8 @@ impl WeightMatrix {
             Data::Q4K(v) => (dequant.q4_k)(&v[b0..b1], out),
             Data::Q5K(v) => (dequant.q5_k)(&v[b0..b1], out),
             Data::Q6K(v) => (dequant.q6_k)(&v[b0..b1], out),
+            Data::IQ4NL(v) => (dequant.iq4_nl)(&v[b0..b1], out),
+            Data::IQ4XS(v) => (dequant.iq4_xs)(&v[b0..b1], out),
             Data::Stack(_) => unreachable!("stacks are handled above"),
         }
     }
@@ -502,7 +535,9 @@ impl WeightMatrix {
                 }
             };
         }
-        let data = stack!(F32, Bf16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K);
+        let data = stack!(
+            F32, Bf16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K, IQ4NL, IQ4XS
+        );
         WeightMatrix { rows, cols, data }
     }
 }
@@ -690,6 +725,8 @@ mod tests {
             WeightFormat::Q5_1 => &[(0, 0.0, 0.005), (2, -0.08, 0.0)],
             WeightFormat::Q4K | WeightFormat::Q5K => &[(0, 0.0, 0.0005), (2, 0.0, 0.0005)],
             WeightFormat::Q6K => &[(208, -0.0002, 0.0002)],
+            WeightFormat::IQ4NL => &[(0, -0.01, 0.01)],
+            WeightFormat::IQ4XS => &[(0, -0.0003, 0.0003)],
         }
     }
 

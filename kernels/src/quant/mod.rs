@@ -16,6 +16,7 @@
 //! # Ok::<(), tessera_kernels::quant::QuantError>(())
 //! ```
 
+mod iq4;
 mod q4_0;
 mod q4_1;
 mod q4_k;
@@ -28,6 +29,10 @@ mod q8_0;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+pub(crate) use iq4::index4;
+pub use iq4::{
+    BlockIQ4NL, BlockIQ4XS, KVALUES_IQ4NL, QK4_NL, dequantize_row_iq4_nl, dequantize_row_iq4_xs,
+};
 pub use q4_0::{BlockQ4_0, QK4_0, dequantize_row_q4_0};
 pub use q4_1::{BlockQ4_1, QK4_1, dequantize_row_q4_1};
 pub(crate) use q4_k::scales_mins_k4;
@@ -58,11 +63,15 @@ pub enum QuantFormat {
     Q5K,
     /// 256 values, 6-bit quants with 8-bit sub-block scales (210 bytes).
     Q6K,
+    /// 32 values, f16 scale, 4-bit indices into a table of 16 values (18 bytes).
+    IQ4NL,
+    /// 256 values, 6-bit sub-block scales, 4-bit indices as `IQ4_NL`'s (136 bytes).
+    IQ4XS,
 }
 
 impl QuantFormat {
     /// Every format, for tests and tables.
-    pub const ALL: [QuantFormat; 8] = [
+    pub const ALL: [QuantFormat; 10] = [
         Self::Q8_0,
         Self::Q4_0,
         Self::Q4_1,
@@ -71,13 +80,15 @@ impl QuantFormat {
         Self::Q4K,
         Self::Q5K,
         Self::Q6K,
+        Self::IQ4NL,
+        Self::IQ4XS,
     ];
 
     /// Values per block.
     pub const fn block_elements(self) -> usize {
         match self {
-            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 => 32,
-            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::IQ4NL => 32,
+            Self::Q4K | Self::Q5K | Self::Q6K | Self::IQ4XS => QK_K,
         }
     }
 
@@ -92,6 +103,8 @@ impl QuantFormat {
             Self::Q4K => size_of::<BlockQ4K>(),
             Self::Q5K => size_of::<BlockQ5K>(),
             Self::Q6K => size_of::<BlockQ6K>(),
+            Self::IQ4NL => size_of::<BlockIQ4NL>(),
+            Self::IQ4XS => size_of::<BlockIQ4XS>(),
         }
     }
 
@@ -106,6 +119,8 @@ impl QuantFormat {
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::IQ4NL => "IQ4_NL",
+            Self::IQ4XS => "IQ4_XS",
         }
     }
 
@@ -249,6 +264,8 @@ pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) -> Result<
         QuantFormat::Q4K => run_blocks::<BlockQ4K>(bytes, out, per, dequantize_row_q4_k),
         QuantFormat::Q5K => run_blocks::<BlockQ5K>(bytes, out, per, dequantize_row_q5_k),
         QuantFormat::Q6K => run_blocks::<BlockQ6K>(bytes, out, per, dequantize_row_q6_k),
+        QuantFormat::IQ4NL => run_blocks::<BlockIQ4NL>(bytes, out, per, dequantize_row_iq4_nl),
+        QuantFormat::IQ4XS => run_blocks::<BlockIQ4XS>(bytes, out, per, dequantize_row_iq4_xs),
     }
     Ok(())
 }

@@ -15,6 +15,14 @@ fn nearest(x: f32, lo: i32, hi: i32) -> i32 {
     (x.round() as i32).clamp(lo, hi)
 }
 
+/// The index of the table value nearest to `x / d`.
+fn nearest_iq4(x: f32, d: f32) -> u8 {
+    let err = |i: usize| (f32::from(KVALUES_IQ4NL[i]) * d - x).abs();
+    (0..16)
+        .min_by(|&a, &b| err(a).total_cmp(&err(b)))
+        .unwrap_or(0) as u8
+}
+
 /// Simple (not ggml's optimal) quantizers, enough to check that dequantization inverts
 /// quantization within half a quantization step.
 fn quantize(format: QuantFormat, x: &[f32]) -> Vec<u8> {
@@ -158,6 +166,41 @@ fn quantize(format: QuantFormat, x: &[f32]) -> Vec<u8> {
                     out.extend_from_slice(bytemuck::bytes_of(&block));
                 }
             }
+            QuantFormat::IQ4NL => {
+                let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = f16::from_f32(amax / 127.0);
+                let block = BlockIQ4NL {
+                    d,
+                    qs: std::array::from_fn(|j| {
+                        nearest_iq4(b[j], d.to_f32()) | nearest_iq4(b[j + 16], d.to_f32()) << 4
+                    }),
+                };
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+            }
+            QuantFormat::IQ4XS => {
+                let subs: Vec<f32> = b
+                    .chunks_exact(32)
+                    .map(|s| s.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0)
+                    .collect();
+                let d = f16::from_f32(subs.iter().fold(0f32, |m, &v| m.max(v)) / 31.0);
+                let mut block = BlockIQ4XS {
+                    d,
+                    scales_h: 0,
+                    scales_l: [0; 4],
+                    qs: [0; QK_K / 2],
+                };
+                for (j, (&s, x)) in subs.iter().zip(b.chunks_exact(32)).enumerate() {
+                    let ls = nearest(s / d.to_f32(), -32, 31) + 32;
+                    block.scales_l[j / 2] |= ((ls & 0x0F) as u8) << (4 * (j % 2));
+                    block.scales_h |= ((ls >> 4) as u16) << (2 * j);
+                    let dl = block.sub_scale(j);
+                    for l in 0..16 {
+                        block.qs[16 * j + l] =
+                            nearest_iq4(x[l], dl) | nearest_iq4(x[l + 16], dl) << 4;
+                    }
+                }
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+            }
             QuantFormat::Q6K => {
                 let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let d = f16::from_f32(amax / 31.0 / 127.0);
@@ -202,6 +245,8 @@ fn quantize_then_dequantize_round_trips() {
     let tolerance = |f: QuantFormat| match f {
         QuantFormat::Q8_0 => 0.01,
         QuantFormat::Q6K => 0.04,
+        // The table's widest gap is 24 of 240.
+        QuantFormat::IQ4NL | QuantFormat::IQ4XS => 0.12,
         QuantFormat::Q5K | QuantFormat::Q5_0 | QuantFormat::Q5_1 => 0.05,
         QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4K => 0.1,
     };
@@ -233,6 +278,8 @@ fn block_sizes_match_ggml() {
         (256, 144),
         (256, 176),
         (256, 210),
+        (32, 18),
+        (256, 136),
     ];
     for (format, (elements, bytes)) in QuantFormat::ALL.into_iter().zip(expected) {
         assert_eq!(format.block_elements(), elements, "{format}");

@@ -8,15 +8,15 @@
 //! ranks, and their biases are added by rank 0 only).
 //!
 //! Matrices stay in their file's format (GGUF `F16`, `BF16`, `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`,
-//! `Q5_1`, `Q4_K`, `Q5_K`, `Q6_K`; see [`WeightSource::load_native`]) and are multiplied
-//! directly by `tessera_kernels::cpu::weights`. Under tensor parallelism so are a rank's rows (a byte
-//! range of whole blocks, [`WeightSource::load_native_slice`]) and its columns when they
-//! start and end on block boundaries; other slices, and every other format, are loaded as
-//! f32. A fused projection whose parts differ in format (llama.cpp's mixes often quantize v
-//! differently from q and k) keeps each part in its own (a stack, multiplied part by part). [`WeightLayout`] chooses how they are
-//! multiplied: by default the GGUF block formats (all of the above but `F16` and `BF16`) are
-//! repacked for integer dot products with 8-bit activations (`tessera_kernels::cpu::int8`, as
-//! llama.cpp computes them).
+//! `Q5_1`, `Q4_K`, `Q5_K`, `Q6_K`, `IQ4_NL`, `IQ4_XS`; see [`WeightSource::load_native`]) and
+//! are multiplied directly by `tessera_kernels::cpu::weights`. Under tensor parallelism so
+//! are a rank's rows (a byte range of whole blocks, [`WeightSource::load_native_slice`]) and
+//! its columns when they start and end on block boundaries; other slices, and every other
+//! format, are loaded as f32. A fused projection whose parts differ in format (llama.cpp's
+//! mixes often quantize v differently from q and k) keeps each part in its own (a stack,
+//! multiplied part by part). [`WeightLayout`] chooses how they are multiplied: by default the
+//! GGUF block formats (all of the above but `F16` and `BF16`) are repacked for integer dot
+//! products with 8-bit activations (`tessera_kernels::cpu::int8`, as llama.cpp computes them).
 
 use std::ops::Range;
 

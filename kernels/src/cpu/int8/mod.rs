@@ -153,9 +153,9 @@ mod tests {
     use super::*;
     use crate::cpu::test_util::{levels, random};
     use crate::quant::{
-        BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K,
-        dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q5_0, dequantize_row_q5_1,
-        dequantize_row_q8_0,
+        BlockIQ4NL, BlockIQ4XS, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K,
+        BlockQ6K, BlockQ8_0, QK_K, dequantize_row_iq4_nl, dequantize_row_q4_0, dequantize_row_q4_1,
+        dequantize_row_q5_0, dequantize_row_q5_1, dequantize_row_q8_0,
     };
     use half::f16;
     use rand::{Rng, SeedableRng};
@@ -215,6 +215,31 @@ mod tests {
                     .collect();
                 dequantize_row_q5_0(&blocks, &mut dense);
                 let p = PackedMatrix::from_q5_0(n, k, &blocks).expect("small scales");
+                (p, dense)
+            }
+            PackedKind::IQ4NL => {
+                let blocks: Vec<BlockIQ4NL> = (0..nb)
+                    .map(|_| BlockIQ4NL {
+                        d: f16::from_f32(rng.random_range(-0.0003..0.0003)),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                dequantize_row_iq4_nl(&blocks, &mut dense);
+                (PackedMatrix::from_iq4_nl(n, k, &blocks), dense)
+            }
+            PackedKind::IQ4XS => {
+                let blocks: Vec<BlockIQ4XS> = (0..n * k / QK_K)
+                    .map(|_| BlockIQ4XS {
+                        d: f16::from_f32(rng.random_range(-0.00001..0.00001)),
+                        scales_h: rng.random(),
+                        scales_l: rng.random(),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                let p = PackedMatrix::from_iq4_xs(n, k, &blocks).expect("small scales");
+                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
+                    p.row_f32(j, row);
+                }
                 (p, dense)
             }
             PackedKind::Q8_0 => {
@@ -278,7 +303,7 @@ mod tests {
         }
     }
 
-    const KINDS: [PackedKind; 8] = [
+    const KINDS: [PackedKind; 10] = [
         PackedKind::Q8_0,
         PackedKind::Q4_1,
         PackedKind::Q4_0,
@@ -287,12 +312,16 @@ mod tests {
         PackedKind::Q4K,
         PackedKind::Q5K,
         PackedKind::Q6K,
+        PackedKind::IQ4NL,
+        PackedKind::IQ4XS,
     ];
 
     /// `shape` for `kind`: K-quant rows are whole super-blocks of 256.
     fn shape_for(kind: PackedKind, (m, k, n): (usize, usize, usize)) -> (usize, usize, usize) {
         match kind {
-            PackedKind::Q4K | PackedKind::Q5K | PackedKind::Q6K => (m, k.next_multiple_of(QK_K), n),
+            PackedKind::Q4K | PackedKind::Q5K | PackedKind::Q6K | PackedKind::IQ4XS => {
+                (m, k.next_multiple_of(QK_K), n)
+            }
             _ => (m, k, n),
         }
     }

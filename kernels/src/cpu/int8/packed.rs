@@ -25,6 +25,11 @@
 //! - `Q5_1` (`value = q · d + m`, 5-bit quants) is packed as `Q5_K`'s sub-blocks, with its own
 //!   `d` and `m` (exact); `Q5_0` (`value = (q - 16) · d`) too, with `m = -16 d` (exact in f16
 //!   for any `|d| ≤ 4094`). 24 bytes per 32 values against the files' 22 and 24.
+//! - `IQ4_NL` and `IQ4_XS` (`value = d · table[q]`, 4-bit indices into a fixed table of 16
+//!   values in -127..=113) keep their indices in the nibble lines and one scale per block
+//!   (`IQ4_XS`: its sub-block's `d · (ls - 32)`, rounded to f16); the kernels look the values
+//!   up in registers (`vpshufb`) as unsigned bytes `table[q] + 128`, and take the `128 · Σ x`
+//!   off as for `Q8_0`. 18 bytes per 32 values, as `IQ4_NL`'s file, against `IQ4_XS`'s 17.
 //! - `Q6_K` (super-blocks of 256: `value = d · sc_s · (q - 32)`, an 8-bit scale per 16 values,
 //!   6-bit quants) is packed as `Q5_K` with a sixth line for the quants' bit 5. The low nibbles
 //!   of a block are its first 16 values and the high nibbles its last 16, so the kernels keep
@@ -45,8 +50,9 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::quant::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K,
-    dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q8_0, get_scale_min_k4, quant5,
+    BlockIQ4NL, BlockIQ4XS, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K,
+    BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K, dequantize_row_q4_0, dequantize_row_q4_1,
+    dequantize_row_q8_0, get_scale_min_k4, index4, quant5,
 };
 
 /// Weight rows per tile (one `zmm` of 32-bit lanes).
@@ -57,6 +63,17 @@ pub const GROUP: usize = 4;
 pub const QK: usize = 32;
 /// Bytes of one line (one `vpdpbusd` operand).
 pub(crate) const LINE: usize = 64;
+
+/// The IQ4 table's values as the kernels multiply them: unsigned bytes `value + 128`.
+pub(crate) const IQ4_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_IQ4NL[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    t
+};
 
 /// The block format a [`PackedMatrix`] was packed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,6 +95,10 @@ pub enum PackedKind {
     Q5_0,
     /// GGUF `Q6_K`: as `Q5K` with two lines of high bits, and a scale per 16-value half.
     Q6K,
+    /// GGUF `IQ4_NL`: `value = d · table[q]`, indices in nibble lines, one scale per block.
+    IQ4NL,
+    /// GGUF `IQ4_XS`: as `IQ4NL`, with each sub-block's `d · (ls - 32)` (rounded to f16).
+    IQ4XS,
 }
 
 impl PackedKind {
@@ -85,7 +106,7 @@ impl PackedKind {
     pub(crate) const fn quant_bytes(self) -> usize {
         match self {
             Self::Q8_0 => TILE * QK,
-            Self::Q4_1 | Self::Q4_0 | Self::Q4K => TILE * QK / 2,
+            Self::Q4_1 | Self::Q4_0 | Self::Q4K | Self::IQ4NL | Self::IQ4XS => TILE * QK / 2,
             Self::Q5K | Self::Q5_1 | Self::Q5_0 => TILE * QK / 2 + LINE,
             Self::Q6K => TILE * QK / 2 + 2 * LINE,
         }
@@ -100,7 +121,7 @@ impl PackedKind {
     /// f16 scales of one block of one tile.
     pub(crate) const fn scales(self) -> usize {
         match self {
-            Self::Q8_0 => TILE,
+            Self::Q8_0 | Self::IQ4NL | Self::IQ4XS => TILE,
             Self::Q4_1
             | Self::Q4_0
             | Self::Q4K
@@ -122,6 +143,8 @@ impl PackedKind {
             Self::Q5_1 => (size_of::<BlockQ5_1>(), QK),
             Self::Q5_0 => (size_of::<BlockQ5_0>(), QK),
             Self::Q6K => (size_of::<BlockQ6K>(), QK_K),
+            Self::IQ4NL => (size_of::<BlockIQ4NL>(), QK),
+            Self::IQ4XS => (size_of::<BlockIQ4XS>(), QK_K),
         }
     }
 
@@ -134,9 +157,20 @@ impl PackedKind {
         }
     }
 
-    /// Whether quants are nibbles (two per byte of a line; else one byte each).
-    pub(crate) const fn nibbles(self) -> bool {
-        !matches!(self, Self::Q8_0)
+    /// Whether the nibbles are indices into [`KVALUES_IQ4NL`].
+    pub(crate) const fn table(self) -> bool {
+        matches!(self, Self::IQ4NL | Self::IQ4XS)
+    }
+
+    /// Whether the products see unsigned bytes `value + 128` (`Q8_0`'s quants, the IQ4
+    /// tables' values), whose `128 · Σ x` is taken off in integers.
+    pub(crate) const fn offset_128(self) -> bool {
+        matches!(self, Self::Q8_0 | Self::IQ4NL | Self::IQ4XS)
+    }
+
+    /// Whether blocks have a minimum `m` after their scales (`value = q · d + m`).
+    pub(crate) const fn has_min(self) -> bool {
+        !self.offset_128() && !matches!(self, Self::Q6K)
     }
 }
 
@@ -316,6 +350,32 @@ impl PackedMatrix {
         Self::from_blocks(PackedKind::Q6K, rows, cols, blocks, scales, q6_k_quant)
     }
 
+    /// Packs `rows × cols` `IQ4_NL` blocks (row after row; `cols` a multiple of 32).
+    pub fn from_iq4_nl(rows: usize, cols: usize, blocks: &[BlockIQ4NL]) -> Self {
+        Self::from_blocks(
+            PackedKind::IQ4NL,
+            rows,
+            cols,
+            blocks,
+            |b, _| Some((b.d, f16::ZERO)),
+            |b, e| index4(&b.qs, e),
+        )
+        .expect("IQ4_NL scales are stored as they are")
+    }
+
+    /// Packs `rows × cols` `IQ4_XS` super-blocks (row after row; `cols` a multiple of 256),
+    /// or `None` when a sub-block's scale is too large for f16.
+    pub fn from_iq4_xs(rows: usize, cols: usize, blocks: &[BlockIQ4XS]) -> Option<Self> {
+        Self::from_blocks(
+            PackedKind::IQ4XS,
+            rows,
+            cols,
+            blocks,
+            |b, j| Some((finite_f16(b.sub_scale(j))?, f16::ZERO)),
+            |b, e| index4(&b.qs[16 * (e / QK)..], e % QK),
+        )
+    }
+
     /// Packs `rows × cols` `Q5_1` blocks (row after row; `cols` a multiple of 32).
     pub fn from_q5_1(rows: usize, cols: usize, blocks: &[BlockQ5_1]) -> Self {
         Self::from_blocks(
@@ -344,7 +404,8 @@ impl PackedMatrix {
 
     /// Packs file blocks of `kind.file_block()` values (32, or the K-quants' 256) as 32-value
     /// blocks: `scales(block, j)` gives sub-block `j`'s two f16 scales (`None`: not
-    /// representable), `quant(block, e)` value `e`'s unsigned quant.
+    /// representable; the second is dropped for kinds with one scale per block),
+    /// `quant(block, e)` value `e`'s unsigned quant.
     fn from_blocks<B: Sync>(
         kind: PackedKind,
         rows: usize,
@@ -369,15 +430,20 @@ impl PackedMatrix {
         let per_row = cols / QK;
         p.fill(|row, b, lines, sc| {
             let r = row % TILE;
+            let two = sc.len() > TILE;
             if row >= rows {
                 // Padding: its quants stay the zeros `empty` starts from.
                 sc[r] = 0;
-                sc[TILE + r] = 0;
+                if two {
+                    sc[TILE + r] = 0;
+                }
                 return;
             }
             let (first, second) = pairs[row * per_row + b];
             sc[r] = first.to_bits();
-            sc[TILE + r] = second.to_bits();
+            if two {
+                sc[TILE + r] = second.to_bits();
+            }
             let blk = &blocks[(row * per_row + b) / subs];
             let first = QK * (b % subs);
             let q = std::array::from_fn(|l| quant(blk, first + l));
@@ -604,6 +670,13 @@ impl PackedMatrix {
                         *v = d * f32::from(self.quant(row, b, e)) + m.to_f32();
                     }
                 }
+                PackedKind::IQ4NL | PackedKind::IQ4XS => {
+                    let d = f16::from_bits(s[r]).to_f32();
+                    for (e, v) in y.iter_mut().enumerate() {
+                        let q = usize::from(self.quant(row, b, e));
+                        *v = d * f32::from(KVALUES_IQ4NL[q]);
+                    }
+                }
                 PackedKind::Q5_0 => {
                     let d = f16::from_bits(s[r]).to_f32();
                     for (e, v) in y.iter_mut().enumerate() {
@@ -627,7 +700,7 @@ impl PackedMatrix {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{dequantize_row_q5_0, dequantize_row_q5_1};
+    use crate::quant::{dequantize_row_iq4_nl, dequantize_row_q5_0, dequantize_row_q5_1};
     use rand::{Rng, SeedableRng};
 
     #[test]
@@ -671,6 +744,14 @@ mod tests {
                 .collect();
             let p0 = PackedMatrix::from_q4_0(rows, cols, &q0).unwrap();
             assert_eq!(p0.storage_bytes(), nb * 18);
+            let nl: Vec<BlockIQ4NL> = (0..nb)
+                .map(|_| BlockIQ4NL {
+                    d: f16::from_f32(rng.random_range(-0.01..0.01)),
+                    qs: std::array::from_fn(|_| rng.random()),
+                })
+                .collect();
+            let pnl = PackedMatrix::from_iq4_nl(rows, cols, &nl);
+            assert_eq!(pnl.storage_bytes(), nb * 18);
             let p51 = PackedMatrix::from_q5_1(rows, cols, &q51);
             assert_eq!(p51.storage_bytes(), nb * 24);
             let p50 = PackedMatrix::from_q5_0(rows, cols, &q50).unwrap();
@@ -698,6 +779,9 @@ mod tests {
                 dequantize_row_q5_0(&q50[row * blocks..(row + 1) * blocks], &mut want);
                 p50.row_f32(row, &mut got);
                 assert_eq!(got, want, "Q5_0 row {row} of {rows}x{cols}");
+                dequantize_row_iq4_nl(&nl[row * blocks..(row + 1) * blocks], &mut want);
+                pnl.row_f32(row, &mut got);
+                assert_eq!(got, want, "IQ4_NL row {row} of {rows}x{cols}");
             }
         }
     }
@@ -741,7 +825,9 @@ mod tests {
 
     #[test]
     fn k_quant_rows_unpack_to_the_dequantization_within_f16_scales() {
-        use crate::quant::{dequantize_row_q4_k, dequantize_row_q5_k, dequantize_row_q6_k};
+        use crate::quant::{
+            dequantize_row_iq4_xs, dequantize_row_q4_k, dequantize_row_q5_k, dequantize_row_q6_k,
+        };
         // Each term moves by at most half an f16 step (2^-11 relative, 2^-25 when subnormal).
         let half_step = 2f32.powi(-11);
         k_quant_rows_unpack(
@@ -792,6 +878,19 @@ mod tests {
                 let d = (b.d.to_f32() * f32::from(b.scales[e / 16])).abs();
                 d * 32.0 * 2.0 * half_step + 2f32.powi(-24) * 32.0
             },
+        );
+        k_quant_rows_unpack(
+            5,
+            136,
+            |rng| BlockIQ4XS {
+                d: f16::from_f32(rng.random_range(-0.0005..0.0005)),
+                scales_h: rng.random(),
+                scales_l: rng.random(),
+                qs: std::array::from_fn(|_| rng.random()),
+            },
+            PackedMatrix::from_iq4_xs,
+            dequantize_row_iq4_xs,
+            |b, e| b.sub_scale(e / QK).abs() * 127.0 * half_step + 2f32.powi(-24) * 127.0,
         );
         let huge = BlockQ4K {
             d: f16::from_f32(60000.0),

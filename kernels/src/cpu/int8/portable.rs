@@ -2,7 +2,9 @@
 //!
 //! For output `(i, r)`, block by block in order: the exact integer `isum = Σ w_q · (254 h + l)`
 //! (`h`, `l`: the activations' digits, see `activations`), then `acc = fma(isum, d_w · d_x,
-//! acc)` and, for the nibble formats (`Q4_*`, `Q5_K`), `acc = fma(m_w, d_x · Σ (254 h + l), acc)`.
+//! acc)` and, for the nibble formats with a minimum (`Q4_*`, `Q5_*`), `acc = fma(m_w, d_x · Σ
+//! (254 h + l), acc)`. `Q8_0` and the IQ4 tables multiply unsigned bytes `value + 128` and take
+//! `128 · Σ (254 h + l)` off `isum`.
 //! `Q6_K` instead takes each 16-value half of the block in turn: `isum` over the half, less
 //! `32 · Σ (254 h + l)` of the half, then `acc = fma(isum, d_half · d_x, acc)`.
 //! Integer sums are exact whatever order a SIMD level adds them in, so only this sequence
@@ -12,7 +14,7 @@
 use half::f16;
 
 use super::activations::{QuantizedRows, RADIX};
-use super::packed::{PackedKind, PackedMatrix, QK, TILE};
+use super::packed::{IQ4_UNSIGNED, PackedKind, PackedMatrix, QK, TILE};
 
 /// The 16 outputs of tile `t` for row `i` of `x`.
 #[inline(always)]
@@ -52,14 +54,22 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
                         q | (((plane[8 * word + bit / 8] >> (bit % 8)) & 1) << (4 + level))
                     })
                 };
+                // IQ4: the table's value of the index, as an unsigned byte.
+                let value = |q: u8| {
+                    if w.kind().table() {
+                        IQ4_UNSIGNED[usize::from(q)]
+                    } else {
+                        q
+                    }
+                };
                 for (h, line) in lines[..QK / 8].iter().enumerate() {
                     for r in 0..TILE {
                         for u in 0..4 {
                             let byte = line.0[4 * r + u];
-                            add(r, (byte & 0x0F) | high(2 * h, 4 * r + u), 4 * h + u);
+                            add(r, value((byte & 0x0F) | high(2 * h, 4 * r + u)), 4 * h + u);
                             add(
                                 r,
-                                (byte >> 4) | high(2 * h + 1, 4 * r + u),
+                                value((byte >> 4) | high(2 * h + 1, 4 * r + u)),
                                 4 * (h + QK / 8) + u,
                             );
                         }
@@ -78,12 +88,12 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
             }
             continue;
         }
-        let offset = if w.kind().nibbles() { 0 } else { x.s128[j] };
+        let offset = if w.kind().offset_128() { x.s128[j] } else { 0 };
         let isum: [i32; TILE] = std::array::from_fn(|r| RADIX * sh[0][r] + sl[0][r] + offset);
         for r in 0..TILE {
             let scale = f16::from_bits(scales[r]).to_f32() * x.d[j];
             acc[r] = (isum[r] as f32).mul_add(scale, acc[r]);
-            if w.kind() != PackedKind::Q8_0 {
+            if w.kind().has_min() {
                 acc[r] = f16::from_bits(scales[TILE + r])
                     .to_f32()
                     .mul_add(x.sd[j], acc[r]);

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::cpu::int8::Int8Kernels;
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{GROUP, PackedKind, PackedMatrix, QK, TILE};
+use crate::cpu::int8::packed::{GROUP, IQ4_UNSIGNED, PackedKind, PackedMatrix, QK, TILE};
 
 /// Whether the CPU has what [`AVX512_VNNI`] uses.
 pub(crate) fn avx512_vnni_supported() -> bool {
@@ -84,12 +84,15 @@ unsafe fn tiles_avx512(
     // SAFETY: the table is only handed out after detection; contract forwarded.
     unsafe {
         match w.kind() {
-            PackedKind::Q8_0 => tiles_vnni::<false, 0>(w, t0, nt, x, out, ldo),
+            PackedKind::Q8_0 => tiles_vnni::<false, 0, false>(w, t0, nt, x, out, ldo),
             PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
-                tiles_vnni::<true, 0>(w, t0, nt, x, out, ldo)
+                tiles_vnni::<true, 0, false>(w, t0, nt, x, out, ldo)
             }
             PackedKind::Q5K | PackedKind::Q5_1 | PackedKind::Q5_0 => {
-                tiles_vnni::<true, 1>(w, t0, nt, x, out, ldo)
+                tiles_vnni::<true, 1, false>(w, t0, nt, x, out, ldo)
+            }
+            PackedKind::IQ4NL | PackedKind::IQ4XS => {
+                tiles_vnni::<true, 0, true>(w, t0, nt, x, out, ldo)
             }
             PackedKind::Q6K => tiles_q6(w, t0, nt, x, out, ldo),
         }
@@ -97,7 +100,7 @@ unsafe fn tiles_avx512(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize>(
+unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool>(
     w: &PackedMatrix,
     t0: usize,
     nt: usize,
@@ -114,15 +117,15 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize>(
             // Decode: a group's four tiles at a time (one stream; four independent chains
             // hide latency), single tiles up to the first group and after the last.
             while t < t0 + nt && !t.is_multiple_of(GROUP) {
-                kernel::<Q4, HIGH, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
+                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
                 t += 1;
             }
             while t + GROUP <= t0 + nt {
-                kernel::<Q4, HIGH, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
+                kernel::<Q4, HIGH, LUT, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
                 t += GROUP;
             }
             while t < t0 + nt {
-                kernel::<Q4, HIGH, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
+                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
                 t += 1;
             }
         } else {
@@ -134,17 +137,17 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize>(
                 let mut i = 0;
                 while i + 4 <= m {
                     if pair {
-                        kernel::<Q4, HIGH, 4, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, LUT, 4, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     } else {
-                        kernel::<Q4, HIGH, 4, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, LUT, 4, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     }
                     i += 4;
                 }
                 while i < m {
                     if pair {
-                        kernel::<Q4, HIGH, 1, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, LUT, 1, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     } else {
-                        kernel::<Q4, HIGH, 1, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
                     }
                     i += 1;
                 }
@@ -237,14 +240,21 @@ unsafe fn store_tiles<const R: usize, const C: usize>(
 }
 
 /// Rows `i0..i0 + R` of `x` times tiles `t..t + C`, written at `out[r * ldo + c * 16 + lane]`
-/// for the tiles' valid lanes. With `prefetch`, the tiles' stream is asked for ahead: the first
+/// for the tiles' valid lanes. Nibbles (`Q4`, with `HIGH` lines of high bits) are quants with a
+/// minimum, or with `LUT` indices into the IQ4 table (then, as bytes, offset by 128). With `prefetch`, the tiles' stream is asked for ahead: the first
 /// rows over a pair of tiles fetch it, the next rows find it in cache.
 ///
 /// # Safety
 /// The rows and tiles exist; `out` is writable at those places.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn kernel<const Q4: bool, const HIGH: usize, const R: usize, const C: usize>(
+unsafe fn kernel<
+    const Q4: bool,
+    const HIGH: usize,
+    const LUT: bool,
+    const R: usize,
+    const C: usize,
+>(
     w: &PackedMatrix,
     t: usize,
     x: &QuantizedRows,
@@ -260,6 +270,8 @@ unsafe fn kernel<const Q4: bool, const HIGH: usize, const R: usize, const C: usi
     let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
     let (xd, xsd, x128) = (x.d.as_ptr(), x.sd.as_ptr(), x.s128.as_ptr());
     let radix = _mm512_set1_epi32(RADIX);
+    // SAFETY: IQ4_UNSIGNED holds 16 bytes.
+    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(IQ4_UNSIGNED.as_ptr().cast()) });
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     // SAFETY (whole body): tile c's block b lies at starts[c] + b · stride bytes, inside `w`
     // for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and
@@ -274,7 +286,7 @@ unsafe fn kernel<const Q4: bool, const HIGH: usize, const R: usize, const C: usi
             // Two integer chains per (row, tile): against the high and the low digits.
             let mut sa = [[_mm512_setzero_si512(); C]; R];
             let mut sb_ = [[_mm512_setzero_si512(); C]; R];
-            if !Q4 {
+            if !Q4 || LUT {
                 for (r, s) in sb_.iter_mut().enumerate() {
                     *s = [_mm512_set1_epi32(*x128.add(xs[r] + b)); C];
                 }
@@ -293,6 +305,10 @@ unsafe fn kernel<const Q4: bool, const HIGH: usize, const R: usize, const C: usi
                     let mut hi = [_mm512_setzero_si512(); C];
                     for c in 0..C {
                         (lo[c], hi[c]) = nibble_line::<HIGH>(lines[c], h);
+                        if LUT {
+                            lo[c] = _mm512_shuffle_epi8(table, lo[c]);
+                            hi[c] = _mm512_shuffle_epi8(table, hi[c]);
+                        }
                     }
                     for r in 0..R {
                         let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
@@ -321,7 +337,7 @@ unsafe fn kernel<const Q4: bool, const HIGH: usize, const R: usize, const C: usi
             let dw: [__m512; C] =
                 std::array::from_fn(|c| _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].cast())));
             let mw: [__m512; C] = std::array::from_fn(|c| {
-                if Q4 {
+                if Q4 && !LUT {
                     _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(TILE).cast()))
                 } else {
                     _mm512_setzero_ps()
@@ -335,7 +351,7 @@ unsafe fn kernel<const Q4: bool, const HIGH: usize, const R: usize, const C: usi
                     let isum = _mm512_cvtepi32_ps(combined);
                     let scale = _mm512_mul_ps(dw[c], dx);
                     acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
-                    if Q4 {
+                    if Q4 && !LUT {
                         acc[r][c] = _mm512_fmadd_ps(mw[c], sdx, acc[r][c]);
                     }
                 }

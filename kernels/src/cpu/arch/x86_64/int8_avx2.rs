@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{PackedKind, PackedMatrix, QK, TILE};
+use crate::cpu::int8::packed::{IQ4_UNSIGNED, PackedKind, PackedMatrix, QK, TILE};
 
 /// Whether the CPU runs [`tiles`] (AVX2, FMA and F16C).
 pub(crate) fn supported() -> bool {
@@ -92,22 +92,26 @@ pub(crate) unsafe fn tiles(
     // SAFETY: forwarded contract; the CPU features were detected.
     unsafe {
         match w.kind() {
-            PackedKind::Q8_0 => tiles_of::<false, 0, false>(w, t0, nt, x, out, ldo),
+            PackedKind::Q8_0 => tiles_of::<false, 0, false, false>(w, t0, nt, x, out, ldo),
             PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
-                tiles_of::<true, 0, false>(w, t0, nt, x, out, ldo)
+                tiles_of::<true, 0, false, false>(w, t0, nt, x, out, ldo)
             }
             PackedKind::Q5K | PackedKind::Q5_1 | PackedKind::Q5_0 => {
-                tiles_of::<true, 1, false>(w, t0, nt, x, out, ldo)
+                tiles_of::<true, 1, false, false>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::Q6K => tiles_of::<true, 2, true>(w, t0, nt, x, out, ldo),
+            PackedKind::Q6K => tiles_of::<true, 2, true, false>(w, t0, nt, x, out, ldo),
+            PackedKind::IQ4NL | PackedKind::IQ4XS => {
+                tiles_of::<true, 0, false, true>(w, t0, nt, x, out, ldo)
+            }
         }
     }
 }
 
 /// Tiles `t0..t0 + nt` for every row of `x`, for quants in nibbles (`NIB`, with `HIGH` lines
-/// of high bits) or bytes, and per-half sums and scales (`SPLIT`, `Q6_K`).
+/// of high bits; with `LUT`, indices into the IQ4 table) or bytes, and per-half sums and scales
+/// (`SPLIT`, `Q6_K`).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool>(
+unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool, const LUT: bool>(
     w: &PackedMatrix,
     t0: usize,
     nt: usize,
@@ -134,14 +138,14 @@ unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool>(
         // leave no registers for a second row).
         while !SPLIT && i + 2 <= x.m {
             // SAFETY: the tile and the rows exist.
-            let [a, b] = unsafe { tile_rows::<NIB, HIGH, SPLIT, 2>(w, t, x, x16, i) };
+            let [a, b] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, 2>(w, t, x, x16, i) };
             store(i, a);
             store(i + 1, b);
             i += 2;
         }
         while i < x.m {
             // SAFETY: as above.
-            let [a] = unsafe { tile_rows::<NIB, HIGH, SPLIT, 1>(w, t, x, x16, i) };
+            let [a] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, 1>(w, t, x, x16, i) };
             store(i, a);
             i += 1;
         }
@@ -171,7 +175,13 @@ fn expand_bits(mask: u32) -> __m256i {
 /// `Q6_K`, `x` carries its halves' sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile_rows<const NIB: bool, const HIGH: usize, const SPLIT: bool, const R: usize>(
+unsafe fn tile_rows<
+    const NIB: bool,
+    const HIGH: usize,
+    const SPLIT: bool,
+    const LUT: bool,
+    const R: usize,
+>(
     w: &PackedMatrix,
     t: usize,
     x: &QuantizedRows,
@@ -181,6 +191,9 @@ unsafe fn tile_rows<const NIB: bool, const HIGH: usize, const SPLIT: bool, const
     let (lines0, scales0) = w.tile_start(t);
     let stride = w.block_stride();
     let low = _mm256_set1_epi8(0x0F);
+    // SAFETY: IQ4_UNSIGNED holds 16 bytes.
+    let table =
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_UNSIGNED.as_ptr().cast()) });
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     // SAFETY (whole body): block b's lines and scales lie at `b · stride` bytes from the
     // tile's start, inside `w`; row i's block b is entry `x.at(i, b)` of `x`'s vectors.
@@ -229,6 +242,10 @@ unsafe fn tile_rows<const NIB: bool, const HIGH: usize, const SPLIT: bool, const
                             hi[k] = _mm256_add_epi8(hi[k], _mm256_and_si256(expand_bits(bh), step));
                         }
                     }
+                    if LUT {
+                        lo = lo.map(|v| _mm256_shuffle_epi8(table, v));
+                        hi = hi.map(|v| _mm256_shuffle_epi8(table, v));
+                    }
                     add(lo, h, 0);
                     add(hi, h + QK / 8, usize::from(SPLIT));
                 }
@@ -252,7 +269,7 @@ unsafe fn tile_rows<const NIB: bool, const HIGH: usize, const SPLIT: bool, const
                 for (half, s) in sums.iter().enumerate().take(halves) {
                     let offset = if SPLIT {
                         x.s32_halves[j][half]
-                    } else if NIB {
+                    } else if NIB && !LUT {
                         0
                     } else {
                         x.s128[j]
@@ -262,7 +279,7 @@ unsafe fn tile_rows<const NIB: bool, const HIGH: usize, const SPLIT: bool, const
                         let d = scales.add(half * TILE + 8 * k);
                         let d = _mm256_cvtph_ps(_mm_loadu_si128(d.cast()));
                         *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *a);
-                        if NIB && !SPLIT {
+                        if NIB && !SPLIT && !LUT {
                             let m = scales.add(TILE + 8 * k);
                             let m = _mm256_cvtph_ps(_mm_loadu_si128(m.cast()));
                             *a = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sd[j]), *a);
