@@ -353,65 +353,64 @@ fn q4_1_as_q5_1(bytes: &[u8]) -> Vec<u8> {
         .collect()
 }
 
-/// The values requantized as ggml's `quantize_row_q5_0_ref` does.
-fn q4_1_as_q5_0(bytes: &[u8]) -> Vec<u8> {
+/// Each `Q4_1` block's 32 values, with the one of largest magnitude, re-encoded by `encode`.
+fn requantized(bytes: &[u8], encode: impl Fn(&[f32; 32], f32) -> Vec<u8>) -> Vec<u8> {
     q4_1_blocks(bytes)
         .flat_map(|b| {
             let mut x = [0f32; 32];
             dequantize_row_q4_1(std::slice::from_ref(&b), &mut x);
-            // The value of largest magnitude maps to -16.
             let max = x
                 .iter()
                 .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-            let d = max / -16.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let q: Vec<u8> = x
-                .iter()
-                .map(|&v| ((v * id + 16.5) as i8).min(31) as u8)
-                .collect();
-            let q5 = BlockQ5_0 {
-                d: f16::from_f32(d),
-                qh: q
-                    .iter()
-                    .enumerate()
-                    .fold(0u32, |h, (e, &v)| h | u32::from(v >> 4) << e)
-                    .to_le_bytes(),
-                qs: std::array::from_fn(|j| (q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4),
-            };
-            bytemuck::bytes_of(&q5).to_vec()
+            encode(&x, max)
         })
         .collect()
 }
 
-/// The values requantized to `IQ4_NL`: the value of largest magnitude maps to the table's
-/// -127, every value to its nearest table entry (ggml also searches nearby scales).
-fn q4_1_as_iq4_nl(bytes: &[u8]) -> Vec<u8> {
-    q4_1_blocks(bytes)
-        .flat_map(|b| {
-            let mut x = [0f32; 32];
-            dequantize_row_q4_1(std::slice::from_ref(&b), &mut x);
-            let max = x
+/// The values requantized as ggml's `quantize_row_q5_0_ref` does: `max` maps to -16.
+fn q4_1_as_q5_0(bytes: &[u8]) -> Vec<u8> {
+    requantized(bytes, |x, max| {
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q: Vec<u8> = x
+            .iter()
+            .map(|&v| ((v * id + 16.5) as i8).min(31) as u8)
+            .collect();
+        let block = BlockQ5_0 {
+            d: f16::from_f32(d),
+            qh: q
                 .iter()
-                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-            let d = f16::from_f32(max / -127.0);
-            let id = if d.to_f32() != 0.0 {
-                1.0 / d.to_f32()
-            } else {
-                0.0
-            };
-            let index = |v: f32| {
-                let err = |i: &usize| (f32::from(KVALUES_IQ4NL[*i]) - v * id).abs();
-                (0..16)
-                    .min_by(|a, b| err(a).total_cmp(&err(b)))
-                    .unwrap_or(0) as u8
-            };
-            let block = BlockIQ4NL {
-                d,
-                qs: std::array::from_fn(|j| index(x[j]) | index(x[j + 16]) << 4),
-            };
-            bytemuck::bytes_of(&block).to_vec()
-        })
-        .collect()
+                .enumerate()
+                .fold(0u32, |h, (e, &v)| h | u32::from(v >> 4) << e)
+                .to_le_bytes(),
+            qs: std::array::from_fn(|j| (q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4),
+        };
+        bytemuck::bytes_of(&block).to_vec()
+    })
+}
+
+/// The values requantized to `IQ4_NL`: `max` maps to the table's -127, every value to its
+/// nearest table entry (ggml also searches nearby scales).
+fn q4_1_as_iq4_nl(bytes: &[u8]) -> Vec<u8> {
+    requantized(bytes, |x, max| {
+        let d = f16::from_f32(max / -127.0);
+        let id = if d.to_f32() != 0.0 {
+            1.0 / d.to_f32()
+        } else {
+            0.0
+        };
+        let index = |v: f32| {
+            let err = |i: &usize| (f32::from(KVALUES_IQ4NL[*i]) - v * id).abs();
+            (0..16)
+                .min_by(|a, b| err(a).total_cmp(&err(b)))
+                .unwrap_or(0) as u8
+        };
+        let block = BlockIQ4NL {
+            d,
+            qs: std::array::from_fn(|j| index(x[j]) | index(x[j + 16]) << 4),
+        };
+        bytemuck::bytes_of(&block).to_vec()
+    })
 }
 
 /// Logits at every position of `tokens`, run as one prompt.

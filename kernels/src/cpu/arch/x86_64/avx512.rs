@@ -38,9 +38,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
         q4_k: super::dequant_avx512::q4_k,
         q5_k: super::dequant_avx512::q5_k,
         q6_k: super::dequant_avx512::q6_k,
-        // Table lookups: IQ4 matrices are repacked for int8 products by default.
-        iq4_nl: crate::quant::dequantize_row_iq4_nl,
-        iq4_xs: crate::quant::dequantize_row_iq4_xs,
+        iq4_nl: super::dequant_avx512::iq4_nl,
+        iq4_xs: super::dequant_avx512::iq4_xs,
     },
 };
 

@@ -1,4 +1,4 @@
-//! AVX-512 F dequantizers of f16, `Q4_0`, `Q5_0`, `Q5_1` and the K-quants (`Q4_K`, `Q5_K`, `Q6_K`), for the
+//! AVX-512 F dequantizers of f16, `Q4_0`, `Q5_0`, `Q5_1`, the K-quants and the IQ4 formats (`Q4_K`, `Q5_K`, `Q6_K`), for the
 //! level's `Dequant` table (see `avx512.rs`).
 //!
 //! Each writes the portable reference's values bit for bit: the products are exact (see
@@ -13,7 +13,8 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use crate::quant::{
-    BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, QK_K, scales_mins_k4,
+    BlockIQ4NL, BlockIQ4XS, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    KVALUES_IQ4NL, QK_K, scales_mins_k4,
 };
 
 /// Sixteen bytes at `p`, zero-extended to 32-bit lanes.
@@ -126,6 +127,60 @@ fn q5_1_avx512(blocks: &[BlockQ5_1], out: &mut [f32]) {
 pub(super) fn q5_1(blocks: &[BlockQ5_1], out: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
     unsafe { q5_1_avx512(blocks, out) }
+}
+
+/// `scale · table[q]` for the 32 indices of `qs` (an `IQ4_NL` block's layout) into `y`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn iq4_values(qs: &[u8], scale: f32, y: &mut [f32]) {
+    assert!(qs.len() >= 16 && y.len() >= 32);
+    let table = KVALUES_IQ4NL.map(f32::from);
+    let low = _mm512_set1_epi32(0x0F);
+    let d = _mm512_set1_ps(scale);
+    // SAFETY: `table` holds 16 values, `qs` at least 16 bytes, `y` at least 32 values.
+    unsafe {
+        let table = _mm512_loadu_ps(table.as_ptr());
+        let q = u8x16(qs.as_ptr());
+        for (half, idx) in [_mm512_and_si512(q, low), _mm512_srli_epi32::<4>(q)]
+            .into_iter()
+            .enumerate()
+        {
+            let v = _mm512_permutexvar_ps(idx, table);
+            _mm512_storeu_ps(y.as_mut_ptr().add(16 * half), _mm512_mul_ps(d, v));
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn iq4_nl_avx512(blocks: &[BlockIQ4NL], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        iq4_values(&b.qs, b.d.to_f32(), y);
+    }
+}
+
+pub(super) fn iq4_nl(blocks: &[BlockIQ4NL], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { iq4_nl_avx512(blocks, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn iq4_xs_avx512(blocks: &[BlockIQ4XS], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * QK_K, "256 values per block");
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        for (j, (y, qs)) in y
+            .chunks_exact_mut(32)
+            .zip(b.qs.chunks_exact(16))
+            .enumerate()
+        {
+            iq4_values(qs, b.sub_scale(j), y);
+        }
+    }
+}
+
+pub(super) fn iq4_xs(blocks: &[BlockIQ4XS], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { iq4_xs_avx512(blocks, out) }
 }
 
 /// A `Q4_K`/`Q5_K` block's eight effective scales `d·sc[j]` (lanes 0..8) and minimums
