@@ -60,7 +60,7 @@ const SHAPES: [(&str, usize, usize); 5] = [
 
 /// Every storage format of `WeightMatrix` (add new ones here; `random_matrix` fills any
 /// format it does not know with small finite values).
-const FORMATS: [WeightFormat; 10] = [
+const FORMATS: [WeightFormat; 12] = [
     WeightFormat::F32,
     WeightFormat::Bf16,
     WeightFormat::Q8_0,
@@ -71,6 +71,8 @@ const FORMATS: [WeightFormat; 10] = [
     WeightFormat::Q6K,
     WeightFormat::IQ4NL,
     WeightFormat::IQ4XS,
+    WeightFormat::Q2K,
+    WeightFormat::Q3K,
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -198,8 +200,8 @@ enum Variant {
 
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    // The block formats twice (Q5_1 shares Q5_0's kernels): multiplied exactly in f32, and
-    // repacked for int8 dot products (K-quants and IQ4_XS only where rows are whole
+    // The block formats twice (Q5_1 shares Q5_0's kernels; Q2_K and Q3_K are not repacked):
+    // multiplied exactly in f32, and repacked for int8 dot products (K-quants and IQ4_XS only where rows are whole
     // super-blocks of 256: the down shape); BF16 twice: with f32 activations, and with bf16
     // ones (`vdpbf16ps`, `--dtype bfloat16`).
     let variants = FORMATS
@@ -375,11 +377,15 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
 }
 
 /// Repacking for int8 products at load: one 4096 × 4096 matrix (a 7B model's attention
-/// projection) of each block format, from its file bytes. GB/s: of the file's bytes.
+/// projection) of each block format that is repacked, from its file bytes. GB/s: of the
+/// file's bytes.
 fn packing_rows(wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let (n, k) = (4096, 4096);
     let mut rows = Vec::new();
-    for format in FORMATS.into_iter().filter(|f| f.block_elements() > 1) {
+    let repacked = |f: &WeightFormat| {
+        f.block_elements() > 1 && !matches!(f, WeightFormat::Q2K | WeightFormat::Q3K)
+    };
+    for format in FORMATS.into_iter().filter(repacked) {
         let name = format!("pack {} {n}x{k} for int8", format.name());
         if !wanted(&name) {
             continue;

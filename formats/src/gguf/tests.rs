@@ -282,6 +282,8 @@ fn valid_blocks(format: QuantFormat, n_blocks: usize, seed: u32) -> Vec<u8> {
             | QuantFormat::IQ4XS => &[0],
             QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
             QuantFormat::Q6K => &[208],
+            QuantFormat::Q2K => &[80, 82],
+            QuantFormat::Q3K => &[108],
         };
         for &o in scale_offsets {
             block[o..o + 2].copy_from_slice(&scale);
@@ -302,6 +304,8 @@ fn every_supported_type_loads_with_hf_shape() {
         (QuantFormat::Q4K, 12),
         (QuantFormat::Q5K, 13),
         (QuantFormat::Q6K, 14),
+        (QuantFormat::Q2K, 10),
+        (QuantFormat::Q3K, 11),
         (QuantFormat::IQ4NL, 20),
         (QuantFormat::IQ4XS, 23),
     ];
@@ -349,7 +353,7 @@ fn every_supported_type_loads_with_hf_shape() {
 fn unsupported_and_unmapped_tensors_are_clear_errors() {
     let w = Writer::new()
         .kv("general.architecture", V::String("llama".into()))
-        .tensor("blk.0.ffn_up.weight", &[256, 1], 11, vec![0; 110]); // Q3_K
+        .tensor("blk.0.ffn_up.weight", &[256, 1], 16, vec![0; 66]); // IQ2_XXS
     let (bytes, _) = w.bytes();
     let file = write_file(&bytes);
     let gguf = GgufFile::open(&file.path).unwrap();
@@ -358,7 +362,7 @@ fn unsupported_and_unmapped_tensors_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("Q3_K") && err.contains("not supported"),
+        err.contains("IQ2_XXS") && err.contains("not supported"),
         "{err}"
     );
     assert!(err.contains(&file.path.display().to_string()), "{err}");
@@ -985,7 +989,7 @@ fn native_bytes(format: WeightFormat, blocks: usize, seed: u32) -> Vec<u8> {
 }
 
 /// (format, GGUF type id) of every type whose matrices stay native.
-const NATIVE: [(WeightFormat, u32); 12] = [
+const NATIVE: [(WeightFormat, u32); 14] = [
     (WeightFormat::F16, 1),
     (WeightFormat::Bf16, 30),
     (WeightFormat::Q8_0, 8),
@@ -996,6 +1000,8 @@ const NATIVE: [(WeightFormat, u32); 12] = [
     (WeightFormat::Q4K, 12),
     (WeightFormat::Q5K, 13),
     (WeightFormat::Q6K, 14),
+    (WeightFormat::Q2K, 10),
+    (WeightFormat::Q3K, 11),
     (WeightFormat::IQ4NL, 20),
     (WeightFormat::IQ4XS, 23),
 ];

@@ -80,8 +80,7 @@ const TABLE: [(GgmlType, u32, &str, usize, usize); 32] = [
 
 impl GgmlType {
     /// The types Tessera can convert to f32, for error messages.
-    pub const SUPPORTED: &'static str =
-        "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
+    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
 
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
         // Every variant has a row; the fallback is unreachable but keeps this panic-free.
@@ -124,6 +123,8 @@ impl GgmlType {
             Self::Q4K => Some(QuantFormat::Q4K),
             Self::Q5K => Some(QuantFormat::Q5K),
             Self::Q6K => Some(QuantFormat::Q6K),
+            Self::Q2K => Some(QuantFormat::Q2K),
+            Self::Q3K => Some(QuantFormat::Q3K),
             Self::IQ4NL => Some(QuantFormat::IQ4NL),
             Self::IQ4XS => Some(QuantFormat::IQ4XS),
             _ => None,
@@ -144,6 +145,8 @@ impl GgmlType {
             Self::Q4K => Some(WeightFormat::Q4K),
             Self::Q5K => Some(WeightFormat::Q5K),
             Self::Q6K => Some(WeightFormat::Q6K),
+            Self::Q2K => Some(WeightFormat::Q2K),
+            Self::Q3K => Some(WeightFormat::Q3K),
             Self::IQ4NL => Some(WeightFormat::IQ4NL),
             Self::IQ4XS => Some(WeightFormat::IQ4XS),
             _ => None,

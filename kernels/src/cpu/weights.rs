@@ -2,8 +2,8 @@
 //!
 //! [`WeightMatrix`] holds a `rows × cols` matrix in the PyTorch `Linear` layout as f32,
 //! bfloat16, f16, or GGUF blocks (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `IQ4_NL` of 32
-//! values; `Q4_K`, `Q5_K`, `Q6_K`, `IQ4_XS` super-blocks of 256), each row a whole number of
-//! blocks.
+//! values; `Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`, `IQ4_XS` super-blocks of 256), each row a
+//! whole number of blocks.
 //! [`linear_weights`] computes `out = x · wᵀ + b` like [`super::matmul::linear`]: each rayon
 //! task dequantizes a few weight rows at a time into a small per-thread buffer, with the
 //! dispatched level's dequantizer, and hands them to the level's f32 kernel while they are
@@ -27,10 +27,11 @@ use super::int8::linear_int8_with;
 use super::int8::packed::{PackedKind, PackedMatrix};
 use super::matmul::{SharedOut, add_bias, check_shapes, linear_chunks, linear_with, rows_per_task};
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K,
-    BlockQ6K, BlockQ8_0, QK_K, QK8_0, QuantError, dequantize_row_iq4_nl, dequantize_row_iq4_xs,
-    dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q5_0,
-    dequantize_row_q5_1, dequantize_row_q5_k, dequantize_row_q6_k, dequantize_row_q8_0,
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, QK8_0, QuantError, dequantize_row_iq4_nl,
+    dequantize_row_iq4_xs, dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_0,
+    dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q5_0, dequantize_row_q5_1,
+    dequantize_row_q5_k, dequantize_row_q6_k, dequantize_row_q8_0,
 };
 
 /// How a [`WeightMatrix`] stores its values.
@@ -59,6 +60,11 @@ pub enum WeightFormat {
     Q5K,
     /// GGUF `Q6_K` super-blocks: 256 values, 8-bit sub-block scales, 6-bit quants.
     Q6K,
+    /// GGUF `Q2_K` super-blocks: 256 values, 4-bit sub-block scales and minimums per 16,
+    /// 2-bit quants.
+    Q2K,
+    /// GGUF `Q3_K` super-blocks: 256 values, 6-bit sub-block scales per 16, 3-bit quants.
+    Q3K,
     /// GGUF `IQ4_NL` blocks: 32 values, f16 scale, 4-bit indices into a fixed table.
     IQ4NL,
     /// GGUF `IQ4_XS` super-blocks: 256 values, 6-bit sub-block scales, `IQ4_NL`'s indices.
@@ -67,7 +73,7 @@ pub enum WeightFormat {
 
 impl WeightFormat {
     /// Every format, for tests and tables.
-    pub const ALL: [WeightFormat; 13] = [
+    pub const ALL: [WeightFormat; 15] = [
         Self::F32,
         Self::Bf16,
         Self::F16,
@@ -81,6 +87,8 @@ impl WeightFormat {
         Self::Q6K,
         Self::IQ4NL,
         Self::IQ4XS,
+        Self::Q2K,
+        Self::Q3K,
     ];
 
     /// Values per block (1 for the float formats).
@@ -88,7 +96,7 @@ impl WeightFormat {
         match self {
             Self::F32 | Self::Bf16 | Self::F16 => 1,
             Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::IQ4NL => QK8_0,
-            Self::Q4K | Self::Q5K | Self::Q6K | Self::IQ4XS => QK_K,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::IQ4XS => QK_K,
         }
     }
 
@@ -107,6 +115,8 @@ impl WeightFormat {
             Self::Q6K => size_of::<BlockQ6K>(),
             Self::IQ4NL => size_of::<BlockIQ4NL>(),
             Self::IQ4XS => size_of::<BlockIQ4XS>(),
+            Self::Q2K => size_of::<BlockQ2K>(),
+            Self::Q3K => size_of::<BlockQ3K>(),
         }
     }
 
@@ -126,6 +136,8 @@ impl WeightFormat {
             Self::Q6K => "Q6_K",
             Self::IQ4NL => "IQ4_NL",
             Self::IQ4XS => "IQ4_XS",
+            Self::Q2K => "Q2_K",
+            Self::Q3K => "Q3_K",
         }
     }
 }
@@ -153,6 +165,10 @@ pub(crate) struct Dequant {
     pub(crate) q5_k: fn(&[BlockQ5K], &mut [f32]),
     /// `out.len() == blocks.len() * 256`.
     pub(crate) q6_k: fn(&[BlockQ6K], &mut [f32]),
+    /// `out.len() == blocks.len() * 256`.
+    pub(crate) q2_k: fn(&[BlockQ2K], &mut [f32]),
+    /// `out.len() == blocks.len() * 256`.
+    pub(crate) q3_k: fn(&[BlockQ3K], &mut [f32]),
     /// `out.len() == blocks.len() * 32`.
     pub(crate) iq4_nl: fn(&[BlockIQ4NL], &mut [f32]),
     /// `out.len() == blocks.len() * 256`.
@@ -185,6 +201,8 @@ pub(crate) const PORTABLE_DEQUANT: Dequant = Dequant {
     q4_k: dequantize_row_q4_k,
     q5_k: dequantize_row_q5_k,
     q6_k: dequantize_row_q6_k,
+    q2_k: dequantize_row_q2_k,
+    q3_k: dequantize_row_q3_k,
     iq4_nl: dequantize_row_iq4_nl,
     iq4_xs: dequantize_row_iq4_xs,
 };
@@ -202,6 +220,9 @@ enum Data {
     Q4K(Vec<BlockQ4K>),
     Q5K(Vec<BlockQ5K>),
     Q6K(Vec<BlockQ6K>),
+    /// Not repacked for int8 (see [`WeightMatrix::into_int8`]).
+    Q2K(Vec<BlockQ2K>),
+    Q3K(Vec<BlockQ3K>),
     IQ4NL(Vec<BlockIQ4NL>),
     IQ4XS(Vec<BlockIQ4XS>),
     /// A block format repacked for integer dot products (see `cpu::int8`).
@@ -275,6 +296,8 @@ impl WeightMatrix {
             WeightFormat::Q4K => Data::Q4K(collect(bytes)),
             WeightFormat::Q5K => Data::Q5K(collect(bytes)),
             WeightFormat::Q6K => Data::Q6K(collect(bytes)),
+            WeightFormat::Q2K => Data::Q2K(collect(bytes)),
+            WeightFormat::Q3K => Data::Q3K(collect(bytes)),
             WeightFormat::IQ4NL => Data::IQ4NL(collect(bytes)),
             WeightFormat::IQ4XS => Data::IQ4XS(collect(bytes)),
         };
@@ -334,6 +357,8 @@ impl WeightMatrix {
             Data::Q4K(_) => WeightFormat::Q4K,
             Data::Q5K(_) => WeightFormat::Q5K,
             Data::Q6K(_) => WeightFormat::Q6K,
+            Data::Q2K(_) => WeightFormat::Q2K,
+            Data::Q3K(_) => WeightFormat::Q3K,
             Data::IQ4NL(_) => WeightFormat::IQ4NL,
             Data::IQ4XS(_) => WeightFormat::IQ4XS,
         }
@@ -359,7 +384,8 @@ impl WeightMatrix {
     }
 
     /// The matrix repacked for integer dot products with 8-bit-quantized activations
-    /// (`cpu::int8`) when it is in a GGUF block format; the float formats are returned
+    /// (`cpu::int8`) when it is in a GGUF block format but `Q2_K` and `Q3_K` (whose 2- and
+    /// 3-bit quants would take 4 bits there); those and the float formats are returned
     /// unchanged. Products are then faster, but no longer bit-identical to f32 over
     /// the dequantized matrix (and the K-quants' sub-block scales are rounded to f16).
     pub fn into_int8(self) -> Self {
@@ -443,6 +469,8 @@ impl WeightMatrix {
             Data::Q4K(v) => (dequant.q4_k)(&v[b0..b1], out),
             Data::Q5K(v) => (dequant.q5_k)(&v[b0..b1], out),
             Data::Q6K(v) => (dequant.q6_k)(&v[b0..b1], out),
+            Data::Q2K(v) => (dequant.q2_k)(&v[b0..b1], out),
+            Data::Q3K(v) => (dequant.q3_k)(&v[b0..b1], out),
             Data::IQ4NL(v) => (dequant.iq4_nl)(&v[b0..b1], out),
             Data::IQ4XS(v) => (dequant.iq4_xs)(&v[b0..b1], out),
             Data::Stack(_) => unreachable!("stacks are handled above"),
@@ -536,7 +564,7 @@ impl WeightMatrix {
             };
         }
         let data = stack!(
-            F32, Bf16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K, IQ4NL, IQ4XS
+            F32, Bf16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K, Q2K, Q3K, IQ4NL, IQ4XS
         );
         WeightMatrix { rows, cols, data }
     }
@@ -725,6 +753,8 @@ mod tests {
             WeightFormat::Q5_1 => &[(0, 0.0, 0.005), (2, -0.08, 0.0)],
             WeightFormat::Q4K | WeightFormat::Q5K => &[(0, 0.0, 0.0005), (2, 0.0, 0.0005)],
             WeightFormat::Q6K => &[(208, -0.0002, 0.0002)],
+            WeightFormat::Q2K => &[(80, 0.0, 0.02), (82, 0.0, 0.02)],
+            WeightFormat::Q3K => &[(108, -0.01, 0.01)],
             WeightFormat::IQ4NL => &[(0, -0.01, 0.01)],
             WeightFormat::IQ4XS => &[(0, -0.0003, 0.0003)],
         }

@@ -17,6 +17,8 @@
 //! ```
 
 mod iq4;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
@@ -33,6 +35,8 @@ pub(crate) use iq4::index4;
 pub use iq4::{
     BlockIQ4NL, BlockIQ4XS, KVALUES_IQ4NL, QK4_NL, dequantize_row_iq4_nl, dequantize_row_iq4_xs,
 };
+pub use q2_k::{BlockQ2K, dequantize_row_q2_k};
+pub use q3_k::{BlockQ3K, dequantize_row_q3_k};
 pub use q4_0::{BlockQ4_0, QK4_0, dequantize_row_q4_0};
 pub use q4_1::{BlockQ4_1, QK4_1, dequantize_row_q4_1};
 pub(crate) use q4_k::scales_mins_k4;
@@ -63,6 +67,10 @@ pub enum QuantFormat {
     Q5K,
     /// 256 values, 6-bit quants with 8-bit sub-block scales (210 bytes).
     Q6K,
+    /// 256 values, 2-bit quants with 4-bit sub-block scales and minimums (84 bytes).
+    Q2K,
+    /// 256 values, 3-bit quants with 6-bit sub-block scales (110 bytes).
+    Q3K,
     /// 32 values, f16 scale, 4-bit indices into a table of 16 values (18 bytes).
     IQ4NL,
     /// 256 values, 6-bit sub-block scales, 4-bit indices as `IQ4_NL`'s (136 bytes).
@@ -71,7 +79,7 @@ pub enum QuantFormat {
 
 impl QuantFormat {
     /// Every format, for tests and tables.
-    pub const ALL: [QuantFormat; 10] = [
+    pub const ALL: [QuantFormat; 12] = [
         Self::Q8_0,
         Self::Q4_0,
         Self::Q4_1,
@@ -82,13 +90,15 @@ impl QuantFormat {
         Self::Q6K,
         Self::IQ4NL,
         Self::IQ4XS,
+        Self::Q2K,
+        Self::Q3K,
     ];
 
     /// Values per block.
     pub const fn block_elements(self) -> usize {
         match self {
             Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::IQ4NL => 32,
-            Self::Q4K | Self::Q5K | Self::Q6K | Self::IQ4XS => QK_K,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::IQ4XS => QK_K,
         }
     }
 
@@ -105,6 +115,8 @@ impl QuantFormat {
             Self::Q6K => size_of::<BlockQ6K>(),
             Self::IQ4NL => size_of::<BlockIQ4NL>(),
             Self::IQ4XS => size_of::<BlockIQ4XS>(),
+            Self::Q2K => size_of::<BlockQ2K>(),
+            Self::Q3K => size_of::<BlockQ3K>(),
         }
     }
 
@@ -121,6 +133,8 @@ impl QuantFormat {
             Self::Q6K => "Q6_K",
             Self::IQ4NL => "IQ4_NL",
             Self::IQ4XS => "IQ4_XS",
+            Self::Q2K => "Q2_K",
+            Self::Q3K => "Q3_K",
         }
     }
 
@@ -266,6 +280,8 @@ pub fn dequantize(format: QuantFormat, bytes: &[u8], out: &mut [f32]) -> Result<
         QuantFormat::Q6K => run_blocks::<BlockQ6K>(bytes, out, per, dequantize_row_q6_k),
         QuantFormat::IQ4NL => run_blocks::<BlockIQ4NL>(bytes, out, per, dequantize_row_iq4_nl),
         QuantFormat::IQ4XS => run_blocks::<BlockIQ4XS>(bytes, out, per, dequantize_row_iq4_xs),
+        QuantFormat::Q2K => run_blocks::<BlockQ2K>(bytes, out, per, dequantize_row_q2_k),
+        QuantFormat::Q3K => run_blocks::<BlockQ3K>(bytes, out, per, dequantize_row_q3_k),
     }
     Ok(())
 }

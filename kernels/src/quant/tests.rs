@@ -166,6 +166,69 @@ fn quantize(format: QuantFormat, x: &[f32]) -> Vec<u8> {
                     out.extend_from_slice(bytemuck::bytes_of(&block));
                 }
             }
+            QuantFormat::Q2K => {
+                // Per 16 values: a scale and a (negated) minimum, as 4-bit multiples of d, dmin.
+                let subs: Vec<(f32, f32)> = b
+                    .chunks_exact(16)
+                    .map(|s| {
+                        let min = s.iter().copied().fold(0f32, f32::min);
+                        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        ((max - min) / 3.0, -min)
+                    })
+                    .collect();
+                let d = f16::from_f32(subs.iter().fold(0f32, |m, s| m.max(s.0)) / 15.0);
+                let dmin = f16::from_f32(subs.iter().fold(0f32, |m, s| m.max(s.1)) / 15.0);
+                let mut block = BlockQ2K {
+                    scales: [0; 16],
+                    qs: [0; QK_K / 4],
+                    d,
+                    dmin,
+                };
+                for (j, (&(sd, sm), x)) in subs.iter().zip(b.chunks_exact(16)).enumerate() {
+                    let sc = nearest(sd / d.to_f32(), 0, 15);
+                    let m = nearest(sm / dmin.to_f32(), 0, 15);
+                    block.scales[j] = (sc | m << 4) as u8;
+                    let (dl, ml) = (d.to_f32() * sc as f32, dmin.to_f32() * m as f32);
+                    for (l, &v) in x.iter().enumerate() {
+                        let q = if dl > 0.0 {
+                            nearest((v + ml) / dl, 0, 3)
+                        } else {
+                            0
+                        };
+                        let e = 16 * j + l;
+                        block.qs[32 * (e / 128) + e % 32] |= (q as u8) << (2 * (e % 128 / 32));
+                    }
+                }
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+            }
+            QuantFormat::Q3K => {
+                // Per 16 values: a signed 6-bit multiple of d.
+                let subs: Vec<f32> = b
+                    .chunks_exact(16)
+                    .map(|s| s.iter().fold(0f32, |m, v| m.max(v.abs())) / 4.0)
+                    .collect();
+                let d = f16::from_f32(subs.iter().fold(0f32, |m, &v| m.max(v)) / 31.0);
+                let mut block = BlockQ3K {
+                    hmask: [0; QK_K / 8],
+                    qs: [0; QK_K / 4],
+                    scales: [0; 12],
+                    d,
+                };
+                for (j, (&s, x)) in subs.iter().zip(b.chunks_exact(16)).enumerate() {
+                    let sc = nearest(s / d.to_f32(), -32, 31);
+                    let v = (sc + 32) as u8;
+                    block.scales[j % 8] |= (v & 0x0F) << (4 * (j / 8));
+                    block.scales[8 + j % 4] |= (v >> 4) << (2 * (j / 4));
+                    let dl = d.to_f32() * sc as f32;
+                    for (l, &x) in x.iter().enumerate() {
+                        let q = if dl != 0.0 { nearest(x / dl, -4, 3) } else { 0 };
+                        let (u, e) = ((q + 4) as u8, 16 * j + l);
+                        block.qs[32 * (e / 128) + e % 32] |= (u & 3) << (2 * (e % 128 / 32));
+                        block.hmask[e % 32] |= (u >> 2) << (e / 32);
+                    }
+                }
+                out.extend_from_slice(bytemuck::bytes_of(&block));
+            }
             QuantFormat::IQ4NL => {
                 let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let d = f16::from_f32(amax / 127.0);
@@ -245,6 +308,8 @@ fn quantize_then_dequantize_round_trips() {
     let tolerance = |f: QuantFormat| match f {
         QuantFormat::Q8_0 => 0.01,
         QuantFormat::Q6K => 0.04,
+        QuantFormat::Q3K => 0.15,
+        QuantFormat::Q2K => 0.25,
         // The table's widest gap is 24 of 240.
         QuantFormat::IQ4NL | QuantFormat::IQ4XS => 0.12,
         QuantFormat::Q5K | QuantFormat::Q5_0 | QuantFormat::Q5_1 => 0.05,
@@ -280,6 +345,8 @@ fn block_sizes_match_ggml() {
         (256, 210),
         (32, 18),
         (256, 136),
+        (256, 84),
+        (256, 110),
     ];
     for (format, (elements, bytes)) in QuantFormat::ALL.into_iter().zip(expected) {
         assert_eq!(format.block_elements(), elements, "{format}");

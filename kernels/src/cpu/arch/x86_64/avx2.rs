@@ -39,7 +39,9 @@ pub(crate) static KERNELS: Kernels = Kernels {
         q4_k: super::dequant_avx2::q4_k,
         q5_k: super::dequant_avx2::q5_k,
         q6_k: super::dequant_avx2::q6_k,
-        // Table lookups: IQ4 matrices are repacked for int8 products by default.
+        // Scalar: the exact path's 2-, 3-bit and IQ4 formats have no AVX2 version yet.
+        q2_k: crate::quant::dequantize_row_q2_k,
+        q3_k: crate::quant::dequantize_row_q3_k,
         iq4_nl: crate::quant::dequantize_row_iq4_nl,
         iq4_xs: crate::quant::dequantize_row_iq4_xs,
     },

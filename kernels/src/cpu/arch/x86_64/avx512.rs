@@ -38,6 +38,8 @@ pub(crate) static KERNELS: Kernels = Kernels {
         q4_k: super::dequant_avx512::q4_k,
         q5_k: super::dequant_avx512::q5_k,
         q6_k: super::dequant_avx512::q6_k,
+        q2_k: super::dequant_avx512::q2_k,
+        q3_k: super::dequant_avx512::q3_k,
         iq4_nl: super::dequant_avx512::iq4_nl,
         iq4_xs: super::dequant_avx512::iq4_xs,
     },

@@ -13,8 +13,8 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
-    KVALUES_IQ4NL, QK_K, scales_mins_k4,
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5_1,
+    BlockQ5K, BlockQ6K, KVALUES_IQ4NL, QK_K, scales_mins_k4,
 };
 
 /// Sixteen bytes at `p`, zero-extended to 32-bit lanes.
@@ -127,6 +127,70 @@ fn q5_1_avx512(blocks: &[BlockQ5_1], out: &mut [f32]) {
 pub(super) fn q5_1(blocks: &[BlockQ5_1], out: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
     unsafe { q5_1_avx512(blocks, out) }
+}
+
+/// The 2-bit quants of 16-value sub-block `j` of a `Q2_K`/`Q3_K` super-block's `qs`, one per
+/// 32-bit lane.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn crumbs(qs: &[u8; QK_K / 4], j: usize) -> __m512i {
+    // Sub-block j: bytes 16 j.. of its 128-value half, bits 2 k of them (k = j % 8 / 2).
+    let at = 32 * (j / 8) + 16 * (j % 2);
+    let shift = _mm_cvtsi32_si128((2 * (j % 8 / 2)) as i32);
+    // SAFETY: at + 16 <= 64 bytes of `qs`.
+    let q = unsafe { u8x16(qs[at..at + 16].as_ptr()) };
+    _mm512_and_si512(_mm512_srl_epi32(q, shift), _mm512_set1_epi32(3))
+}
+
+#[target_feature(enable = "avx512f")]
+fn q2_k_avx512(blocks: &[BlockQ2K], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * QK_K, "256 values per block");
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let (d, min) = (b.d.to_f32(), b.dmin.to_f32());
+        for (j, y) in y.chunks_exact_mut(16).enumerate() {
+            let sc = b.scales[j];
+            let dl = _mm512_set1_ps(d * f32::from(sc & 0x0F));
+            let ml = _mm512_set1_ps(min * f32::from(sc >> 4));
+            let v = _mm512_sub_ps(_mm512_mul_ps(dl, _mm512_cvtepi32_ps(crumbs(&b.qs, j))), ml);
+            // SAFETY: `y` holds 16 values.
+            unsafe { _mm512_storeu_ps(y.as_mut_ptr(), v) };
+        }
+    }
+}
+
+pub(super) fn q2_k(blocks: &[BlockQ2K], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { q2_k_avx512(blocks, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn q3_k_avx512(blocks: &[BlockQ3K], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * QK_K, "256 values per block");
+    let (one, four) = (_mm512_set1_epi32(1), _mm512_set1_epi32(4));
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = b.d.to_f32();
+        for (j, y) in y.chunks_exact_mut(16).enumerate() {
+            let dl = _mm512_set1_ps(d * b.scale(j) as f32);
+            // The high bits: bit j / 2 of bytes 16 (j % 2)..; set, the offset 4 is not taken.
+            let at = 16 * (j % 2);
+            // SAFETY: at + 16 <= 32 bytes of `hmask`; `y` holds 16 values.
+            unsafe {
+                let h = u8x16(b.hmask[at..at + 16].as_ptr());
+                let shift = _mm_cvtsi32_si128((j / 2) as i32);
+                let bit = _mm512_and_si512(_mm512_srl_epi32(h, shift), one);
+                let q = _mm512_sub_epi32(
+                    _mm512_add_epi32(crumbs(&b.qs, j), _mm512_slli_epi32::<2>(bit)),
+                    four,
+                );
+                _mm512_storeu_ps(y.as_mut_ptr(), _mm512_mul_ps(dl, _mm512_cvtepi32_ps(q)));
+            }
+        }
+    }
+}
+
+pub(super) fn q3_k(blocks: &[BlockQ3K], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { q3_k_avx512(blocks, out) }
 }
 
 /// `scale · table[q]` for the 32 indices of `qs` (an `IQ4_NL` block's layout) into `y`.
