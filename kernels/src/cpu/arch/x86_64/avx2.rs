@@ -39,11 +39,10 @@ pub(crate) static KERNELS: Kernels = Kernels {
         q4_k: super::dequant_avx2::q4_k,
         q5_k: super::dequant_avx2::q5_k,
         q6_k: super::dequant_avx2::q6_k,
-        // Scalar: the exact path's 2-, 3-bit and IQ4 formats have no AVX2 version yet.
-        q2_k: crate::quant::dequantize_row_q2_k,
-        q3_k: crate::quant::dequantize_row_q3_k,
-        iq4_nl: crate::quant::dequantize_row_iq4_nl,
-        iq4_xs: crate::quant::dequantize_row_iq4_xs,
+        q2_k: super::dequant_avx2::q2_k,
+        q3_k: super::dequant_avx2::q3_k,
+        iq4_nl: super::dequant_avx2::iq4_nl,
+        iq4_xs: super::dequant_avx2::iq4_xs,
     },
 };
 

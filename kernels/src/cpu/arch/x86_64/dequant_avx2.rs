@@ -1,4 +1,4 @@
-//! AVX2 + FMA dequantizers of f16, `Q4_0`, `Q5_0`, `Q5_1` and the K-quants (`Q4_K`, `Q5_K`, `Q6_K`), for the
+//! AVX2 + FMA dequantizers of f16, `Q4_0`, `Q5_0`, `Q5_1`, the K-quants and the IQ4 formats (`Q4_K`, `Q5_K`, `Q6_K`), for the
 //! level's `Dequant` table (see `avx2.rs`).
 //!
 //! Each writes the portable reference's values bit for bit: the products are exact (see
@@ -13,7 +13,8 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use crate::quant::{
-    BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, QK_K, scales_mins_k4,
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5_1,
+    BlockQ5K, BlockQ6K, KVALUES_IQ4NL, QK_K, scales_mins_k4,
 };
 
 /// Eight bytes at `p`, zero-extended to 32-bit lanes.
@@ -291,4 +292,140 @@ fn q6_k_avx2(blocks: &[BlockQ6K], out: &mut [f32]) {
 pub(super) fn q6_k(blocks: &[BlockQ6K], out: &mut [f32]) {
     // SAFETY: avx2 was detected (see avx2::KERNELS).
     unsafe { q6_k_avx2(blocks, out) }
+}
+
+/// The 2-bit quants of 16-value sub-block `j` of a `Q2_K`/`Q3_K` super-block's `qs`, eight per
+/// register (values `16 j..16 j + 8`, then the next eight).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn crumbs(qs: &[u8; QK_K / 4], j: usize) -> [__m256i; 2] {
+    // Sub-block j: bytes 16 (j % 2).. of its 128-value half, bits 2 k of them (k = j % 8 / 2).
+    let at = 32 * (j / 8) + 16 * (j % 2);
+    let shift = _mm_cvtsi32_si128((2 * (j % 8 / 2)) as i32);
+    let three = _mm256_set1_epi32(3);
+    std::array::from_fn(|h| {
+        // SAFETY: at + 8 h + 8 <= 64 bytes of `qs`.
+        let q = unsafe { u8x8(qs[at + 8 * h..at + 8 * h + 8].as_ptr()) };
+        _mm256_and_si256(_mm256_srl_epi32(q, shift), three)
+    })
+}
+
+#[target_feature(enable = "avx2")]
+fn q2_k_avx2(blocks: &[BlockQ2K], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * QK_K, "256 values per block");
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let (d, min) = (b.d.to_f32(), b.dmin.to_f32());
+        for (j, y) in y.chunks_exact_mut(16).enumerate() {
+            let sc = b.scales[j];
+            let dl = _mm256_set1_ps(d * f32::from(sc & 0x0F));
+            let ml = _mm256_set1_ps(min * f32::from(sc >> 4));
+            for (h, q) in crumbs(&b.qs, j).into_iter().enumerate() {
+                let v = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(q)), ml);
+                // SAFETY: values 8 h.. (8 of the sub-block's 16) of `y`.
+                unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(8 * h), v) };
+            }
+        }
+    }
+}
+
+pub(super) fn q2_k(blocks: &[BlockQ2K], out: &mut [f32]) {
+    // SAFETY: avx2 was detected (see avx2::KERNELS).
+    unsafe { q2_k_avx2(blocks, out) }
+}
+
+#[target_feature(enable = "avx2")]
+fn q3_k_avx2(blocks: &[BlockQ3K], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * QK_K, "256 values per block");
+    let (one, four) = (_mm256_set1_epi32(1), _mm256_set1_epi32(4));
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = b.d.to_f32();
+        for (j, y) in y.chunks_exact_mut(16).enumerate() {
+            let dl = _mm256_set1_ps(d * b.scale(j) as f32);
+            // The high bits: bit j / 2 of bytes 16 (j % 2)..; set, the offset 4 is not taken.
+            let shift = _mm_cvtsi32_si128((j / 2) as i32);
+            for (h, low) in crumbs(&b.qs, j).into_iter().enumerate() {
+                let at = 16 * (j % 2) + 8 * h;
+                // SAFETY: at + 8 <= 32 bytes of `hmask`; values 8 h.. (8 of 16) of `y`.
+                unsafe {
+                    let bits = u8x8(b.hmask[at..at + 8].as_ptr());
+                    let bit = _mm256_and_si256(_mm256_srl_epi32(bits, shift), one);
+                    let q =
+                        _mm256_sub_epi32(_mm256_add_epi32(low, _mm256_slli_epi32::<2>(bit)), four);
+                    let v = _mm256_mul_ps(dl, _mm256_cvtepi32_ps(q));
+                    _mm256_storeu_ps(y.as_mut_ptr().add(8 * h), v);
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn q3_k(blocks: &[BlockQ3K], out: &mut [f32]) {
+    // SAFETY: avx2 was detected (see avx2::KERNELS).
+    unsafe { q3_k_avx2(blocks, out) }
+}
+
+/// `scale · table[q]` for the 32 indices of `qs` (an `IQ4_NL` block's layout) into `y`: the
+/// table's halves looked up with `vpermps` each, the index's bit 3 choosing between them.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn iq4_values(qs: &[u8], scale: f32, y: &mut [f32]) {
+    assert!(qs.len() >= 16 && y.len() >= 32);
+    let table = KVALUES_IQ4NL.map(f32::from);
+    let (low, seven) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(7));
+    let d = _mm256_set1_ps(scale);
+    // SAFETY: `table` holds 16 values, `qs` at least 16 bytes, `y` at least 32 values.
+    unsafe {
+        let (lo_half, hi_half) = (
+            _mm256_loadu_ps(table.as_ptr()),
+            _mm256_loadu_ps(table.as_ptr().add(8)),
+        );
+        for h in 0..2 {
+            let q = u8x8(qs.as_ptr().add(8 * h));
+            for (nib, idx) in [_mm256_and_si256(q, low), _mm256_srli_epi32::<4>(q)]
+                .into_iter()
+                .enumerate()
+            {
+                let i = _mm256_and_si256(idx, seven);
+                let upper = _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, seven));
+                let v = _mm256_blendv_ps(
+                    _mm256_permutevar8x32_ps(lo_half, i),
+                    _mm256_permutevar8x32_ps(hi_half, i),
+                    upper,
+                );
+                _mm256_storeu_ps(y.as_mut_ptr().add(16 * nib + 8 * h), _mm256_mul_ps(d, v));
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2")]
+fn iq4_nl_avx2(blocks: &[BlockIQ4NL], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        iq4_values(&b.qs, b.d.to_f32(), y);
+    }
+}
+
+pub(super) fn iq4_nl(blocks: &[BlockIQ4NL], out: &mut [f32]) {
+    // SAFETY: avx2 was detected (see avx2::KERNELS).
+    unsafe { iq4_nl_avx2(blocks, out) }
+}
+
+#[target_feature(enable = "avx2")]
+fn iq4_xs_avx2(blocks: &[BlockIQ4XS], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * QK_K, "256 values per block");
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        for (j, (y, qs)) in y
+            .chunks_exact_mut(32)
+            .zip(b.qs.chunks_exact(16))
+            .enumerate()
+        {
+            iq4_values(qs, b.sub_scale(j), y);
+        }
+    }
+}
+
+pub(super) fn iq4_xs(blocks: &[BlockIQ4XS], out: &mut [f32]) {
+    // SAFETY: avx2 was detected (see avx2::KERNELS).
+    unsafe { iq4_xs_avx2(blocks, out) }
 }
