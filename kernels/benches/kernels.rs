@@ -200,7 +200,7 @@ enum Variant {
 
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    // The block formats twice (Q5_1 shares Q5_0's kernels; Q2_K and Q3_K are not repacked):
+    // The block formats twice (Q5_1 shares Q5_0's kernels; Q2_K is not repacked):
     // multiplied exactly in f32, and repacked for int8 dot products (K-quants and IQ4_XS only where rows are whole
     // super-blocks of 256: the down shape); BF16 twice: with f32 activations, and with bf16
     // ones (`vdpbf16ps`, `--dtype bfloat16`).
@@ -221,6 +221,7 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                             | WeightFormat::Q6K
                             | WeightFormat::IQ4NL
                             | WeightFormat::IQ4XS
+                            | WeightFormat::Q3K
                     )
                 })
                 .map(|f| (f, Variant::Int8)),
@@ -382,9 +383,7 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
 fn packing_rows(wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let (n, k) = (4096, 4096);
     let mut rows = Vec::new();
-    let repacked = |f: &WeightFormat| {
-        f.block_elements() > 1 && !matches!(f, WeightFormat::Q2K | WeightFormat::Q3K)
-    };
+    let repacked = |f: &WeightFormat| f.block_elements() > 1 && *f != WeightFormat::Q2K;
     for format in FORMATS.into_iter().filter(repacked) {
         let name = format!("pack {} {n}x{k} for int8", format.name());
         if !wanted(&name) {

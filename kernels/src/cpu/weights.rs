@@ -351,6 +351,7 @@ impl WeightMatrix {
                 PackedKind::Q4K => WeightFormat::Q4K,
                 PackedKind::Q5K => WeightFormat::Q5K,
                 PackedKind::Q6K => WeightFormat::Q6K,
+                PackedKind::Q3K => WeightFormat::Q3K,
                 PackedKind::IQ4NL => WeightFormat::IQ4NL,
                 PackedKind::IQ4XS => WeightFormat::IQ4XS,
             },
@@ -384,9 +385,8 @@ impl WeightMatrix {
     }
 
     /// The matrix repacked for integer dot products with 8-bit-quantized activations
-    /// (`cpu::int8`) when it is in a GGUF block format but `Q2_K` and `Q3_K` (whose 2- and
-    /// 3-bit quants would take 4 bits there); those and the float formats are returned
-    /// unchanged. Products are then faster, but no longer bit-identical to f32 over
+    /// (`cpu::int8`) when it is in a GGUF block format but `Q2_K` (whose per-16 minimums the
+    /// int8 kernels do not take); that and the float formats are returned unchanged. Products are then faster, but no longer bit-identical to f32 over
     /// the dequantized matrix (and the K-quants' sub-block scales are rounded to f16).
     pub fn into_int8(self) -> Self {
         let data = match self.data {
@@ -412,6 +412,10 @@ impl WeightMatrix {
             Data::Q6K(v) => match PackedMatrix::from_q6_k(self.rows, self.cols, &v) {
                 Some(p) => Data::Packed(p),
                 None => Data::Q6K(v),
+            },
+            Data::Q3K(v) => match PackedMatrix::from_q3_k(self.rows, self.cols, &v) {
+                Some(p) => Data::Packed(p),
+                None => Data::Q3K(v),
             },
             Data::IQ4NL(v) => Data::Packed(PackedMatrix::from_iq4_nl(self.rows, self.cols, &v)),
             Data::IQ4XS(v) => match PackedMatrix::from_iq4_xs(self.rows, self.cols, &v) {

@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use self::activations::{Extras, QuantizeBlockFn, QuantizedRows, quantize_block_ref};
-use self::packed::{PackedKind, PackedMatrix, TILE};
+use self::packed::{PackedMatrix, TILE};
 use super::dispatch::{Kernels, Level, kernels};
 use super::matmul::{SharedOut, add_bias, check_shapes};
 
@@ -118,7 +118,7 @@ pub fn linear_int8_with(
     // parallel loop, this thread may run another product's task, which needs a buffer too.
     let mut quantized = QUANTIZED.take();
     let extras = Extras {
-        halves: w.kind() == PackedKind::Q6K,
+        halves: w.kind().halves(),
         combined: int8.combined,
     };
     quantized.quantize(x, m, k, int8.quantize, extras);
@@ -150,12 +150,13 @@ pub fn linear_int8_with(
 
 #[cfg(test)]
 mod tests {
+    use super::packed::PackedKind;
     use super::*;
     use crate::cpu::test_util::{levels, random};
     use crate::quant::{
-        BlockIQ4NL, BlockIQ4XS, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K,
-        BlockQ6K, BlockQ8_0, QK_K, dequantize_row_iq4_nl, dequantize_row_q4_0, dequantize_row_q4_1,
-        dequantize_row_q5_0, dequantize_row_q5_1, dequantize_row_q8_0,
+        BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
+        BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_iq4_nl, dequantize_row_q4_0,
+        dequantize_row_q4_1, dequantize_row_q5_0, dequantize_row_q5_1, dequantize_row_q8_0,
     };
     use half::f16;
     use rand::{Rng, SeedableRng};
@@ -215,6 +216,21 @@ mod tests {
                     .collect();
                 dequantize_row_q5_0(&blocks, &mut dense);
                 let p = PackedMatrix::from_q5_0(n, k, &blocks).expect("small scales");
+                (p, dense)
+            }
+            PackedKind::Q3K => {
+                let blocks: Vec<BlockQ3K> = (0..n * k / QK_K)
+                    .map(|_| BlockQ3K {
+                        hmask: std::array::from_fn(|_| rng.random()),
+                        qs: std::array::from_fn(|_| rng.random()),
+                        scales: std::array::from_fn(|_| rng.random()),
+                        d: f16::from_f32(rng.random_range(-0.0002..0.0002)),
+                    })
+                    .collect();
+                let p = PackedMatrix::from_q3_k(n, k, &blocks).expect("small scales");
+                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
+                    p.row_f32(j, row);
+                }
                 (p, dense)
             }
             PackedKind::IQ4NL => {
@@ -303,7 +319,7 @@ mod tests {
         }
     }
 
-    const KINDS: [PackedKind; 10] = [
+    const KINDS: [PackedKind; 11] = [
         PackedKind::Q8_0,
         PackedKind::Q4_1,
         PackedKind::Q4_0,
@@ -314,14 +330,17 @@ mod tests {
         PackedKind::Q6K,
         PackedKind::IQ4NL,
         PackedKind::IQ4XS,
+        PackedKind::Q3K,
     ];
 
     /// `shape` for `kind`: K-quant rows are whole super-blocks of 256.
     fn shape_for(kind: PackedKind, (m, k, n): (usize, usize, usize)) -> (usize, usize, usize) {
         match kind {
-            PackedKind::Q4K | PackedKind::Q5K | PackedKind::Q6K | PackedKind::IQ4XS => {
-                (m, k.next_multiple_of(QK_K), n)
-            }
+            PackedKind::Q3K
+            | PackedKind::Q4K
+            | PackedKind::Q5K
+            | PackedKind::Q6K
+            | PackedKind::IQ4XS => (m, k.next_multiple_of(QK_K), n),
             _ => (m, k, n),
         }
     }

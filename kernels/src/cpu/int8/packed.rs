@@ -25,6 +25,11 @@
 //! - `Q5_1` (`value = q · d + m`, 5-bit quants) is packed as `Q5_K`'s sub-blocks, with its own
 //!   `d` and `m` (exact); `Q5_0` (`value = (q - 16) · d`) too, with `m = -16 d` (exact in f16
 //!   for any `|d| ≤ 4094`). 24 bytes per 32 values against the files' 22 and 24.
+//! - `Q3_K` (super-blocks of 256: `value = d · sc_s · (q - 4)`, a 6-bit scale per 16 values,
+//!   3-bit quants) keeps its quants' two low bits in two "crumb" lines (line `c`, byte
+//!   `4 r + u`: bits `2 k` are value `4 (4 c + k) + u`'s) and their third bit in a line of masks
+//!   (for each group `g` of four values, a 64-bit mask, bit `4 r + u`), with a scale per 16-value
+//!   half as `Q6_K`. 16 bytes per 32 values against the file's 13.75.
 //! - `IQ4_NL` and `IQ4_XS` (`value = d · table[q]`, 4-bit indices into a fixed table of 16
 //!   values in -127..=113) keep their indices in the nibble lines and one scale per block
 //!   (`IQ4_XS`: its sub-block's `d · (ls - 32)`, rounded to f16); the kernels look the values
@@ -50,8 +55,8 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K,
-    BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K, dequantize_row_q4_0, dequantize_row_q4_1,
+    BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
+    BlockQ5K, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K, dequantize_row_q4_0, dequantize_row_q4_1,
     dequantize_row_q8_0, get_scale_min_k4, index4, quant5,
 };
 
@@ -95,6 +100,8 @@ pub enum PackedKind {
     Q5_0,
     /// GGUF `Q6_K`: as `Q5K` with two lines of high bits, and a scale per 16-value half.
     Q6K,
+    /// GGUF `Q3_K`: 3-bit quants in two crumb lines and a mask line, a scale per 16-value half.
+    Q3K,
     /// GGUF `IQ4_NL`: `value = d · table[q]`, indices in nibble lines, one scale per block.
     IQ4NL,
     /// GGUF `IQ4_XS`: as `IQ4NL`, with each sub-block's `d · (ls - 32)` (rounded to f16).
@@ -109,6 +116,7 @@ impl PackedKind {
             Self::Q4_1 | Self::Q4_0 | Self::Q4K | Self::IQ4NL | Self::IQ4XS => TILE * QK / 2,
             Self::Q5K | Self::Q5_1 | Self::Q5_0 => TILE * QK / 2 + LINE,
             Self::Q6K => TILE * QK / 2 + 2 * LINE,
+            Self::Q3K => 3 * LINE,
         }
     }
 
@@ -128,7 +136,8 @@ impl PackedKind {
             | Self::Q5K
             | Self::Q5_1
             | Self::Q5_0
-            | Self::Q6K => 2 * TILE,
+            | Self::Q6K
+            | Self::Q3K => 2 * TILE,
         }
     }
 
@@ -143,6 +152,7 @@ impl PackedKind {
             Self::Q5_1 => (size_of::<BlockQ5_1>(), QK),
             Self::Q5_0 => (size_of::<BlockQ5_0>(), QK),
             Self::Q6K => (size_of::<BlockQ6K>(), QK_K),
+            Self::Q3K => (size_of::<BlockQ3K>(), QK_K),
             Self::IQ4NL => (size_of::<BlockIQ4NL>(), QK),
             Self::IQ4XS => (size_of::<BlockIQ4XS>(), QK_K),
         }
@@ -170,7 +180,23 @@ impl PackedKind {
 
     /// Whether blocks have a minimum `m` after their scales (`value = q · d + m`).
     pub(crate) const fn has_min(self) -> bool {
-        !self.offset_128() && !matches!(self, Self::Q6K)
+        !self.offset_128() && !self.halves()
+    }
+
+    /// Whether each 16-value half of a block has its own scale and integer sums (`Q6_K`,
+    /// `Q3_K`), its quants offset by `32 >> half_shift()`.
+    pub(crate) const fn halves(self) -> bool {
+        matches!(self, Self::Q6K | Self::Q3K)
+    }
+
+    /// How far `QuantizedRows::s32_halves` (`-32 · Σx`) is shifted right for this kind's offset.
+    pub(crate) const fn half_shift(self) -> u32 {
+        if matches!(self, Self::Q3K) { 3 } else { 0 }
+    }
+
+    /// Whether quants are in crumb lines (`Q3_K`) rather than nibble lines or bytes.
+    pub(crate) const fn crumbs(self) -> bool {
+        matches!(self, Self::Q3K)
     }
 }
 
@@ -251,6 +277,25 @@ fn set_nibbles_and_high_bits(lines: &mut [Line], r: usize, q: &[u8; QK]) {
             let byte = &mut plane.0[8 * word + r / 2];
             *byte = (*byte & !(0x0F << shift)) | (bits << shift);
         }
+    }
+}
+
+/// Writes row `r`'s 3-bit quants `q` of one block into a tile's lines: two crumb lines (line
+/// `c`, byte `4 r + u`, bits `2 k`: value `4 (4 c + k) + u`'s low two bits), then the masks of
+/// their third bits (group `g`'s 64-bit mask, bit `4 r + u`).
+fn set_crumbs_and_high_bit(lines: &mut [Line], r: usize, q: &[u8; QK]) {
+    let (crumbs, high) = lines.split_at_mut(2);
+    for (c, line) in crumbs.iter_mut().enumerate() {
+        for u in 0..4 {
+            line.0[4 * r + u] =
+                (0..4).fold(0u8, |b, k| b | (q[4 * (4 * c + k) + u] & 3) << (2 * k));
+        }
+    }
+    let shift = 4 * (r % 2);
+    for g in 0..QK / 4 {
+        let bits = (0..4).fold(0u8, |m, u| m | ((q[4 * g + u] >> 2) & 1) << u);
+        let byte = &mut high[0].0[8 * g + r / 2];
+        *byte = (*byte & !(0x0F << shift)) | (bits << shift);
     }
 }
 
@@ -350,6 +395,18 @@ impl PackedMatrix {
         Self::from_blocks(PackedKind::Q6K, rows, cols, blocks, scales, q6_k_quant)
     }
 
+    /// Packs `rows × cols` `Q3_K` super-blocks (row after row; `cols` a multiple of 256), or
+    /// `None` when a sub-block's scale is too large for f16.
+    pub fn from_q3_k(rows: usize, cols: usize, blocks: &[BlockQ3K]) -> Option<Self> {
+        // The two 16-value halves' `d · sc`, where the nibble kinds keep `d` and `m`.
+        let scales = |b: &BlockQ3K, j: usize| {
+            let half = |s: usize| finite_f16(b.d.to_f32() * b.scale(s) as f32);
+            Some((half(2 * j)?, half(2 * j + 1)?))
+        };
+        let quant = |b: &BlockQ3K, e: usize| (b.quant(e) + 4) as u8;
+        Self::from_blocks(PackedKind::Q3K, rows, cols, blocks, scales, quant)
+    }
+
     /// Packs `rows × cols` `IQ4_NL` blocks (row after row; `cols` a multiple of 32).
     pub fn from_iq4_nl(rows: usize, cols: usize, blocks: &[BlockIQ4NL]) -> Self {
         Self::from_blocks(
@@ -447,7 +504,11 @@ impl PackedMatrix {
             let blk = &blocks[(row * per_row + b) / subs];
             let first = QK * (b % subs);
             let q = std::array::from_fn(|l| quant(blk, first + l));
-            set_nibbles_and_high_bits(lines, r, &q);
+            if kind.crumbs() {
+                set_crumbs_and_high_bit(lines, r, &q);
+            } else {
+                set_nibbles_and_high_bits(lines, r, &q);
+            }
         });
         Some(p)
     }
@@ -616,6 +677,11 @@ impl PackedMatrix {
         let u = e % 4;
         match self.kind {
             PackedKind::Q8_0 => lines[e / 4].0[4 * r + u],
+            PackedKind::Q3K => {
+                let (g, bit) = (e / 4, 4 * r + u);
+                let crumb = (lines[g / 4].0[bit] >> (2 * (g % 4))) & 3;
+                crumb | ((lines[2].0[8 * g + bit / 8] >> (bit % 8)) & 1) << 2
+            }
             _ => {
                 let h = e / 4;
                 let (nibble, word) = if h < QK / 8 {
@@ -658,10 +724,11 @@ impl PackedMatrix {
                     };
                     dequantize_row_q4_1(std::slice::from_ref(&blk), y);
                 }
-                PackedKind::Q6K => {
+                PackedKind::Q6K | PackedKind::Q3K => {
+                    let offset = (32 >> self.kind.half_shift()) as f32;
                     for (e, v) in y.iter_mut().enumerate() {
                         let d = f16::from_bits(s[r + TILE * (e / (QK / 2))]).to_f32();
-                        *v = d * (f32::from(self.quant(row, b, e)) - 32.0);
+                        *v = d * (f32::from(self.quant(row, b, e)) - offset);
                     }
                 }
                 PackedKind::Q5K | PackedKind::Q5_1 => {
@@ -826,7 +893,8 @@ mod tests {
     #[test]
     fn k_quant_rows_unpack_to_the_dequantization_within_f16_scales() {
         use crate::quant::{
-            dequantize_row_iq4_xs, dequantize_row_q4_k, dequantize_row_q5_k, dequantize_row_q6_k,
+            dequantize_row_iq4_xs, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,
+            dequantize_row_q6_k,
         };
         // Each term moves by at most half an f16 step (2^-11 relative, 2^-25 when subnormal).
         let half_step = 2f32.powi(-11);
@@ -877,6 +945,22 @@ mod tests {
             |b, e| {
                 let d = (b.d.to_f32() * f32::from(b.scales[e / 16])).abs();
                 d * 32.0 * 2.0 * half_step + 2f32.powi(-24) * 32.0
+            },
+        );
+        k_quant_rows_unpack(
+            6,
+            110,
+            |rng| BlockQ3K {
+                hmask: std::array::from_fn(|_| rng.random()),
+                qs: std::array::from_fn(|_| rng.random()),
+                scales: std::array::from_fn(|_| rng.random()),
+                d: f16::from_f32(rng.random_range(-0.0005..0.0005)),
+            },
+            PackedMatrix::from_q3_k,
+            dequantize_row_q3_k,
+            |b, e| {
+                let d = (b.d.to_f32() * b.scale(e / 16) as f32).abs();
+                d * 4.0 * half_step + 2f32.powi(-24) * 4.0
             },
         );
         k_quant_rows_unpack(

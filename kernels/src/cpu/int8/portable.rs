@@ -27,7 +27,7 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
         let scales = w.block_scales(t, b);
         // Σ w·h and Σ w·l per row (per half of the block for Q6_K), then 254 · the first +
         // the second: all exact integers.
-        let split = w.kind() == PackedKind::Q6K;
+        let split = w.kind().halves();
         let mut sh = [[0i32; TILE]; 2];
         let mut sl = [[0i32; TILE]; 2];
         let mut add = |r: usize, q: u8, e: usize| {
@@ -36,6 +36,13 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
             sl[half][r] += i32::from(q) * i32::from(xl[e]);
         };
         match w.kind() {
+            PackedKind::Q3K => {
+                for r in 0..TILE {
+                    for e in 0..QK {
+                        add(r, w.quant(t * TILE + r, b, e), e);
+                    }
+                }
+            }
             PackedKind::Q8_0 => {
                 for (g, line) in lines.iter().enumerate() {
                     for r in 0..TILE {
@@ -78,10 +85,12 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
             }
         }
         if split {
-            // Q6_K: each half's `Σ (q - 32) · x` in integers, times its own scale.
+            // Q6_K, Q3_K: each half's `Σ (q - 32) · x` (`Σ (q - 4) · x`) in integers, times its
+            // own scale.
+            let shift = w.kind().half_shift();
             for r in 0..TILE {
                 for (half, &s32) in x.s32_halves[j].iter().enumerate() {
-                    let isum = RADIX * sh[half][r] + sl[half][r] + s32;
+                    let isum = RADIX * sh[half][r] + sl[half][r] + (s32 >> shift);
                     let scale = f16::from_bits(scales[half * TILE + r]).to_f32() * x.d[j];
                     acc[r] = (isum as f32).mul_add(scale, acc[r]);
                 }

@@ -94,7 +94,8 @@ unsafe fn tiles_avx512(
             PackedKind::IQ4NL | PackedKind::IQ4XS => {
                 tiles_vnni::<true, 0, true>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::Q6K => tiles_q6(w, t0, nt, x, out, ldo),
+            PackedKind::Q6K => tiles_q6::<false>(w, t0, nt, x, out, ldo),
+            PackedKind::Q3K => tiles_q6::<true>(w, t0, nt, x, out, ldo),
         }
     }
 }
@@ -188,6 +189,35 @@ unsafe fn nibble_line<const HIGH: usize>(lines: *const u8, h: usize) -> (__m512i
             hi = _mm512_mask_add_epi8(hi, kh, hi, step);
         }
         (lo, hi)
+    }
+}
+
+/// `Q3_K`'s groups `h` and `h + 4` of a tile's block (`lines`: the block's quant lines) as
+/// unsigned 3-bit values: crumb `h` of crumb lines 0 and 1, plus 4 where group `h`'s (`h + 4`'s)
+/// mask in the third line has the bit set.
+///
+/// # Safety
+/// `lines` points at a block of a tile of a `Q3_K` matrix.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn crumb_pair(lines: *const u8, h: usize) -> (__m512i, __m512i) {
+    let (three, four) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
+    let shift = _mm_cvtsi32_si128((2 * h) as i32);
+    // SAFETY: the caller vouches for the block's three lines.
+    unsafe {
+        let [a, b] = [0, 1].map(|c| {
+            let p = _mm512_load_si512(lines.add(64 * c).cast());
+            _mm512_and_si512(_mm512_srl_epi16(p, shift), three)
+        });
+        let masks = lines.add(2 * 64).cast::<u64>();
+        let (ka, kb) = (
+            _cvtu64_mask64(masks.add(h).read_unaligned()),
+            _cvtu64_mask64(masks.add(h + 4).read_unaligned()),
+        );
+        (
+            _mm512_mask_add_epi8(a, ka, a, four),
+            _mm512_mask_add_epi8(b, kb, b, four),
+        )
     }
 }
 
@@ -361,14 +391,14 @@ unsafe fn kernel<
     }
 }
 
-/// `Q6_K`: a GEMV takes tiles in pairs; products of several rows take one tile over four rows
-/// (each (row, tile) keeps four integer sums, two digits times two halves, so the wider blocks
-/// of the other formats would not fit in the registers).
+/// `Q6_K` (and `Q3_K`, `CRUMB`): a GEMV takes tiles in pairs; products of several rows take one
+/// tile over four rows (each (row, tile) keeps four integer sums, two digits times two halves,
+/// so the wider blocks of the other formats would not fit in the registers).
 ///
 /// # Safety
 /// As `portable::tiles`; only reachable after [`avx512_vnni_supported`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tiles_q6(
+unsafe fn tiles_q6<const CRUMB: bool>(
     w: &PackedMatrix,
     t0: usize,
     nt: usize,
@@ -385,9 +415,9 @@ unsafe fn tiles_q6(
             let pair = t + 2 <= t0 + nt;
             if m == 1 {
                 if pair {
-                    kernel_q6::<1, 2>(w, t, x, 0, o, ldo, true);
+                    kernel_q6::<CRUMB, 1, 2>(w, t, x, 0, o, ldo, true);
                 } else {
-                    kernel_q6::<1, 1>(w, t, x, 0, o, ldo, true);
+                    kernel_q6::<CRUMB, 1, 1>(w, t, x, 0, o, ldo, true);
                 }
                 t += if pair { 2 } else { 1 };
                 continue;
@@ -397,10 +427,10 @@ unsafe fn tiles_q6(
             while i < m {
                 let o = o.add(i * ldo);
                 match m - i {
-                    1 => kernel_q6::<1, 1>(w, t, x, i, o, ldo, i == 0),
-                    2 => kernel_q6::<2, 1>(w, t, x, i, o, ldo, i == 0),
-                    3 => kernel_q6::<3, 1>(w, t, x, i, o, ldo, i == 0),
-                    _ => kernel_q6::<4, 1>(w, t, x, i, o, ldo, i == 0),
+                    1 => kernel_q6::<CRUMB, 1, 1>(w, t, x, i, o, ldo, i == 0),
+                    2 => kernel_q6::<CRUMB, 2, 1>(w, t, x, i, o, ldo, i == 0),
+                    3 => kernel_q6::<CRUMB, 3, 1>(w, t, x, i, o, ldo, i == 0),
+                    _ => kernel_q6::<CRUMB, 4, 1>(w, t, x, i, o, ldo, i == 0),
                 }
                 i += 4;
             }
@@ -410,13 +440,14 @@ unsafe fn tiles_q6(
 }
 
 /// [`kernel`] for `Q6_K`: quants of six bits (the nibble lines plus two lines of high bits),
-/// and per half of each block its own integer sums and scale; see `portable::tile_row`.
+/// and per half of each block its own integer sums and scale; see `portable::tile_row`. With
+/// `CRUMB`, `Q3_K`'s: three bits (two crumb lines and a line of masks), offset 4 instead of 32.
 ///
 /// # Safety
 /// The rows and tiles exist; `out` is writable at those places.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn kernel_q6<const R: usize, const C: usize>(
+unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
     w: &PackedMatrix,
     t: usize,
     x: &QuantizedRows,
@@ -457,7 +488,11 @@ unsafe fn kernel_q6<const R: usize, const C: usize>(
                 let mut lo = [_mm512_setzero_si512(); C];
                 let mut hi = [_mm512_setzero_si512(); C];
                 for c in 0..C {
-                    (lo[c], hi[c]) = nibble_line::<2>(lines[c], h);
+                    (lo[c], hi[c]) = if CRUMB {
+                        crumb_pair(lines[c], h)
+                    } else {
+                        nibble_line::<2>(lines[c], h)
+                    };
                 }
                 for r in 0..R {
                     let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
@@ -475,7 +510,7 @@ unsafe fn kernel_q6<const R: usize, const C: usize>(
             });
             for r in 0..R {
                 let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
-                let s32 = *halves.add(xs[r] + b);
+                let s32 = (*halves.add(xs[r] + b)).map(|s| if CRUMB { s >> 3 } else { s });
                 for c in 0..C {
                     for half in 0..2 {
                         let combined = _mm512_add_epi32(

@@ -100,6 +100,8 @@ pub(crate) unsafe fn tiles(
                 tiles_of::<true, 1, false, false>(w, t0, nt, x, out, ldo)
             }
             PackedKind::Q6K => tiles_of::<true, 2, true, false>(w, t0, nt, x, out, ldo),
+            // Q3_K: crumb lines with one mask line (HIGH = 1), halves, offset 4.
+            PackedKind::Q3K => tiles_of::<false, 1, true, false>(w, t0, nt, x, out, ldo),
             PackedKind::IQ4NL | PackedKind::IQ4XS => {
                 tiles_of::<true, 0, false, true>(w, t0, nt, x, out, ldo)
             }
@@ -108,8 +110,9 @@ pub(crate) unsafe fn tiles(
 }
 
 /// Tiles `t0..t0 + nt` for every row of `x`, for quants in nibbles (`NIB`, with `HIGH` lines
-/// of high bits; with `LUT`, indices into the IQ4 table) or bytes, and per-half sums and scales
-/// (`SPLIT`, `Q6_K`).
+/// of high bits; with `LUT`, indices into the IQ4 table), in crumbs (`!NIB && SPLIT`: `Q3_K`,
+/// its third bits in one mask line) or bytes, and per-half sums and scales (`SPLIT`, `Q6_K`
+/// and `Q3_K`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool, const LUT: bool>(
     w: &PackedMatrix,
@@ -224,7 +227,26 @@ unsafe fn tile_rows<
                     }
                 }
             };
-            if NIB {
+            if !NIB && SPLIT {
+                // Q3_K: groups h and h + 4 are crumbs h of lines 0 and 1, plus 4 where set in
+                // their masks.
+                let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+                for h in 0..QK / 8 {
+                    let shift = _mm_cvtsi32_si128((2 * h) as i32);
+                    let masks = lines.add(2 * 64).cast::<u64>();
+                    let [lo, hi] = [0, 1].map(|c| {
+                        let m = masks.add(h + 4 * c).read_unaligned();
+                        std::array::from_fn(|k| {
+                            let p = _mm256_loadu_si256(lines.add(64 * c + 32 * k).cast());
+                            let v = _mm256_and_si256(_mm256_srl_epi16(p, shift), three);
+                            let bits = expand_bits((m >> (32 * k)) as u32);
+                            _mm256_add_epi8(v, _mm256_and_si256(bits, four))
+                        })
+                    });
+                    add(lo, h, 0);
+                    add(hi, h + QK / 8, 1);
+                }
+            } else if NIB {
                 for h in 0..QK / 8 {
                     let p = [
                         _mm256_loadu_si256(lines.add(64 * h).cast()),
@@ -268,7 +290,7 @@ unsafe fn tile_rows<
                 let dx = _mm256_set1_ps(x.d[j]);
                 for (half, s) in sums.iter().enumerate().take(halves) {
                     let offset = if SPLIT {
-                        x.s32_halves[j][half]
+                        x.s32_halves[j][half] >> if NIB { 0 } else { 3 }
                     } else if NIB && !LUT {
                         0
                     } else {
