@@ -30,7 +30,7 @@ pub struct QuantizedRows {
     /// `-128 · Σ (254 h + l)` per block (takes off what the unsigned `Q8_0` quants add).
     pub(crate) s128: Vec<i32>,
     /// `-32 · Σ (254 h + l)` over each 16-value half of each block, when asked for (takes off
-    /// what the unsigned `Q6_K` quants add).
+    /// what the unsigned `Q6_K` quants add; shifted right by 3, what `Q3_K`'s add).
     pub(crate) s32_halves: Vec<[i32; 2]>,
     /// Every value as one 16-bit `254 h + l`, when asked for (what AVX2's `vpmaddwd` takes).
     pub(crate) combined: Vec<i16>,
@@ -39,7 +39,7 @@ pub struct QuantizedRows {
 /// What [`QuantizedRows::quantize`] computes besides the digits, for the kernels that read it.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Extras {
-    /// [`QuantizedRows::s32_halves`] (for `Q6_K`).
+    /// [`QuantizedRows::s32_halves`] (for `Q6_K` and `Q3_K`).
     pub(crate) halves: bool,
     /// [`QuantizedRows::combined`] (for the AVX2 kernel).
     pub(crate) combined: bool,

@@ -6,7 +6,7 @@
 //! (254 h + l), acc)`. `Q8_0` and the IQ4 tables multiply unsigned bytes `value + 128` and take
 //! `128 · Σ (254 h + l)` off `isum`.
 //! `Q6_K` instead takes each 16-value half of the block in turn: `isum` over the half, less
-//! `32 · Σ (254 h + l)` of the half, then `acc = fma(isum, d_half · d_x, acc)`.
+//! `32 · Σ (254 h + l)` of the half (`Q3_K`: `4 ·`), then `acc = fma(isum, d_half · d_x, acc)`.
 //! Integer sums are exact whatever order a SIMD level adds them in, so only this sequence
 //! of f32 operations matters, and it does not depend on the batch.
 #![allow(unsafe_code)]
@@ -25,7 +25,7 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
         let j = x.at(i, b);
         let lines = w.lines(t, b);
         let scales = w.block_scales(t, b);
-        // Σ w·h and Σ w·l per row (per half of the block for Q6_K), then 254 · the first +
+        // Σ w·h and Σ w·l per row (per half of the block for Q6_K, Q3_K), then 254 · the first +
         // the second: all exact integers.
         let split = w.kind().halves();
         let mut sh = [[0i32; TILE]; 2];

@@ -465,7 +465,8 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
     let radix = _mm512_set1_epi32(RADIX);
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     // SAFETY (whole body): as `kernel`; the high-bit lines are the tile's quant lines 4 and
-    // 5, and `x` has the halves' sums (quantized for a Q6_K matrix).
+    // 5 (`Q3_K`: the crumb lines 0 and 1, the masks 2), and `x` has the halves' sums
+    // (quantized for a matrix with halves).
     unsafe {
         for b in 0..blocks {
             let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));

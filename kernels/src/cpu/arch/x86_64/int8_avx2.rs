@@ -137,7 +137,7 @@ unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool, const 
             }
         };
         let mut i = 0;
-        // Two rows share each unpacked line (four sums per row and half: Q6_K's two halves
+        // Two rows share each unpacked line (four sums per row and half: the two halves
         // leave no registers for a second row).
         while !SPLIT && i + 2 <= x.m {
             // SAFETY: the tile and the rows exist.
@@ -175,7 +175,7 @@ fn expand_bits(mask: u32) -> __m256i {
 ///
 /// # Safety
 /// The tile and the rows exist; `x16` is `x.combined` (the AVX2 table asks for it); for
-/// `Q6_K`, `x` carries its halves' sums.
+/// `Q6_K` and `Q3_K`, `x` carries its halves' sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn tile_rows<
