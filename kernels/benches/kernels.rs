@@ -200,10 +200,10 @@ enum Variant {
 
 fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
     let mut rows = Vec::new();
-    // The block formats twice (Q5_1 shares Q5_0's kernels; Q2_K is not repacked):
-    // multiplied exactly in f32, and repacked for int8 dot products (K-quants and IQ4_XS only where rows are whole
-    // super-blocks of 256: the down shape); BF16 twice: with f32 activations, and with bf16
-    // ones (`vdpbf16ps`, `--dtype bfloat16`).
+    // The block formats twice (Q5_1 shares Q5_0's kernels; Q2_K is not repacked): multiplied
+    // exactly in f32, and repacked for int8 dot products (K-quants and IQ4_XS only where rows
+    // are whole super-blocks of 256: the down shape); BF16 twice: with f32 activations, and
+    // with bf16 ones (`vdpbf16ps`, `--dtype bfloat16`).
     let variants = FORMATS
         .into_iter()
         .map(|f| (f, Variant::Exact))

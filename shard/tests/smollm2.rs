@@ -486,8 +486,8 @@ fn int8_agrees_with_exact(files: &ModelFiles, dtype: &str) {
         sum_abs / count as f64
     );
     eprintln!(
-        "{dtype}: int8 vs exact f32, teacher-forced over {positions} positions: max |Δlogit| {worst:.4}, \
-         {ties} argmax differences (all at near ties)"
+        "{dtype}: int8 vs exact f32, teacher-forced over {positions} positions: max |Δlogit| \
+         {worst:.4}, {ties} argmax differences (all at near ties)"
     );
     // 8-bit activations move logits by a few tenths on average (measured: mean 0.19, max 1.8
     // over the whole vocabulary); a broken kernel moves them by whole units everywhere.

@@ -80,7 +80,10 @@ const TABLE: [(GgmlType, u32, &str, usize, usize); 32] = [
 
 impl GgmlType {
     /// The types Tessera can convert to f32, for error messages.
-    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
+    pub const SUPPORTED: &'static str = concat!(
+        "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, ",
+        "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS"
+    );
 
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
         // Every variant has a row; the fallback is unreachable but keeps this panic-free.

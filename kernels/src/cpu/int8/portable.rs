@@ -25,8 +25,8 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
         let j = x.at(i, b);
         let lines = w.lines(t, b);
         let scales = w.block_scales(t, b);
-        // Σ w·h and Σ w·l per row (per half of the block for Q6_K, Q3_K), then 254 · the first +
-        // the second: all exact integers.
+        // Σ w·h and Σ w·l per row (per half of the block for Q6_K and Q3_K), then 254 · the
+        // first + the second: all exact integers.
         let split = w.kind().halves();
         let mut sh = [[0i32; TILE]; 2];
         let mut sl = [[0i32; TILE]; 2];

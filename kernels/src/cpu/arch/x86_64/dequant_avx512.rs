@@ -1,5 +1,5 @@
-//! AVX-512 F dequantizers of f16, `Q4_0`, `Q5_0`, `Q5_1`, the K-quants and the IQ4 formats (`Q4_K`, `Q5_K`, `Q6_K`), for the
-//! level's `Dequant` table (see `avx512.rs`).
+//! AVX-512 F dequantizers of f16, `Q4_0`, `Q5_0`, `Q5_1`, the K-quants (`Q2_K` to `Q6_K`) and
+//! the IQ4 formats, for the level's `Dequant` table (see `avx512.rs`).
 //!
 //! Each writes the portable reference's values bit for bit: the products are exact (see
 //! `cpu::weights`), so a fused `q·d − m` rounds like the reference's multiply-then-subtract,

@@ -271,8 +271,9 @@ unsafe fn store_tiles<const R: usize, const C: usize>(
 
 /// Rows `i0..i0 + R` of `x` times tiles `t..t + C`, written at `out[r * ldo + c * 16 + lane]`
 /// for the tiles' valid lanes. Nibbles (`Q4`, with `HIGH` lines of high bits) are quants with a
-/// minimum, or with `LUT` indices into the IQ4 table (then, as bytes, offset by 128). With `prefetch`, the tiles' stream is asked for ahead: the first
-/// rows over a pair of tiles fetch it, the next rows find it in cache.
+/// minimum, or with `LUT` indices into the IQ4 table (then, as bytes, offset by 128). With
+/// `prefetch`, the tiles' stream is asked for ahead: the first rows over a pair of tiles fetch
+/// it, the next rows find it in cache.
 ///
 /// # Safety
 /// The rows and tiles exist; `out` is writable at those places.
