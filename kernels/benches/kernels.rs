@@ -60,10 +60,11 @@ const SHAPES: [(&str, usize, usize); 5] = [
 
 /// Every storage format of `WeightMatrix` (add new ones here; `random_matrix` fills any
 /// format it does not know with small finite values).
-const FORMATS: [WeightFormat; 12] = [
+const FORMATS: [WeightFormat; 13] = [
     WeightFormat::F32,
     WeightFormat::Bf16,
     WeightFormat::Q8_0,
+    WeightFormat::Q4_0,
     WeightFormat::Q4_1,
     WeightFormat::Q5_0,
     WeightFormat::Q4K,
@@ -214,6 +215,7 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
                     matches!(
                         f,
                         WeightFormat::Q8_0
+                            | WeightFormat::Q4_0
                             | WeightFormat::Q4_1
                             | WeightFormat::Q5_0
                             | WeightFormat::Q4K

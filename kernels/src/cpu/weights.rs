@@ -393,10 +393,7 @@ impl WeightMatrix {
         let data = match self.data {
             Data::Q8_0(v) => Data::Packed(PackedMatrix::from_q8_0(self.rows, self.cols, &v)),
             Data::Q4_1(v) => Data::Packed(PackedMatrix::from_q4_1(self.rows, self.cols, &v)),
-            Data::Q4_0(v) => match PackedMatrix::from_q4_0(self.rows, self.cols, &v) {
-                Some(p) => Data::Packed(p),
-                None => Data::Q4_0(v),
-            },
+            Data::Q4_0(v) => Data::Packed(PackedMatrix::from_q4_0(self.rows, self.cols, &v)),
             Data::Q5_0(v) => match PackedMatrix::from_q5_0(self.rows, self.cols, &v) {
                 Some(p) => Data::Packed(p),
                 None => Data::Q5_0(v),

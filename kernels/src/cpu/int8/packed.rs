@@ -11,9 +11,9 @@
 //!   `128 · Σ x` this adds is taken off exactly in integers). Scales: 16 `d`.
 //! - `Q4_1`: 4 lines per block; line `h` holds values `4 h ..` in the low nibbles and
 //!   `4 (h + 4) ..` in the high ones. Scales: 16 `d`, then 16 `m`.
-//! - `Q4_0` (`value = (q - 8) · d`) is packed as `Q4_1` with `m = -8 d` (exact in f16 for any
-//!   `|d| ≤ 8188`), so it shares those kernels; it costs 2 more bytes per block than the
-//!   file's 18.
+//! - `Q4_0` (`value = (q - 8) · d`) keeps its nibbles and one scale per block, 18 bytes as in the
+//!   file; its values `q - 8` are a table of 16 like the IQ4 formats' (below), and go through
+//!   their kernels.
 //! - `Q4_K` (super-blocks of 256: `value = q · d · sc_j - dmin · m_j` in sub-block `j` of 32)
 //!   is packed as `Q4_1` blocks with `d = d · sc_j` and `m = -dmin · m_j` rounded to f16 (a
 //!   relative change of at most 2⁻¹¹ per sub-block scale, far below the 4-bit quants' own
@@ -70,11 +70,22 @@ pub const QK: usize = 32;
 pub(crate) const LINE: usize = 64;
 
 /// The IQ4 table's values as the kernels multiply them: unsigned bytes `value + 128`.
-pub(crate) const IQ4_UNSIGNED: [u8; 16] = {
+const IQ4_UNSIGNED: [u8; 16] = {
     let mut t = [0u8; 16];
     let mut i = 0;
     while i < 16 {
         t[i] = (KVALUES_IQ4NL[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    t
+};
+
+/// `Q4_0`'s values `q - 8` as the kernels multiply them: `q + 120`.
+const Q4_0_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = i as u8 + 120;
         i += 1;
     }
     t
@@ -87,7 +98,7 @@ pub enum PackedKind {
     Q8_0,
     /// GGUF `Q4_1`: `value = q · d + m`.
     Q4_1,
-    /// GGUF `Q4_0`: `value = (q - 8) · d`, laid out as `Q4_1` with `m = -8 d`.
+    /// GGUF `Q4_0`: `value = (q - 8) · d`, laid out as `IQ4NL` with the table `q - 8`.
     Q4_0,
     /// GGUF `Q4_K`: each 32-value sub-block laid out as `Q4_1` with `d = d · sc`,
     /// `m = -dmin · m` (rounded to f16).
@@ -129,9 +140,8 @@ impl PackedKind {
     /// f16 scales of one block of one tile.
     pub(crate) const fn scales(self) -> usize {
         match self {
-            Self::Q8_0 | Self::IQ4NL | Self::IQ4XS => TILE,
+            Self::Q8_0 | Self::Q4_0 | Self::IQ4NL | Self::IQ4XS => TILE,
             Self::Q4_1
-            | Self::Q4_0
             | Self::Q4K
             | Self::Q5K
             | Self::Q5_1
@@ -167,15 +177,21 @@ impl PackedKind {
         }
     }
 
-    /// Whether the nibbles are indices into [`KVALUES_IQ4NL`].
-    pub(crate) const fn table(self) -> bool {
-        matches!(self, Self::IQ4NL | Self::IQ4XS)
+    /// For nibbles that index a table of 16 values (the IQ4 kinds, and `Q4_0` whose values
+    /// `q - 8` make one too), the values as the kernels multiply them: unsigned bytes
+    /// `value + 128`.
+    pub(crate) const fn table(self) -> Option<&'static [u8; 16]> {
+        match self {
+            Self::IQ4NL | Self::IQ4XS => Some(&IQ4_UNSIGNED),
+            Self::Q4_0 => Some(&Q4_0_UNSIGNED),
+            _ => None,
+        }
     }
 
-    /// Whether the products see unsigned bytes `value + 128` (`Q8_0`'s quants, the IQ4
-    /// tables' values), whose `128 · Σ x` is taken off in integers.
+    /// Whether the products see unsigned bytes `value + 128` (`Q8_0`'s quants, the tables'
+    /// values), whose `128 · Σ x` is taken off in integers.
     pub(crate) const fn offset_128(self) -> bool {
-        matches!(self, Self::Q8_0 | Self::IQ4NL | Self::IQ4XS)
+        matches!(self, Self::Q8_0) || self.table().is_some()
     }
 
     /// Whether blocks have a minimum `m` after their scales (`value = q · d + m`).
@@ -329,23 +345,17 @@ impl PackedMatrix {
         p
     }
 
-    /// Packs `rows × cols` `Q4_0` blocks as `Q4_1` with `m = -8 d`, or `None` when a scale
-    /// is too large for `-8 d` to be an f16.
-    pub fn from_q4_0(rows: usize, cols: usize, blocks: &[BlockQ4_0]) -> Option<Self> {
-        let as_q4_1: Vec<BlockQ4_1> = blocks
-            .iter()
-            .map(|b| {
-                let m = f16::from_f32(-8.0 * b.d.to_f32());
-                m.is_finite().then_some(BlockQ4_1 {
-                    d: b.d,
-                    m,
-                    qs: b.qs,
-                })
-            })
-            .collect::<Option<_>>()?;
-        let mut p = Self::from_q4_1(rows, cols, &as_q4_1);
-        p.kind = PackedKind::Q4_0;
-        Some(p)
+    /// Packs `rows × cols` `Q4_0` blocks (row after row; `cols` a multiple of 32).
+    pub fn from_q4_0(rows: usize, cols: usize, blocks: &[BlockQ4_0]) -> Self {
+        Self::from_blocks(
+            PackedKind::Q4_0,
+            rows,
+            cols,
+            blocks,
+            |b, _| Some((b.d, f16::ZERO)),
+            |b, e| index4(&b.qs, e),
+        )
+        .expect("Q4_0 scales are stored as they are")
     }
 
     /// Packs `rows × cols` `Q4_K` super-blocks (row after row; `cols` a multiple of 256) as
@@ -809,7 +819,7 @@ mod tests {
                     qs: std::array::from_fn(|_| rng.random()),
                 })
                 .collect();
-            let p0 = PackedMatrix::from_q4_0(rows, cols, &q0).unwrap();
+            let p0 = PackedMatrix::from_q4_0(rows, cols, &q0);
             assert_eq!(p0.storage_bytes(), nb * 18);
             let nl: Vec<BlockIQ4NL> = (0..nb)
                 .map(|_| BlockIQ4NL {

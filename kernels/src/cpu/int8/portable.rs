@@ -14,7 +14,7 @@
 use half::f16;
 
 use super::activations::{QuantizedRows, RADIX};
-use super::packed::{IQ4_UNSIGNED, PackedKind, PackedMatrix, QK, TILE};
+use super::packed::{PackedKind, PackedMatrix, QK, TILE};
 
 /// The 16 outputs of tile `t` for row `i` of `x`.
 #[inline(always)]
@@ -61,14 +61,9 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
                         q | (((plane[8 * word + bit / 8] >> (bit % 8)) & 1) << (4 + level))
                     })
                 };
-                // IQ4: the table's value of the index, as an unsigned byte.
-                let value = |q: u8| {
-                    if w.kind().table() {
-                        IQ4_UNSIGNED[usize::from(q)]
-                    } else {
-                        q
-                    }
-                };
+                // Table kinds: the table's value of the index, as an unsigned byte.
+                let table = w.kind().table();
+                let value = |q: u8| table.map_or(q, |t| t[usize::from(q)]);
                 for (h, line) in lines[..QK / 8].iter().enumerate() {
                     for r in 0..TILE {
                         for u in 0..4 {

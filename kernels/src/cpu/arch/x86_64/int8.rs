@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::cpu::int8::Int8Kernels;
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{GROUP, IQ4_UNSIGNED, PackedKind, PackedMatrix, QK, TILE};
+use crate::cpu::int8::packed::{GROUP, PackedKind, PackedMatrix, QK, TILE};
 
 /// Whether the CPU has what [`AVX512_VNNI`] uses.
 pub(crate) fn avx512_vnni_supported() -> bool {
@@ -85,13 +85,13 @@ unsafe fn tiles_avx512(
     unsafe {
         match w.kind() {
             PackedKind::Q8_0 => tiles_vnni::<false, 0, false>(w, t0, nt, x, out, ldo),
-            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
+            PackedKind::Q4_1 | PackedKind::Q4K => {
                 tiles_vnni::<true, 0, false>(w, t0, nt, x, out, ldo)
             }
             PackedKind::Q5K | PackedKind::Q5_1 | PackedKind::Q5_0 => {
                 tiles_vnni::<true, 1, false>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::IQ4NL | PackedKind::IQ4XS => {
+            PackedKind::IQ4NL | PackedKind::IQ4XS | PackedKind::Q4_0 => {
                 tiles_vnni::<true, 0, true>(w, t0, nt, x, out, ldo)
             }
             PackedKind::Q6K => tiles_q6::<false>(w, t0, nt, x, out, ldo),
@@ -271,7 +271,7 @@ unsafe fn store_tiles<const R: usize, const C: usize>(
 
 /// Rows `i0..i0 + R` of `x` times tiles `t..t + C`, written at `out[r * ldo + c * 16 + lane]`
 /// for the tiles' valid lanes. Nibbles (`Q4`, with `HIGH` lines of high bits) are quants with a
-/// minimum, or with `LUT` indices into the IQ4 table (then, as bytes, offset by 128). With
+/// minimum, or with `LUT` indices into the kind's table (then, as bytes, offset by 128). With
 /// `prefetch`, the tiles' stream is asked for ahead: the first rows over a pair of tiles fetch
 /// it, the next rows find it in cache.
 ///
@@ -301,8 +301,9 @@ unsafe fn kernel<
     let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
     let (xd, xsd, x128) = (x.d.as_ptr(), x.sd.as_ptr(), x.s128.as_ptr());
     let radix = _mm512_set1_epi32(RADIX);
-    // SAFETY: IQ4_UNSIGNED holds 16 bytes.
-    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(IQ4_UNSIGNED.as_ptr().cast()) });
+    let table = w.kind().table().map_or([0; 16], |t| *t);
+    // SAFETY: `table` holds 16 bytes.
+    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     // SAFETY (whole body): tile c's block b lies at starts[c] + b · stride bytes, inside `w`
     // for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and

@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{IQ4_UNSIGNED, PackedKind, PackedMatrix, QK, TILE};
+use crate::cpu::int8::packed::{PackedKind, PackedMatrix, QK, TILE};
 
 /// Whether the CPU runs [`tiles`] (AVX2, FMA and F16C).
 pub(crate) fn supported() -> bool {
@@ -93,7 +93,7 @@ pub(crate) unsafe fn tiles(
     unsafe {
         match w.kind() {
             PackedKind::Q8_0 => tiles_of::<false, 0, false, false>(w, t0, nt, x, out, ldo),
-            PackedKind::Q4_1 | PackedKind::Q4_0 | PackedKind::Q4K => {
+            PackedKind::Q4_1 | PackedKind::Q4K => {
                 tiles_of::<true, 0, false, false>(w, t0, nt, x, out, ldo)
             }
             PackedKind::Q5K | PackedKind::Q5_1 | PackedKind::Q5_0 => {
@@ -102,7 +102,7 @@ pub(crate) unsafe fn tiles(
             PackedKind::Q6K => tiles_of::<true, 2, true, false>(w, t0, nt, x, out, ldo),
             // Q3_K: crumb lines with one mask line (HIGH = 1), halves, offset 4.
             PackedKind::Q3K => tiles_of::<false, 1, true, false>(w, t0, nt, x, out, ldo),
-            PackedKind::IQ4NL | PackedKind::IQ4XS => {
+            PackedKind::IQ4NL | PackedKind::IQ4XS | PackedKind::Q4_0 => {
                 tiles_of::<true, 0, false, true>(w, t0, nt, x, out, ldo)
             }
         }
@@ -194,9 +194,9 @@ unsafe fn tile_rows<
     let (lines0, scales0) = w.tile_start(t);
     let stride = w.block_stride();
     let low = _mm256_set1_epi8(0x0F);
-    // SAFETY: IQ4_UNSIGNED holds 16 bytes.
-    let table =
-        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(IQ4_UNSIGNED.as_ptr().cast()) });
+    let table = w.kind().table().map_or([0; 16], |t| *t);
+    // SAFETY: `table` holds 16 bytes.
+    let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     // SAFETY (whole body): block b's lines and scales lie at `b · stride` bytes from the
     // tile's start, inside `w`; row i's block b is entry `x.at(i, b)` of `x`'s vectors.
