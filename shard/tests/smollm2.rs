@@ -15,7 +15,7 @@ use serde::Deserialize;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::WeightFormat;
 use tessera_kernels::quant::{
-    BlockIQ4NL, BlockQ4_1, BlockQ5_0, BlockQ5_1, KVALUES_IQ4NL, dequantize_row_q4_1,
+    BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, KVALUES_IQ4NL, dequantize_row_q4_1,
 };
 use tessera_shard::{KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
 
@@ -246,7 +246,7 @@ fn int8_products_agree_with_exact_f32() {
 /// handed to the loader as `Q5_1` blocks (the same scales, minimums and quants, high bits 0)
 /// give the `Q4_1` model's logits bit for bit: all of them, or only v (each fused q/k/v
 /// projection then a stack of two formats, still native); requantized to `Q5_0` (every quant
-/// bit used) or `IQ4_NL`, int8 products agree with exact f32 as they do for `Q4_1`.
+/// bit used), `Q4_0` or `IQ4_NL`, int8 products agree with exact f32 as they do for `Q4_1`.
 #[test]
 fn other_block_formats_and_mixes_run_end_to_end() {
     let Some(path) = gguf_path() else { return };
@@ -275,6 +275,8 @@ fn other_block_formats_and_mixes_run_end_to_end() {
     }
     let as_q5_0 = reencoded(&path, every, WeightFormat::Q5_0, q4_1_as_q5_0);
     int8_agrees_with_exact(&as_q5_0, "Q5_0");
+    let as_q4_0 = reencoded(&path, every, WeightFormat::Q4_0, q4_1_as_q4_0);
+    int8_agrees_with_exact(&as_q4_0, "Q4_0");
     let as_iq4_nl = reencoded(&path, every, WeightFormat::IQ4NL, q4_1_as_iq4_nl);
     int8_agrees_with_exact(&as_iq4_nl, "IQ4_NL");
 }
@@ -384,6 +386,20 @@ fn q4_1_as_q5_0(bytes: &[u8]) -> Vec<u8> {
                 .fold(0u32, |h, (e, &v)| h | u32::from(v >> 4) << e)
                 .to_le_bytes(),
             qs: std::array::from_fn(|j| (q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4),
+        };
+        bytemuck::bytes_of(&block).to_vec()
+    })
+}
+
+/// The values requantized as ggml's `quantize_row_q4_0_ref` does: `max` maps to -8.
+fn q4_1_as_q4_0(bytes: &[u8]) -> Vec<u8> {
+    requantized(bytes, |x, max| {
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+        let block = BlockQ4_0 {
+            d: f16::from_f32(d),
+            qs: std::array::from_fn(|j| q(x[j]) | q(x[j + 16]) << 4),
         };
         bytemuck::bytes_of(&block).to_vec()
     })
