@@ -87,13 +87,18 @@ pub fn linear_bf16_dot_with(
 /// reproduces its bits at a few GFLOP/s (measured at the AVX2 level: ~80× slower than f32
 /// activations over the same bf16 weights), so callers should keep f32 activations there.
 pub fn hardware_bf16(kernels: &Kernels) -> bool {
+    has_vdpbf16ps(kernels.level)
+}
+
+/// Whether `level` runs `vdpbf16ps`.
+fn has_vdpbf16ps(level: Level) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        kernels.level == Level::Avx512 && super::arch::x86_64::bf16_dot::supported()
+        level == Level::Avx512 && super::arch::x86_64::bf16_dot::supported()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = kernels;
+        let _ = level;
         false
     }
 }
@@ -101,9 +106,10 @@ pub fn hardware_bf16(kernels: &Kernels) -> bool {
 /// The kernel `level` runs.
 fn gemm_for(level: Level) -> Bf16DotGemm {
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 && super::arch::x86_64::bf16_dot::supported() {
+    if has_vdpbf16ps(level) {
         return super::arch::x86_64::bf16_dot::gemm;
     }
+    #[cfg(not(target_arch = "x86_64"))]
     let _ = level;
     gemm_portable
 }

@@ -651,7 +651,9 @@ fn linear_parts(
     let n: usize = parts.iter().map(|p| p.rows).sum();
     assert_eq!(out.len(), m * n, "out must be m × rows");
     assert!(bias.is_none_or(|b| b.len() == n), "a bias per output row");
-    let mut part_out = Vec::new();
+    // Taken out of the thread-local for the call (a part's product may run another stack's
+    // product on this thread while it waits), and put back: no allocation per decode step.
+    let mut part_out = PART_OUT.take();
     let mut first = 0;
     for p in parts {
         part_out.resize(m * p.rows, 0.0);
@@ -661,6 +663,12 @@ fn linear_parts(
         }
         first += p.rows;
     }
+    PART_OUT.set(part_out);
+}
+
+thread_local! {
+    /// One part's outputs in [`linear_parts`].
+    static PART_OUT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// [`linear_weights`] with an explicit level's kernels.

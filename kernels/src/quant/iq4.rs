@@ -53,7 +53,8 @@ impl BlockIQ4XS {
     }
 }
 
-/// Index `e` (0..32) of a 32-value stretch of indices `qs`.
+/// Nibble `e` (0..32) of a 32-value stretch `qs` laid out as ggml's 32-value blocks: the low
+/// nibble of byte `j` is value `j`, the high nibble value `j + 16`.
 pub(crate) fn index4(qs: &[u8], e: usize) -> u8 {
     if e < 16 {
         qs[e] & 0x0F

@@ -5,6 +5,8 @@
 
 use half::f16;
 
+use super::iq4::index4;
+
 /// Values per [`BlockQ5_0`].
 pub const QK5_0: usize = 32;
 
@@ -24,13 +26,8 @@ const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 
 /// Unsigned 5-bit quant `e` (0..32) of a block of nibbles `qs` and high bits `qh`.
 pub(crate) fn quant5(qs: &[u8; 16], qh: [u8; 4], e: usize) -> u8 {
-    let nibble = if e < 16 {
-        qs[e] & 0x0F
-    } else {
-        qs[e - 16] >> 4
-    };
     let high = (u32::from_le_bytes(qh) >> e) & 1;
-    nibble | (high as u8) << 4
+    index4(qs, e) | (high as u8) << 4
 }
 
 /// Scalar reference dequantizer, equal to ggml's `dequantize_row_q5_0`.

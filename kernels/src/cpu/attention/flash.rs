@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use super::kv::KvElem;
 use super::tile::{KEY_TILE, Rows, TileOps};
-use super::{AttentionSeq, KvLayout};
+use super::{AttentionSeq, KvLayout, prefetch_rows};
 use crate::cpu::dispatch::Kernels;
 
 /// Key positions per partition: the unit of decode parallelism (a multiple of `KEY_TILE`).
@@ -356,9 +356,9 @@ fn attend_partition<T: KvElem>(
     let prefetch = |p: usize| {
         let slot = ctx.layout.slot(s.block_table, p);
         let keys = ctx.layout.key_at(slot, t.kv_heads.start);
-        prefetch_rows(ctx.cache_k, keys, bs, KEY_TILE, width);
+        prefetch_rows::<false, _>(ctx.cache_k, keys, bs, KEY_TILE, width);
         let values = slot * w + t.kv_heads.start * hd;
-        prefetch_rows(ctx.cache_v, values, w, width, KEY_TILE);
+        prefetch_rows::<false, _>(ctx.cache_v, values, w, width, KEY_TILE);
     };
     while tile <= key_hi {
         let tiles = ((key_hi - tile) / KEY_TILE + 1).min(group);
@@ -594,33 +594,4 @@ fn load_values<'a, T: KvElem>(
         );
     }
     staged(&staging[..KEY_TILE * hd])
-}
-
-/// Prefetches `rows` rows of `width` values, `stride` apart from `base`, into L1 (each cache
-/// line once, when rows share lines).
-#[inline]
-fn prefetch_rows<T>(data: &[T], base: usize, stride: usize, width: usize, rows: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let p = data.as_ptr().cast::<i8>();
-        let mut next = 0;
-        for j in 0..rows {
-            let start = (base + j * stride) * size_of::<T>();
-            let end = start + width * size_of::<T>();
-            let mut line = (start / 64 * 64).max(next);
-            while line < end {
-                // SAFETY: a prefetch never faults, whatever the address; `wrapping_add` keeps
-                // the pointer arithmetic defined past the slice's end.
-                #[allow(unsafe_code)]
-                unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line))
-                };
-                line += 64;
-            }
-            next = line;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, base, stride, width, rows);
 }

@@ -2,7 +2,7 @@
 
 use half::bf16;
 
-use super::KvLayout;
+use super::{KvLayout, prefetch_rows};
 use crate::cpu::dispatch::Kernels;
 
 /// A KV-cache element type: `f32`, or `bf16` (half the memory; keys and values are rounded to
@@ -142,9 +142,9 @@ pub fn write_kv<T: KvElem>(
     for &slot in slot_mapping {
         for h in 0..layout.kv_heads {
             let k0 = layout.key_at(slot, h);
-            prefetch_for_write(cache_k, k0, bs, hd);
+            prefetch_rows::<true, _>(cache_k, k0, bs, 1, hd);
         }
-        prefetch_for_write(cache_v, slot * w, 1, w);
+        prefetch_rows::<true, _>(cache_v, slot * w, w, w, 1);
     }
     for (t, &slot) in slot_mapping.iter().enumerate() {
         let row = &src[t * row_stride..(t + 1) * row_stride];
@@ -176,30 +176,4 @@ pub fn write_kv<T: KvElem>(
             &mut cache_v[slot * w..(slot + 1) * w],
         );
     }
-}
-
-/// Prefetches the cache lines of `count` elements `stride` apart from `start`, for writing.
-#[inline]
-fn prefetch_for_write<T>(data: &[T], start: usize, stride: usize, count: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
-        let p = data.as_ptr().cast::<i8>();
-        let size = size_of::<T>();
-        let mut last = usize::MAX;
-        for i in 0..count {
-            let line = (start + i * stride) * size / 64;
-            if line != last {
-                // SAFETY: a prefetch never faults, whatever the address; `wrapping_add` keeps
-                // the pointer arithmetic defined.
-                #[allow(unsafe_code)]
-                unsafe {
-                    _mm_prefetch::<_MM_HINT_ET0>(p.wrapping_add(line * 64))
-                };
-                last = line;
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, start, stride, count);
 }

@@ -174,6 +174,46 @@ pub fn paged_attention_naive(
         });
 }
 
+/// Prefetches `rows` rows of `width` values, `stride` apart from `base` (each cache line once,
+/// when rows share lines): into L1 for reading, or with `WRITE` in a state to be written.
+#[inline]
+pub(crate) fn prefetch_rows<const WRITE: bool, T>(
+    data: &[T],
+    base: usize,
+    stride: usize,
+    width: usize,
+    rows: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_ET0, _MM_HINT_T0, _mm_prefetch};
+        let p = data.as_ptr().cast::<i8>();
+        let mut next = 0;
+        for j in 0..rows {
+            let start = (base + j * stride) * size_of::<T>();
+            let end = start + width * size_of::<T>();
+            let mut line = (start / 64 * 64).max(next);
+            while line < end {
+                let at = p.wrapping_add(line);
+                // SAFETY: a prefetch never faults, whatever the address; `wrapping_add` keeps
+                // the pointer arithmetic defined past the slice's end.
+                #[allow(unsafe_code)]
+                unsafe {
+                    if WRITE {
+                        _mm_prefetch::<_MM_HINT_ET0>(at)
+                    } else {
+                        _mm_prefetch::<_MM_HINT_T0>(at)
+                    }
+                };
+                line += 64;
+            }
+            next = line;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, base, stride, width, rows);
+}
+
 /// One query head of one row, and where its keys and values are.
 pub(crate) struct HeadQuery<'a> {
     pub(crate) q: &'a [f32],

@@ -79,20 +79,7 @@ thread_local! {
 /// magnitude slower than dequantizing, so callers should keep quantized weights on the exact
 /// path there.
 pub fn hardware_int8(kernels: &Kernels) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::arch::x86_64::{int8, int8_avx2};
-        match kernels.level {
-            Level::Avx512 => int8::avx512_vnni_supported() || int8_avx2::supported(),
-            Level::Avx2 => int8_avx2::supported(),
-            Level::Portable => false,
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = kernels;
-        false
-    }
+    !std::ptr::eq(Int8Kernels::for_level(kernels.level), &PORTABLE)
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ + bias[n]` with the dispatched kernels.

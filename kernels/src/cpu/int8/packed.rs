@@ -119,15 +119,39 @@ pub enum PackedKind {
     IQ4XS,
 }
 
+/// How a kind's quants sit in a tile's lines: what decides which kernel multiplies them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuantLayout {
+    /// One byte per quant, unsigned `q + 128` (`Q8_0`).
+    Bytes,
+    /// Nibble lines with a minimum per block, and with `fifth_bit` a line of high-bit masks.
+    Nibbles { fifth_bit: bool },
+    /// Nibble lines of indices into [`PackedKind::table`], one scale per block.
+    Table,
+    /// A scale and integer sums per 16-value half: `Q6_K`'s nibbles and two mask lines, or
+    /// with `crumbs` `Q3_K`'s two crumb lines and one mask line.
+    Halves { crumbs: bool },
+}
+
 impl PackedKind {
+    /// The layout of the kind's quants.
+    pub(crate) const fn layout(self) -> QuantLayout {
+        match self {
+            Self::Q8_0 => QuantLayout::Bytes,
+            Self::Q4_1 | Self::Q4K => QuantLayout::Nibbles { fifth_bit: false },
+            Self::Q5K | Self::Q5_1 | Self::Q5_0 => QuantLayout::Nibbles { fifth_bit: true },
+            Self::Q4_0 | Self::IQ4NL | Self::IQ4XS => QuantLayout::Table,
+            Self::Q6K => QuantLayout::Halves { crumbs: false },
+            Self::Q3K => QuantLayout::Halves { crumbs: true },
+        }
+    }
+
     /// Quant bytes of one block of one tile.
     pub(crate) const fn quant_bytes(self) -> usize {
-        match self {
-            Self::Q8_0 => TILE * QK,
-            Self::Q4_1 | Self::Q4_0 | Self::Q4K | Self::IQ4NL | Self::IQ4XS => TILE * QK / 2,
-            Self::Q5K | Self::Q5_1 | Self::Q5_0 => TILE * QK / 2 + LINE,
-            Self::Q6K => TILE * QK / 2 + 2 * LINE,
-            Self::Q3K => 3 * LINE,
+        match self.layout() {
+            QuantLayout::Bytes => TILE * QK,
+            QuantLayout::Halves { crumbs: true } => 3 * LINE,
+            _ => TILE * QK / 2 + self.high_lines() * LINE,
         }
     }
 
@@ -137,17 +161,11 @@ impl PackedKind {
         GROUP * (self.quant_bytes() + 2 * self.scales())
     }
 
-    /// f16 scales of one block of one tile.
+    /// f16 scales of one block of one tile: `d`, then `m` (or the second half's `d`).
     pub(crate) const fn scales(self) -> usize {
-        match self {
-            Self::Q8_0 | Self::Q4_0 | Self::IQ4NL | Self::IQ4XS => TILE,
-            Self::Q4_1
-            | Self::Q4K
-            | Self::Q5K
-            | Self::Q5_1
-            | Self::Q5_0
-            | Self::Q6K
-            | Self::Q3K => 2 * TILE,
+        match self.layout() {
+            QuantLayout::Bytes | QuantLayout::Table => TILE,
+            QuantLayout::Nibbles { .. } | QuantLayout::Halves { .. } => 2 * TILE,
         }
     }
 
@@ -170,9 +188,9 @@ impl PackedKind {
 
     /// Lines of quants' high bits per block of a tile (after the four nibble lines).
     pub(crate) const fn high_lines(self) -> usize {
-        match self {
-            Self::Q5K | Self::Q5_1 | Self::Q5_0 => 1,
-            Self::Q6K => 2,
+        match self.layout() {
+            QuantLayout::Nibbles { fifth_bit: true } => 1,
+            QuantLayout::Halves { crumbs: false } => 2,
             _ => 0,
         }
     }
@@ -191,28 +209,28 @@ impl PackedKind {
     /// Whether the products see unsigned bytes `value + 128` (`Q8_0`'s quants, the tables'
     /// values), whose `128 · Σ x` is taken off in integers.
     pub(crate) const fn offset_128(self) -> bool {
-        matches!(self, Self::Q8_0) || self.table().is_some()
+        matches!(self.layout(), QuantLayout::Bytes | QuantLayout::Table)
     }
 
     /// Whether blocks have a minimum `m` after their scales (`value = q · d + m`).
     pub(crate) const fn has_min(self) -> bool {
-        !self.offset_128() && !self.halves()
+        matches!(self.layout(), QuantLayout::Nibbles { .. })
     }
 
     /// Whether each 16-value half of a block has its own scale and integer sums (`Q6_K`,
     /// `Q3_K`), its quants offset by `32 >> half_shift()`.
     pub(crate) const fn halves(self) -> bool {
-        matches!(self, Self::Q6K | Self::Q3K)
+        matches!(self.layout(), QuantLayout::Halves { .. })
     }
 
     /// How far `QuantizedRows::s32_halves` (`-32 · Σx`) is shifted right for this kind's offset.
     pub(crate) const fn half_shift(self) -> u32 {
-        if matches!(self, Self::Q3K) { 3 } else { 0 }
+        if self.crumbs() { 3 } else { 0 }
     }
 
     /// Whether quants are in crumb lines (`Q3_K`) rather than nibble lines or bytes.
     pub(crate) const fn crumbs(self) -> bool {
-        matches!(self, Self::Q3K)
+        matches!(self.layout(), QuantLayout::Halves { crumbs: true })
     }
 }
 
@@ -238,15 +256,6 @@ impl std::fmt::Debug for PackedMatrix {
             .field("rows", &self.rows)
             .field("cols", &self.cols)
             .finish()
-    }
-}
-
-/// Low 4 bits of value `e` of a `Q4_1` block.
-fn nibble(b: &BlockQ4_1, e: usize) -> u8 {
-    if e < QK / 2 {
-        b.qs[e] & 0x0F
-    } else {
-        b.qs[e - QK / 2] >> 4
     }
 }
 
@@ -525,35 +534,15 @@ impl PackedMatrix {
 
     /// Packs `rows × cols` `Q4_1` blocks (row after row; `cols` a multiple of 32).
     pub fn from_q4_1(rows: usize, cols: usize, blocks: &[BlockQ4_1]) -> Self {
-        let mut p = Self::empty(PackedKind::Q4_1, rows, cols);
-        assert_eq!(
-            blocks.len(),
-            rows * p.blocks(),
-            "Q4_1 blocks must be rows × cols/32"
-        );
-        let zero = BlockQ4_1 {
-            d: f16::ZERO,
-            m: f16::ZERO,
-            qs: [0; QK / 2],
-        };
-        p.fill(|row, b, lines, scales| {
-            let blk = if row < rows {
-                &blocks[row * (cols / QK) + b]
-            } else {
-                &zero
-            };
-            let r = row % TILE;
-            scales[r] = blk.d.to_bits();
-            scales[TILE + r] = blk.m.to_bits();
-            for (h, line) in lines.iter_mut().enumerate() {
-                for u in 0..4 {
-                    let lo = nibble(blk, 4 * h + u);
-                    let hi = nibble(blk, 4 * (h + QK / 8) + u);
-                    line.0[4 * r + u] = lo | (hi << 4);
-                }
-            }
-        });
-        p
+        Self::from_blocks(
+            PackedKind::Q4_1,
+            rows,
+            cols,
+            blocks,
+            |b, _| Some((b.d, b.m)),
+            |b, e| index4(&b.qs, e),
+        )
+        .expect("Q4_1 scales are stored as they are")
     }
 
     fn empty(kind: PackedKind, rows: usize, cols: usize) -> Self {

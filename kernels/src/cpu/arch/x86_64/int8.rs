@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use crate::cpu::int8::Int8Kernels;
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{GROUP, PackedKind, PackedMatrix, QK, TILE};
+use crate::cpu::int8::packed::{GROUP, PackedMatrix, QK, QuantLayout, TILE};
 
 /// Whether the CPU has what [`AVX512_VNNI`] uses.
 pub(crate) fn avx512_vnni_supported() -> bool {
@@ -83,19 +83,17 @@ unsafe fn tiles_avx512(
 ) {
     // SAFETY: the table is only handed out after detection; contract forwarded.
     unsafe {
-        match w.kind() {
-            PackedKind::Q8_0 => tiles_vnni::<false, 0, false>(w, t0, nt, x, out, ldo),
-            PackedKind::Q4_1 | PackedKind::Q4K => {
+        match w.kind().layout() {
+            QuantLayout::Bytes => tiles_vnni::<false, 0, false>(w, t0, nt, x, out, ldo),
+            QuantLayout::Nibbles { fifth_bit: false } => {
                 tiles_vnni::<true, 0, false>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::Q5K | PackedKind::Q5_1 | PackedKind::Q5_0 => {
+            QuantLayout::Nibbles { fifth_bit: true } => {
                 tiles_vnni::<true, 1, false>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::IQ4NL | PackedKind::IQ4XS | PackedKind::Q4_0 => {
-                tiles_vnni::<true, 0, true>(w, t0, nt, x, out, ldo)
-            }
-            PackedKind::Q6K => tiles_q6::<false>(w, t0, nt, x, out, ldo),
-            PackedKind::Q3K => tiles_q6::<true>(w, t0, nt, x, out, ldo),
+            QuantLayout::Table => tiles_vnni::<true, 0, true>(w, t0, nt, x, out, ldo),
+            QuantLayout::Halves { crumbs: false } => tiles_q6::<false>(w, t0, nt, x, out, ldo),
+            QuantLayout::Halves { crumbs: true } => tiles_q6::<true>(w, t0, nt, x, out, ldo),
         }
     }
 }
@@ -301,7 +299,7 @@ unsafe fn kernel<
     let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
     let (xd, xsd, x128) = (x.d.as_ptr(), x.sd.as_ptr(), x.s128.as_ptr());
     let radix = _mm512_set1_epi32(RADIX);
-    let table = w.kind().table().map_or([0; 16], |t| *t);
+    let table = *w.kind().table().unwrap_or(&[0; 16]);
     // SAFETY: `table` holds 16 bytes.
     let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[_mm512_setzero_ps(); C]; R];
@@ -464,6 +462,7 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
     let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
     let (xq, xl, xd) = (x.q.as_ptr(), x.q_lo.as_ptr(), x.d.as_ptr());
     let halves = x.s32_halves.as_ptr();
+    let shift = w.kind().half_shift();
     let radix = _mm512_set1_epi32(RADIX);
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     // SAFETY (whole body): as `kernel`; the high-bit lines are the tile's quant lines 4 and
@@ -513,7 +512,7 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
             });
             for r in 0..R {
                 let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
-                let s32 = (*halves.add(xs[r] + b)).map(|s| if CRUMB { s >> 3 } else { s });
+                let s32 = (*halves.add(xs[r] + b)).map(|s| s >> shift);
                 for c in 0..C {
                     for half in 0..2 {
                         let combined = _mm512_add_epi32(

@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{PackedKind, PackedMatrix, QK, TILE};
+use crate::cpu::int8::packed::{PackedMatrix, QK, QuantLayout, TILE};
 
 /// Whether the CPU runs [`tiles`] (AVX2, FMA and F16C).
 pub(crate) fn supported() -> bool {
@@ -91,19 +91,21 @@ pub(crate) unsafe fn tiles(
 ) {
     // SAFETY: forwarded contract; the CPU features were detected.
     unsafe {
-        match w.kind() {
-            PackedKind::Q8_0 => tiles_of::<false, 0, false, false>(w, t0, nt, x, out, ldo),
-            PackedKind::Q4_1 | PackedKind::Q4K => {
+        match w.kind().layout() {
+            QuantLayout::Bytes => tiles_of::<false, 0, false, false>(w, t0, nt, x, out, ldo),
+            QuantLayout::Nibbles { fifth_bit: false } => {
                 tiles_of::<true, 0, false, false>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::Q5K | PackedKind::Q5_1 | PackedKind::Q5_0 => {
+            QuantLayout::Nibbles { fifth_bit: true } => {
                 tiles_of::<true, 1, false, false>(w, t0, nt, x, out, ldo)
             }
-            PackedKind::Q6K => tiles_of::<true, 2, true, false>(w, t0, nt, x, out, ldo),
-            // Q3_K: crumb lines with one mask line (HIGH = 1), halves, offset 4.
-            PackedKind::Q3K => tiles_of::<false, 1, true, false>(w, t0, nt, x, out, ldo),
-            PackedKind::IQ4NL | PackedKind::IQ4XS | PackedKind::Q4_0 => {
-                tiles_of::<true, 0, false, true>(w, t0, nt, x, out, ldo)
+            QuantLayout::Table => tiles_of::<true, 0, false, true>(w, t0, nt, x, out, ldo),
+            QuantLayout::Halves { crumbs: false } => {
+                tiles_of::<true, 2, true, false>(w, t0, nt, x, out, ldo)
+            }
+            // Crumb lines and one mask line (HIGH = 1).
+            QuantLayout::Halves { crumbs: true } => {
+                tiles_of::<false, 1, true, false>(w, t0, nt, x, out, ldo)
             }
         }
     }
@@ -194,7 +196,7 @@ unsafe fn tile_rows<
     let (lines0, scales0) = w.tile_start(t);
     let stride = w.block_stride();
     let low = _mm256_set1_epi8(0x0F);
-    let table = w.kind().table().map_or([0; 16], |t| *t);
+    let table = *w.kind().table().unwrap_or(&[0; 16]);
     // SAFETY: `table` holds 16 bytes.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
@@ -290,7 +292,7 @@ unsafe fn tile_rows<
                 let dx = _mm256_set1_ps(x.d[j]);
                 for (half, s) in sums.iter().enumerate().take(halves) {
                     let offset = if SPLIT {
-                        x.s32_halves[j][half] >> if NIB { 0 } else { 3 }
+                        x.s32_halves[j][half] >> w.kind().half_shift()
                     } else if NIB && !LUT {
                         0
                     } else {
