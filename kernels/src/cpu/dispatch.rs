@@ -148,5 +148,7 @@ pub fn kernels() -> &'static Kernels {
 
 /// A short description of the dispatched kernels, for logs and benchmarks.
 pub fn describe() -> String {
-    format!("{} kernels", kernels().level.name())
+    let level = kernels().level;
+    let int8 = super::int8::Int8Kernels::for_level(level).name;
+    format!("{} kernels (int8 products: {int8})", level.name())
 }

@@ -31,7 +31,10 @@ pub(crate) type TilesFn =
     unsafe fn(w: &PackedMatrix, t0: usize, nt: usize, x: &QuantizedRows, out: *mut f32, ldo: usize);
 
 /// The integer-dot kernels of one level.
+#[derive(Debug)]
 pub(crate) struct Int8Kernels {
+    /// What the tests and messages call them.
+    pub(crate) name: &'static str,
     pub(crate) tiles: TilesFn,
     pub(crate) quantize: QuantizeBlockFn,
     /// Whether `tiles` reads [`QuantizedRows::combined`].
@@ -40,6 +43,7 @@ pub(crate) struct Int8Kernels {
 
 /// The portable level's: the references.
 const PORTABLE: Int8Kernels = Int8Kernels {
+    name: "portable",
     tiles: portable::tiles,
     quantize: quantize_block_ref,
     combined: false,
@@ -50,12 +54,11 @@ impl Int8Kernels {
     pub(crate) fn for_level(level: Level) -> &'static Int8Kernels {
         #[cfg(target_arch = "x86_64")]
         {
-            use super::arch::x86_64::int8;
+            use super::arch::x86_64::{int8, int8_avx2, int8_avxvnni};
             match level {
                 Level::Avx512 if int8::avx512_vnni_supported() => &int8::AVX512_VNNI,
-                Level::Avx512 | Level::Avx2 if super::arch::x86_64::int8_avx2::supported() => {
-                    &int8::AVX2
-                }
+                Level::Avx512 | Level::Avx2 if int8_avxvnni::supported() => &int8_avxvnni::KERNELS,
+                Level::Avx512 | Level::Avx2 if int8_avx2::supported() => &int8::AVX2,
                 Level::Avx512 | Level::Avx2 => &PORTABLE,
                 Level::Portable => &PORTABLE,
             }
@@ -68,14 +71,35 @@ impl Int8Kernels {
     }
 }
 
+/// Every table this CPU runs, the reference first (one level may have several: AVX2 with or
+/// without AVX-VNNI).
+#[cfg(test)]
+fn int8_tables() -> Vec<&'static Int8Kernels> {
+    let mut tables = vec![&PORTABLE];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::arch::x86_64::{int8, int8_avx2, int8_avxvnni};
+        if int8_avx2::supported() {
+            tables.push(&int8::AVX2);
+        }
+        if int8_avxvnni::supported() {
+            tables.push(&int8_avxvnni::KERNELS);
+        }
+        if int8::avx512_vnni_supported() {
+            tables.push(&int8::AVX512_VNNI);
+        }
+    }
+    tables
+}
+
 thread_local! {
     /// The quantized activations of the current call.
     static QUANTIZED: RefCell<QuantizedRows> = RefCell::new(QuantizedRows::default());
 }
 
 /// Whether `kernels`' level has a vector kernel for packed matrices: AVX-512 VNNI's
-/// `vpdpbusd`, or AVX2's `vpmaddwd` (there: GEMV ~2.3× as fast as dequantizing to f32, GEMM
-/// 1.1-1.6×). The portable level runs the reference, an order of
+/// `vpdpbusd`, AVX-VNNI's 256-bit one, or AVX2's `vpmaddwd` (there: GEMV ~2.3× as fast as
+/// dequantizing to f32, GEMM 1.1-1.6×). The portable level runs the reference, an order of
 /// magnitude slower than dequantizing, so callers should keep quantized weights on the exact
 /// path there.
 pub fn hardware_int8(kernels: &Kernels) -> bool {
@@ -96,11 +120,22 @@ pub fn linear_int8_with(
     m: usize,
     out: &mut [f32],
 ) {
+    linear_int8_using(Int8Kernels::for_level(kernels.level), x, w, bias, m, out)
+}
+
+/// [`linear_int8`] with one table of kernels.
+fn linear_int8_using(
+    int8: &Int8Kernels,
+    x: &[f32],
+    w: &PackedMatrix,
+    bias: Option<&[f32]>,
+    m: usize,
+    out: &mut [f32],
+) {
     let (n, k) = (w.rows(), w.cols());
     if check_shapes(x, n * k, bias, m, k, out).is_none() {
         return;
     }
-    let int8 = Int8Kernels::for_level(kernels.level);
     // Taken out of the thread-local for the call, not borrowed: while it waits for the
     // parallel loop, this thread may run another product's task, which needs a buffer too.
     let mut quantized = QUANTIZED.take();
@@ -139,7 +174,7 @@ pub fn linear_int8_with(
 mod tests {
     use super::packed::PackedKind;
     use super::*;
-    use crate::cpu::test_util::{levels, random};
+    use crate::cpu::test_util::random;
     use crate::quant::{
         BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
         BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_iq4_nl, dequantize_row_q4_0,
@@ -333,7 +368,7 @@ mod tests {
     }
 
     /// (m, k, n): n not a multiple of 16 or 64, m with tails of the 4-row kernel.
-    const SHAPES: [(usize, usize, usize); 8] = [
+    const SHAPES: [(usize, usize, usize); 9] = [
         (1, 32, 1),
         (1, 64, 16),
         (1, 576, 67),
@@ -342,6 +377,8 @@ mod tests {
         (5, 576, 129),
         (9, 1536, 48),
         (1, 32, 1000),
+        // More rows than one pass of the AVX-VNNI kernel takes.
+        (37, 256, 33),
     ];
 
     #[test]
@@ -357,8 +394,8 @@ mod tests {
                 .map(|i| 10f32.powi(i % 9 - 4) * if i % 2 == 0 { 1.0 } else { -1.0 })
                 .collect(),
         );
-        for kern in levels() {
-            let quantize = Int8Kernels::for_level(kern.level).quantize;
+        for kern in int8_tables() {
+            let quantize = kern.quantize;
             for x in &blocks {
                 let (mut h0, mut l0, mut h1, mut l1) = ([0i8; 32], [0i8; 32], [0i8; 32], [0i8; 32]);
                 let want = quantize_block_ref(x, &mut h0, &mut l0);
@@ -376,7 +413,6 @@ mod tests {
     #[test]
     fn every_level_is_bit_identical_to_the_reference() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
-        let portable = Kernels::for_level(Level::Portable).unwrap();
         for q4 in KINDS {
             for shape in SHAPES {
                 let (m, k, n) = shape_for(q4, shape);
@@ -384,12 +420,12 @@ mod tests {
                 let x = random(&mut rng, m * k);
                 let b = random(&mut rng, n);
                 let mut want = vec![0f32; m * n];
-                linear_int8_with(portable, &x, &w, Some(&b), m, &mut want);
-                for kern in levels() {
+                linear_int8_using(&PORTABLE, &x, &w, Some(&b), m, &mut want);
+                for kern in int8_tables() {
                     let mut got = vec![f32::NAN; m * n];
-                    linear_int8_with(kern, &x, &w, Some(&b), m, &mut got);
+                    linear_int8_using(kern, &x, &w, Some(&b), m, &mut got);
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "{kern:?} {q4:?} {m}x{k}x{n}");
+                    assert_eq!(bits(&got), bits(&want), "{} {q4:?} {m}x{k}x{n}", kern.name);
                 }
             }
         }
@@ -446,16 +482,17 @@ mod tests {
             let (m, k, n) = shape_for(q4, (11, 576, 77));
             let (w, _) = random_packed(&mut rng, q4, n, k);
             let x = random(&mut rng, m * k);
-            for kern in levels() {
+            for kern in int8_tables() {
                 let mut all = vec![0f32; m * n];
-                linear_int8_with(kern, &x, &w, None, m, &mut all);
+                linear_int8_using(kern, &x, &w, None, m, &mut all);
                 for i in 0..m {
                     let mut one = vec![0f32; n];
-                    linear_int8_with(kern, &x[i * k..(i + 1) * k], &w, None, 1, &mut one);
+                    linear_int8_using(kern, &x[i * k..(i + 1) * k], &w, None, 1, &mut one);
                     assert_eq!(
                         &all[i * n..(i + 1) * n],
                         &one[..],
-                        "{kern:?} {q4:?} row {i}"
+                        "{} {q4:?} row {i}",
+                        kern.name
                     );
                 }
             }

@@ -1,5 +1,5 @@
-//! Integer-dot kernels for packed weights (see `cpu::int8`): AVX-512 VNNI here, AVX2 in
-//! `int8_avx2`.
+//! Integer-dot kernels for packed weights (see `cpu::int8`): AVX-512 VNNI here, AVX-VNNI in
+//! `int8_avxvnni`, AVX2 without VNNI in `int8_avx2`.
 //!
 //! [`AVX512_VNNI`] is only handed out after [`avx512_vnni_supported`], and [`AVX2`] after
 //! `int8_avx2::supported`, which is what makes their safe wrappers sound.
@@ -19,12 +19,14 @@ pub(crate) fn avx512_vnni_supported() -> bool {
 }
 
 pub(crate) static AVX512_VNNI: Int8Kernels = Int8Kernels {
+    name: "avx512-vnni",
     tiles: tiles_avx512,
     quantize: quantize_avx512,
     combined: false,
 };
 
 pub(crate) static AVX2: Int8Kernels = Int8Kernels {
+    name: "avx2",
     tiles: super::int8_avx2::tiles,
     quantize: super::int8_avx2::quantize,
     combined: true,
@@ -159,7 +161,7 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool>(
 /// How many blocks ahead of the arithmetic the tile kernel prefetches: 7.5 KiB of a `Q4_1`
 /// group's stream. Measured on SmolLM2's 30 layers of products back to back, runs of each
 /// distance interleaved: 3 blocks 49.6-50.4 GB/s, 5-6 blocks 50.1-54.1, 10 and more slower.
-const AHEAD: usize = 6;
+pub(crate) const AHEAD: usize = 6;
 
 /// Nibble line `h` of a tile's block (`lines`: the block's quant lines) as the values of its
 /// low nibbles and of its high ones, each plus `16 << level` where bit `level` of the `HIGH`
@@ -222,9 +224,9 @@ unsafe fn crumb_pair(lines: *const u8, h: usize) -> (__m512i, __m512i) {
 /// Asks for the tiles' stream [`AHEAD`] blocks past the current one (`lines` and `scales` of
 /// each tile's current block, `qb` quant bytes each, blocks `stride` apart), so that DRAM
 /// latency overlaps the arithmetic of this block.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "sse")]
 #[inline]
-fn prefetch_ahead<const C: usize>(
+pub(crate) fn prefetch_ahead<const C: usize>(
     lines: &[*const u8; C],
     scales: &[*const u16; C],
     qb: usize,

@@ -172,6 +172,65 @@ fn expand_bits(mask: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
 }
 
+/// A 64-byte line as two registers: tile rows 0-7, then 8-15.
+pub(crate) type Line2 = [__m256i; 2];
+
+/// Nibble line `h` of a tile's block (`lines`: the block's quant lines) as the values of its
+/// low nibbles and of its high ones, each plus `16 << level` where bit `level` of the `HIGH`
+/// high-bit lines after the four nibble lines is set (`Q5_K`: one, `Q6_K`: two).
+///
+/// # Safety
+/// `lines` points at a block of a tile of a matrix whose kind has `HIGH` high-bit lines.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn nibble_line<const HIGH: usize>(lines: *const u8, h: usize) -> (Line2, Line2) {
+    let low = _mm256_set1_epi8(0x0F);
+    // SAFETY: the caller vouches for the block's `4 + HIGH` lines.
+    unsafe {
+        let p: Line2 = [0, 32].map(|o| _mm256_loadu_si256(lines.add(64 * h + o).cast()));
+        let mut lo = p.map(|v| _mm256_and_si256(v, low));
+        let mut hi = p.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
+        for level in 0..HIGH {
+            let bits = lines.add(64 * (QK / 8 + level) + 16 * h).cast::<u64>();
+            let (ml, mh) = (bits.read_unaligned(), bits.add(1).read_unaligned());
+            let step = _mm256_set1_epi8(16 << level);
+            for k in 0..2 {
+                let (bl, bh) = ((ml >> (32 * k)) as u32, (mh >> (32 * k)) as u32);
+                lo[k] = _mm256_add_epi8(lo[k], _mm256_and_si256(expand_bits(bl), step));
+                hi[k] = _mm256_add_epi8(hi[k], _mm256_and_si256(expand_bits(bh), step));
+            }
+        }
+        (lo, hi)
+    }
+}
+
+/// `Q3_K`'s groups `h` and `h + 4` of a tile's block (`lines`: the block's quant lines) as
+/// unsigned 3-bit values: crumb `h` of crumb lines 0 and 1, plus 4 where group `h`'s (`h + 4`'s)
+/// mask in the third line has the bit set.
+///
+/// # Safety
+/// `lines` points at a block of a tile of a `Q3_K` matrix.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn crumb_pair(lines: *const u8, h: usize) -> (Line2, Line2) {
+    let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+    let shift = _mm_cvtsi32_si128((2 * h) as i32);
+    // SAFETY: the caller vouches for the block's three lines.
+    unsafe {
+        let masks = lines.add(2 * 64).cast::<u64>();
+        let [lo, hi] = [0, 1].map(|c| {
+            let m = masks.add(h + 4 * c).read_unaligned();
+            std::array::from_fn(|k| {
+                let p = _mm256_loadu_si256(lines.add(64 * c + 32 * k).cast());
+                let v = _mm256_and_si256(_mm256_srl_epi16(p, shift), three);
+                let bits = expand_bits((m >> (32 * k)) as u32);
+                _mm256_add_epi8(v, _mm256_and_si256(bits, four))
+            })
+        });
+        (lo, hi)
+    }
+}
+
 /// The 16 outputs of tile `t` (columns 0-7, 8-15) for rows `i0..i0 + R` of `x`, each as
 /// `portable::tile_row`.
 ///
@@ -195,7 +254,6 @@ unsafe fn tile_rows<
 ) -> [[__m256; 2]; R] {
     let (lines0, scales0) = w.tile_start(t);
     let stride = w.block_stride();
-    let low = _mm256_set1_epi8(0x0F);
     let table = *w.kind().table().unwrap_or(&[0; 16]);
     // SAFETY: `table` holds 16 bytes.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
@@ -230,42 +288,14 @@ unsafe fn tile_rows<
                 }
             };
             if !NIB && SPLIT {
-                // Q3_K: groups h and h + 4 are crumbs h of lines 0 and 1, plus 4 where set in
-                // their masks.
-                let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
                 for h in 0..QK / 8 {
-                    let shift = _mm_cvtsi32_si128((2 * h) as i32);
-                    let masks = lines.add(2 * 64).cast::<u64>();
-                    let [lo, hi] = [0, 1].map(|c| {
-                        let m = masks.add(h + 4 * c).read_unaligned();
-                        std::array::from_fn(|k| {
-                            let p = _mm256_loadu_si256(lines.add(64 * c + 32 * k).cast());
-                            let v = _mm256_and_si256(_mm256_srl_epi16(p, shift), three);
-                            let bits = expand_bits((m >> (32 * k)) as u32);
-                            _mm256_add_epi8(v, _mm256_and_si256(bits, four))
-                        })
-                    });
+                    let (lo, hi) = crumb_pair(lines, h);
                     add(lo, h, 0);
                     add(hi, h + QK / 8, 1);
                 }
             } else if NIB {
                 for h in 0..QK / 8 {
-                    let p = [
-                        _mm256_loadu_si256(lines.add(64 * h).cast()),
-                        _mm256_loadu_si256(lines.add(64 * h + 32).cast()),
-                    ];
-                    let mut lo = p.map(|v| _mm256_and_si256(v, low));
-                    let mut hi = p.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
-                    for level in 0..HIGH {
-                        let bits = lines.add(64 * (QK / 8 + level) + 16 * h).cast::<u64>();
-                        let (ml, mh) = (bits.read_unaligned(), bits.add(1).read_unaligned());
-                        let step = _mm256_set1_epi8(16 << level);
-                        for k in 0..2 {
-                            let (bl, bh) = ((ml >> (32 * k)) as u32, (mh >> (32 * k)) as u32);
-                            lo[k] = _mm256_add_epi8(lo[k], _mm256_and_si256(expand_bits(bl), step));
-                            hi[k] = _mm256_add_epi8(hi[k], _mm256_and_si256(expand_bits(bh), step));
-                        }
-                    }
+                    let (mut lo, mut hi) = nibble_line::<HIGH>(lines, h);
                     if LUT {
                         lo = lo.map(|v| _mm256_shuffle_epi8(table, v));
                         hi = hi.map(|v| _mm256_shuffle_epi8(table, v));

@@ -9,4 +9,5 @@ mod dequant_avx2;
 mod dequant_avx512;
 pub(crate) mod int8;
 pub(crate) mod int8_avx2;
+pub(crate) mod int8_avxvnni;
 mod silu;
