@@ -10,7 +10,8 @@
 //! Work items are (sequence, KV heads, tile of query rows): the query heads of one GQA group
 //! and up to [`QUERY_TILE`] rows share each K/V tile, loaded (and widened) once. Keys are
 //! cached transposed within their block (see `KvLayout::key_at`), so a key tile is one
-//! contiguous `[head_dim][KEY_TILE]` stretch of a block, as the score kernels read it. A
+//! contiguous `[head_dim][KEY_TILE]` stretch of a block, as the score kernels read it: in
+//! place for a decode step's one row, widened once into a staging tile for a chunk's rows. A
 //! sequence whose rows fit in one query tile (decode) is further split by partition, so one
 //! long context spreads over threads; its partition states are merged in
 //! the same order the single-item path merges them. When there are enough such items to keep
@@ -375,31 +376,27 @@ fn attend_partition<T: KvElem>(
         let spans = &spans[..tiles];
         for (h, kv_head) in t.kv_heads.clone().enumerate() {
             let q = &sc.q[h * n * hd..(h + 1) * n * hd];
-            for (i, span) in spans.iter().enumerate() {
-                let ahead = tile + (tiles + i) * KEY_TILE;
-                if stream && h == 0 && ahead <= key_hi && ahead >= prefetched {
-                    prefetch(ahead);
-                    prefetched = ahead + KEY_TILE;
-                }
-                if span.ra < span.rb {
-                    let kt = &mut sc.kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE];
-                    load_keys(ctx, s, span, kv_head, kt);
-                }
-            }
             if group > 1 && spans.iter().all(|sp| sp.ra < sp.rb) {
                 // One row: the group's tiles' scores in one pass.
-                (ctx.ops.scores_tiles)(q, &sc.kt, hd, spans.len(), &mut sc.scores);
+                decode_scores(ctx, s, spans, kv_head, q, &mut sc.kt, &mut sc.scores);
             } else {
                 for (i, span) in spans.iter().enumerate() {
                     if span.ra < span.rb {
+                        let kt = &mut sc.kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE];
+                        load_keys(ctx, s, span, kv_head, kt);
                         let (qa, qb) = ((span.ra - t.r0) * g, (span.rb - t.r0) * g);
                         let out = &mut sc.scores[i * n * KEY_TILE..][..(qb - qa) * KEY_TILE];
-                        let kt = &sc.kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE];
                         (ctx.ops.scores)(&q[qa * hd..qb * hd], kt, hd, out);
                     }
                 }
             }
             for (i, span) in spans.iter().enumerate() {
+                // Spread over the tiles' work, as said above.
+                let ahead = tile + (tiles + i) * KEY_TILE;
+                if stream && h == 0 && ahead <= key_hi && ahead >= prefetched {
+                    prefetch(ahead);
+                    prefetched = ahead + KEY_TILE;
+                }
                 if span.ra >= span.rb {
                     continue;
                 }
@@ -431,6 +428,61 @@ fn attend_partition<T: KvElem>(
         }
         tile += tiles * KEY_TILE;
     }
+}
+
+/// A one-row item's scores against the group's key tiles (`spans`, all seen by the row) in one
+/// pass: `[tiles][query heads][KEY_TILE]` into `out`. Keys are read where they lie in the
+/// cache when blocks hold whole tiles (a tile's keys of one head are `hd` rows, a block
+/// apart), otherwise staged in `kt` as `load_keys` gives them.
+fn decode_scores<T: KvElem>(
+    ctx: &Ctx<'_, T>,
+    s: &AttentionSeq<'_>,
+    spans: &[TileSpan],
+    kv_head: usize,
+    q: &[f32],
+    kt: &mut [f32],
+    out: &mut [f32],
+) {
+    let (layout, hd, bs) = (ctx.layout, ctx.layout.head_dim, ctx.layout.block_size);
+    let last = spans.len() - 1;
+    let at = |i: usize| {
+        let k0 = layout.key_at(layout.slot(s.block_table, spans[i.min(last)].tile), kv_head);
+        k0..k0 + (hd - 1) * bs + KEY_TILE
+    };
+    if bs.is_multiple_of(KEY_TILE) {
+        if let Some(c) = T::as_bf16(ctx.cache_k) {
+            let keys: [Rows<'_, half::bf16>; DECODE_TILES] = std::array::from_fn(|i| Rows {
+                data: &c[at(i)],
+                stride: bs,
+                width: KEY_TILE,
+            });
+            return (ctx.ops.scores_tiles_bf16)(q, hd, &keys[..spans.len()], out);
+        }
+        if let Some(c) = T::as_f32(ctx.cache_k) {
+            let keys: [Rows<'_>; DECODE_TILES] = std::array::from_fn(|i| Rows {
+                data: &c[at(i)],
+                stride: bs,
+                width: KEY_TILE,
+            });
+            return (ctx.ops.scores_tiles)(q, hd, &keys[..spans.len()], out);
+        }
+    }
+    for (i, span) in spans.iter().enumerate() {
+        load_keys(
+            ctx,
+            s,
+            span,
+            kv_head,
+            &mut kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE],
+        );
+    }
+    let kt = &*kt;
+    let keys: [Rows<'_>; DECODE_TILES] = std::array::from_fn(|i| Rows {
+        data: &kt[i.min(last) * hd * KEY_TILE..(i.min(last) + 1) * hd * KEY_TILE],
+        stride: KEY_TILE,
+        width: KEY_TILE,
+    });
+    (ctx.ops.scores_tiles)(q, hd, &keys[..spans.len()], out)
 }
 
 /// One key tile of an item: its positions and the item's rows that see any of them.

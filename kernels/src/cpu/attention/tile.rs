@@ -19,10 +19,14 @@ pub(crate) struct TileOps {
     /// zero, for every query vector `i` of `q` (`out.len() / KEY_TILE` of them). `kt` is the
     /// key tile transposed (`[hd][KEY_TILE]`).
     pub(crate) scores: fn(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]),
-    /// `scores` for `tiles` key tiles at once: `kt` holds them one after another
-    /// (`[tiles][hd][KEY_TILE]`) and `out` gets `[tiles][vectors][KEY_TILE]`, every score
-    /// computed exactly as `scores` computes it.
+    /// `scores` for several key tiles at once, read where they lie: tile `t` is `keys[t]`, its
+    /// `hd` rows (row `d`: element `d` of the tile's keys) of `KEY_TILE` values, `stride` apart
+    /// (a cache block's, or `KEY_TILE` when staged). `out` gets `[tiles][vectors][KEY_TILE]`,
+    /// every score computed exactly as `scores` computes it over the tile transposed.
     pub(crate) scores_tiles: ScoresTilesFn,
+    /// `scores_tiles` over bf16 keys, widened in registers (the same bits as over the widened
+    /// keys): a decode step's keys straight from a bf16 cache, with no staging copy.
+    pub(crate) scores_tiles_bf16: ScoresTilesBf16Fn,
     /// Online-softmax step of one row's heads (`m.len()` of them): lanes `lo..=hi` of each
     /// head's scores `s[g * KEY_TILE..]` are valid, the others masked. Updates the running
     /// max `m[g]` and sum `l[g]`, replaces the scores by `p = exp2(s - m_new)` (0 when
@@ -41,27 +45,28 @@ pub(crate) struct TileOps {
 }
 
 /// See [`TileOps::scores_tiles`].
-pub(crate) type ScoresTilesFn = fn(q: &[f32], kt: &[f32], hd: usize, tiles: usize, out: &mut [f32]);
+pub(crate) type ScoresTilesFn = fn(q: &[f32], hd: usize, keys: &[Rows<'_>], out: &mut [f32]);
 
-/// [`TileOps::scores_tiles`] as one `scores` call per tile.
-#[inline]
-pub(crate) fn scores_tile_by_tile(
-    scores: fn(&[f32], &[f32], usize, &mut [f32]),
+/// See [`TileOps::scores_tiles_bf16`].
+pub(crate) type ScoresTilesBf16Fn =
+    fn(q: &[f32], hd: usize, keys: &[Rows<'_, half::bf16>], out: &mut [f32]);
+
+/// Checks what [`TileOps::scores_tiles`] reads and writes; returns the number of vectors.
+pub(crate) fn check_scores_tiles<E>(
     q: &[f32],
-    kt: &[f32],
     hd: usize,
-    tiles: usize,
-    out: &mut [f32],
-) {
-    let n = q.len() / hd;
-    for i in 0..tiles {
-        scores(
-            q,
-            &kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE],
-            hd,
-            &mut out[i * n * KEY_TILE..(i + 1) * n * KEY_TILE],
+    keys: &[Rows<'_, E>],
+    out: &[f32],
+) -> usize {
+    let n = q.len() / hd.max(1);
+    assert!(hd > 0 && out.len() >= keys.len() * n * KEY_TILE);
+    for k in keys {
+        assert!(
+            k.width == KEY_TILE && k.holds(hd - 1),
+            "a key tile is hd rows of 16 keys"
         );
     }
+    n
 }
 
 /// See [`TileOps::widen_bf16`].
@@ -80,8 +85,9 @@ pub(crate) type PvFn =
 pub(crate) type PvBf16Fn =
     fn(p: &[f32], corr: &[f32], v: Rows<'_, half::bf16>, lo: usize, hi: usize, o: &mut [f32]);
 
-/// Up to `KEY_TILE` rows of `width` values, `stride` apart: a tile read in place from the
-/// cache (stride: a slot) or from a staging buffer (stride: `width`).
+/// Rows of `width` values, `stride` apart: a tile read in place from the cache or from a
+/// staging buffer (stride: `width`). Values: up to `KEY_TILE` rows (a slot apart) of `hd`;
+/// keys: `hd` rows (a block apart) of `KEY_TILE`.
 #[derive(Clone, Copy)]
 pub(crate) struct Rows<'a, E = f32> {
     pub(crate) data: &'a [E],
@@ -106,8 +112,9 @@ impl<E> Rows<'_, E> {
 /// The portable level: plain Rust, multiply then add (no fused multiply-add).
 pub(crate) const PORTABLE: TileOps = TileOps {
     scores: scores_portable,
-    scores_tiles: |q, kt, hd, tiles, out| {
-        scores_tile_by_tile(scores_portable, q, kt, hd, tiles, out)
+    scores_tiles: |q, hd, keys, out| scores_rows_portable(q, hd, keys, out, |x| x),
+    scores_tiles_bf16: |q, hd, keys, out| {
+        scores_rows_portable(q, hd, keys, out, half::bf16::to_f32)
     },
     softmax: softmax_portable,
     pv: pv_portable,
@@ -175,6 +182,28 @@ fn scores_portable(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
             }
         }
         o.copy_from_slice(&acc);
+    }
+}
+
+/// [`TileOps::scores_tiles`] with `scores_portable`'s operations.
+fn scores_rows_portable<E: Copy>(
+    q: &[f32],
+    hd: usize,
+    keys: &[Rows<'_, E>],
+    out: &mut [f32],
+    widen: impl Fn(E) -> f32,
+) {
+    let n = check_scores_tiles(q, hd, keys, out);
+    for (t, k) in keys.iter().enumerate() {
+        for (i, qi) in q.chunks_exact(hd).take(n).enumerate() {
+            let mut acc = [0f32; KEY_TILE];
+            for (d, &qd) in qi.iter().enumerate() {
+                for (a, &kd) in acc.iter_mut().zip(k.row(d)) {
+                    *a += qd * widen(kd);
+                }
+            }
+            out[(t * n + i) * KEY_TILE..][..KEY_TILE].copy_from_slice(&acc);
+        }
     }
 }
 
@@ -271,34 +300,63 @@ mod tests {
     }
 
     #[test]
-    fn scores_of_several_tiles_equal_each_tile_alone() {
+    fn scores_of_several_tiles_in_place_equal_each_tile_alone() {
         for level in crate::cpu::Level::available() {
             let ops = crate::cpu::Kernels::for_level(level).unwrap().attention;
-            for (vectors, hd, tiles) in [
-                (1usize, 64usize, 4usize),
-                (3, 64, 4),
-                (3, 20, 2),
-                (4, 8, 3),
-                (5, 16, 4),
-                (2, 1, 1),
+            for (vectors, hd, tiles, stride) in [
+                (1usize, 64usize, 4usize, 16usize),
+                (3, 64, 4, 32),
+                (3, 20, 2, 16),
+                (4, 8, 3, 48),
+                (5, 16, 4, 16),
+                (9, 12, 1, 32),
+                (2, 1, 1, 16),
             ] {
                 let q: Vec<f32> = (0..vectors * hd)
                     .map(|i| (i as f32 * 0.731).sin())
                     .collect();
-                let kt: Vec<f32> = (0..tiles * hd * KEY_TILE)
-                    .map(|i| (i as f32 * 0.377).cos())
+                // Tile t's rows start at t·(hd·stride + 5): tiles apart, as blocks are.
+                let at = |t: usize| t * (hd * stride + 5);
+                let kb: Vec<half::bf16> = (0..at(tiles))
+                    .map(|i| half::bf16::from_f32((i as f32 * 0.377).cos()))
                     .collect();
+                let kf: Vec<f32> = kb.iter().map(|k| k.to_f32()).collect();
                 let mut want = vec![0f32; tiles * vectors * KEY_TILE];
                 for (t, w) in want.chunks_exact_mut(vectors * KEY_TILE).enumerate() {
-                    (ops.scores)(&q, &kt[t * hd * KEY_TILE..(t + 1) * hd * KEY_TILE], hd, w);
+                    let kt: Vec<f32> = (0..hd)
+                        .flat_map(|d| kf[at(t) + d * stride..][..KEY_TILE].to_vec())
+                        .collect();
+                    (ops.scores)(&q, &kt, hd, w);
                 }
+                let rows = |t: usize| (at(t), at(t) + (hd - 1) * stride + KEY_TILE);
+                let fkeys: Vec<Rows<'_>> = (0..tiles)
+                    .map(|t| Rows {
+                        data: &kf[rows(t).0..rows(t).1],
+                        stride,
+                        width: KEY_TILE,
+                    })
+                    .collect();
+                let bkeys: Vec<Rows<'_, half::bf16>> = (0..tiles)
+                    .map(|t| Rows {
+                        data: &kb[rows(t).0..rows(t).1],
+                        stride,
+                        width: KEY_TILE,
+                    })
+                    .collect();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 let mut got = vec![f32::NAN; tiles * vectors * KEY_TILE];
-                (ops.scores_tiles)(&q, &kt, hd, tiles, &mut got);
-                assert!(
-                    got.iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{level:?}: {vectors} vectors, hd {hd}, {tiles} tiles"
+                (ops.scores_tiles)(&q, hd, &fkeys, &mut got);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{level:?} f32 {vectors}x{hd}x{tiles}"
+                );
+                let mut got = vec![f32::NAN; tiles * vectors * KEY_TILE];
+                (ops.scores_tiles_bf16)(&q, hd, &bkeys, &mut got);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{level:?} bf16 {vectors}x{hd}x{tiles}"
                 );
             }
         }

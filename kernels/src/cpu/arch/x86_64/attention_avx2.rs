@@ -13,12 +13,13 @@ use half::bf16;
 use super::avx2::{hsum, mask};
 
 use crate::cpu::attention::tile::{
-    EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps, scores_tile_by_tile,
+    EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps, check_scores_tiles,
 };
 
 pub(crate) const OPS: TileOps = TileOps {
     scores,
-    scores_tiles: |q, kt, hd, tiles, out| scores_tile_by_tile(scores, q, kt, hd, tiles, out),
+    scores_tiles,
+    scores_tiles_bf16,
     softmax,
     pv,
     pv_bf16,
@@ -116,6 +117,74 @@ fn scores(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
     unsafe { scores_avx2(q, kt, hd, out) }
 }
 
+/// Scores of `N` query vectors against one key tile read in place (`k`: its first row, rows
+/// `stride` apart), each exactly as `scores_block` computes it; written at `out[i * 16..]`.
+///
+/// # Safety
+/// `q` holds `N * hd` values, `k` `hd` rows of 16, `out` is writable for `N * 16`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn scores_rows_block<const N: usize, E: Value>(
+    q: *const f32,
+    k: *const E,
+    stride: usize,
+    hd: usize,
+    out: *mut f32,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    // SAFETY: reads `q[i * hd + d]` and rows `d < hd` of the tile; writes `out[..N * 16]`.
+    unsafe {
+        for d in 0..hd {
+            let k0 = E::load(k.add(d * stride), 8);
+            let k1 = E::load(k.add(d * stride + 8), 8);
+            for (i, a) in acc.iter_mut().enumerate() {
+                let qv = _mm256_set1_ps(*q.add(i * hd + d));
+                a[0] = _mm256_fmadd_ps(qv, k0, a[0]);
+                a[1] = _mm256_fmadd_ps(qv, k1, a[1]);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.add(i * KEY_TILE), a[0]);
+            _mm256_storeu_ps(out.add(i * KEY_TILE + 8), a[1]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn scores_rows_avx2<E: Value>(q: &[f32], hd: usize, keys: &[Rows<'_, E>], out: &mut [f32]) {
+    let n = check_scores_tiles(q, hd, keys, out);
+    let qp = q.as_ptr();
+    for (t, key) in keys.iter().enumerate() {
+        let (kp, o) = (key.data.as_ptr(), out[t * n * KEY_TILE..].as_mut_ptr());
+        let mut i = 0;
+        // SAFETY: the checks above cover what each block reads and writes.
+        unsafe {
+            while i < n {
+                let (qi, oi) = (qp.add(i * hd), o.add(i * KEY_TILE));
+                match n - i {
+                    1 => scores_rows_block::<1, E>(qi, kp, key.stride, hd, oi),
+                    2 => scores_rows_block::<2, E>(qi, kp, key.stride, hd, oi),
+                    3 => scores_rows_block::<3, E>(qi, kp, key.stride, hd, oi),
+                    4 => scores_rows_block::<4, E>(qi, kp, key.stride, hd, oi),
+                    5 => scores_rows_block::<5, E>(qi, kp, key.stride, hd, oi),
+                    _ => scores_rows_block::<QB, E>(qi, kp, key.stride, hd, oi),
+                }
+                i += QB;
+            }
+        }
+    }
+}
+
+fn scores_tiles(q: &[f32], hd: usize, keys: &[Rows<'_>], out: &mut [f32]) {
+    // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
+    unsafe { scores_rows_avx2(q, hd, keys, out) }
+}
+
+fn scores_tiles_bf16(q: &[f32], hd: usize, keys: &[Rows<'_, bf16>], out: &mut [f32]) {
+    // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
+    unsafe { scores_rows_avx2(q, hd, keys, out) }
+}
+
 #[target_feature(enable = "avx2,fma")]
 fn softmax_avx2(
     s: &mut [f32],
@@ -182,7 +251,13 @@ impl Value for f32 {
     #[inline(always)]
     unsafe fn load(p: *const f32, n: usize) -> __m256 {
         // SAFETY: the caller guarantees AVX2 and `n` readable values.
-        unsafe { _mm256_maskload_ps(p, mask(n)) }
+        unsafe {
+            if n >= 8 {
+                _mm256_loadu_ps(p)
+            } else {
+                _mm256_maskload_ps(p, mask(n))
+            }
+        }
     }
 }
 

@@ -13,12 +13,13 @@ use half::bf16;
 use super::avx512::hsum;
 
 use crate::cpu::attention::tile::{
-    EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps, scores_tile_by_tile,
+    EXP2_COEFFS, EXP2_MIN, KEY_TILE, Rows, TileOps, check_scores_tiles,
 };
 
 pub(crate) const OPS: TileOps = TileOps {
     scores,
     scores_tiles,
+    scores_tiles_bf16,
     softmax,
     pv,
     pv_bf16,
@@ -98,67 +99,106 @@ fn scores(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
     unsafe { scores_avx512(q, kt, hd, out) }
 }
 
-/// Scores of `N` query vectors against `T` transposed key tiles: `N · T` independent chains
-/// (each exactly `scores_block`'s), so the multiply-add latency is hidden even for few vectors.
+/// Scores of `N` query vectors against `T` key tiles read in place (`k[t]`: tile `t`'s first
+/// row, rows `stride` apart): `N · T` independent chains (each exactly `scores_block`'s), so
+/// the multiply-add latency is hidden even for few vectors. Scores go to
+/// `out[(t · n + i) · 16..]` (`n`: the call's vectors).
 ///
 /// # Safety
-/// `q` holds `N * hd` values, `kt` `T * hd * 16`, `out` is writable for `T * N * 16`.
+/// `q` holds `N * hd` values, each `k[t]` `hd` rows of 16, `out` is writable at those places.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn scores_tiles_block<const N: usize, const T: usize>(
+unsafe fn scores_tiles_block<const N: usize, const T: usize, E: Value>(
     q: *const f32,
-    kt: *const f32,
+    k: [*const E; T],
+    stride: usize,
     hd: usize,
+    n: usize,
     out: *mut f32,
 ) {
     let mut acc = [[_mm512_setzero_ps(); T]; N];
-    // SAFETY: reads `q[i * hd + d]` and `kt[(t * hd + d) * 16..][..16]`; writes
-    // `out[(t * N + i) * 16..][..16]`, all within the caller's guarantee.
+    // SAFETY: reads `q[i * hd + d]` and rows `d < hd` of each tile; writes the tiles' scores
+    // of these vectors, all within the caller's guarantee.
     unsafe {
         for d in 0..hd {
-            let mut k = [_mm512_setzero_ps(); T];
-            for (t, kv) in k.iter_mut().enumerate() {
-                *kv = _mm512_loadu_ps(kt.add((t * hd + d) * KEY_TILE));
-            }
+            let kd: [__m512; T] = std::array::from_fn(|t| E::load(k[t].add(d * stride), 16));
             for (i, a) in acc.iter_mut().enumerate() {
                 let qd = _mm512_set1_ps(*q.add(i * hd + d));
                 for (t, at) in a.iter_mut().enumerate() {
-                    *at = _mm512_fmadd_ps(qd, k[t], *at);
+                    *at = _mm512_fmadd_ps(qd, kd[t], *at);
                 }
             }
         }
         for (i, a) in acc.iter().enumerate() {
             for (t, at) in a.iter().enumerate() {
-                _mm512_storeu_ps(out.add((t * N + i) * KEY_TILE), *at);
+                _mm512_storeu_ps(out.add((t * n + i) * KEY_TILE), *at);
             }
         }
     }
 }
 
+/// Vectors `i..i + N` against every tile of `k` (one to four).
+///
+/// # Safety
+/// As [`scores_tiles_block`].
 #[target_feature(enable = "avx512f")]
-fn scores_tiles_avx512(q: &[f32], kt: &[f32], hd: usize, tiles: usize, out: &mut [f32]) {
-    let n = q.len() / hd;
-    assert!(kt.len() >= tiles * hd * KEY_TILE && out.len() >= tiles * n * KEY_TILE);
-    let (qp, kp, op) = (q.as_ptr(), kt.as_ptr(), out.as_mut_ptr());
-    // SAFETY: the asserts above cover what each block reads and writes.
+#[inline]
+unsafe fn scores_tiles_n<const N: usize, E: Value>(
+    q: *const f32,
+    k: &[*const E],
+    stride: usize,
+    hd: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    // SAFETY: forwarded.
     unsafe {
-        match (n, tiles) {
-            (1, 4) => scores_tiles_block::<1, 4>(qp, kp, hd, op),
-            (2, 4) => scores_tiles_block::<2, 4>(qp, kp, hd, op),
-            (3, 4) => scores_tiles_block::<3, 4>(qp, kp, hd, op),
-            (4, 4) => scores_tiles_block::<4, 4>(qp, kp, hd, op),
-            (1, 2) => scores_tiles_block::<1, 2>(qp, kp, hd, op),
-            (2, 2) => scores_tiles_block::<2, 2>(qp, kp, hd, op),
-            (3, 2) => scores_tiles_block::<3, 2>(qp, kp, hd, op),
-            (4, 2) => scores_tiles_block::<4, 2>(qp, kp, hd, op),
-            _ => scores_tile_by_tile(scores, q, kt, hd, tiles, out),
+        match *k {
+            [a] => scores_tiles_block::<N, 1, E>(q, [a], stride, hd, n, out),
+            [a, b] => scores_tiles_block::<N, 2, E>(q, [a, b], stride, hd, n, out),
+            [a, b, c] => scores_tiles_block::<N, 3, E>(q, [a, b, c], stride, hd, n, out),
+            [a, b, c, d] => scores_tiles_block::<N, 4, E>(q, [a, b, c, d], stride, hd, n, out),
+            _ => unreachable!("one to four key tiles"),
         }
     }
 }
 
-fn scores_tiles(q: &[f32], kt: &[f32], hd: usize, tiles: usize, out: &mut [f32]) {
+#[target_feature(enable = "avx512f")]
+fn scores_rows_avx512<E: Value>(q: &[f32], hd: usize, keys: &[Rows<'_, E>], out: &mut [f32]) {
+    let n = check_scores_tiles(q, hd, keys, out);
+    let stride = keys.first().map_or(KEY_TILE, |k| k.stride);
+    // Tiles of one call share a stride (blocks of one cache, or the staging buffer).
+    assert!(keys.iter().all(|k| k.stride == stride));
+    let (qp, op) = (q.as_ptr(), out.as_mut_ptr());
+    for (c, chunk) in keys.chunks(4).enumerate() {
+        let k: [*const E; 4] = std::array::from_fn(|t| chunk[t.min(chunk.len() - 1)].data.as_ptr());
+        let k = &k[..chunk.len()];
+        let o = op.wrapping_add(4 * c * n * KEY_TILE);
+        let mut i = 0;
+        // SAFETY: the checks above cover what each block reads and writes.
+        unsafe {
+            while i < n {
+                let (qi, oi) = (qp.add(i * hd), o.add(i * KEY_TILE));
+                match n - i {
+                    1 => scores_tiles_n::<1, E>(qi, k, stride, hd, n, oi),
+                    2 => scores_tiles_n::<2, E>(qi, k, stride, hd, n, oi),
+                    3 => scores_tiles_n::<3, E>(qi, k, stride, hd, n, oi),
+                    _ => scores_tiles_n::<4, E>(qi, k, stride, hd, n, oi),
+                }
+                i += 4;
+            }
+        }
+    }
+}
+
+fn scores_tiles(q: &[f32], hd: usize, keys: &[Rows<'_>], out: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
-    unsafe { scores_tiles_avx512(q, kt, hd, tiles, out) }
+    unsafe { scores_rows_avx512(q, hd, keys, out) }
+}
+
+fn scores_tiles_bf16(q: &[f32], hd: usize, keys: &[Rows<'_, bf16>], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { scores_rows_avx512(q, hd, keys, out) }
 }
 
 #[target_feature(enable = "avx512f")]
@@ -175,20 +215,42 @@ fn softmax_avx512(
     assert!(s.len() >= heads * KEY_TILE && l.len() >= heads && corr.len() >= heads);
     let valid = (((1u32 << (hi + 1)) - 1) & !((1u32 << lo) - 1)) as __mmask16;
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
-    for g in 0..heads {
-        let sp = s[g * KEY_TILE..].as_mut_ptr();
-        // SAFETY: `s` holds 16 scores per head (asserted above).
-        let v = unsafe { _mm512_mask_loadu_ps(neg_inf, valid, sp) };
-        let m_new = m[g].max(_mm512_reduce_max_ps(v));
-        let p = exp2(_mm512_sub_ps(v, _mm512_set1_ps(m_new)));
-        let c = _mm_cvtss_f32(_mm512_castps512_ps128(exp2(_mm512_set1_ps(m[g] - m_new))));
-        l[g] = l[g] * c + hsum(p);
-        m[g] = m_new;
-        corr[g] = c;
-        // SAFETY: as the load.
-        unsafe { _mm512_storeu_ps(sp, p) };
+    // Heads in groups, each step for the whole group before the next: the maxima's and sums'
+    // reductions are long dependency chains, and the heads' chains then overlap. The
+    // corrections of a group are one `exp2` (lane i: head i, the same lane-wise operations).
+    for g0 in (0..heads).step_by(SOFTMAX_HEADS) {
+        let n = (heads - g0).min(SOFTMAX_HEADS);
+        let lanes = ((1u32 << n) - 1) as __mmask16;
+        let mut v = [neg_inf; SOFTMAX_HEADS];
+        let mut m_new = [0f32; SOFTMAX_HEADS];
+        for i in 0..n {
+            // SAFETY: `s` holds 16 scores per head (asserted above).
+            v[i] =
+                unsafe { _mm512_mask_loadu_ps(neg_inf, valid, s[(g0 + i) * KEY_TILE..].as_ptr()) };
+            m_new[i] = m[g0 + i].max(_mm512_reduce_max_ps(v[i]));
+        }
+        // SAFETY: lanes below `n` of `m[g0..]`, `m_new` and `corr[g0..]` exist.
+        unsafe {
+            let old = _mm512_maskz_loadu_ps(lanes, m[g0..].as_ptr());
+            let c = exp2(_mm512_sub_ps(
+                old,
+                _mm512_maskz_loadu_ps(lanes, m_new.as_ptr()),
+            ));
+            _mm512_mask_storeu_ps(corr[g0..].as_mut_ptr(), lanes, c);
+        };
+        for i in 0..n {
+            let g = g0 + i;
+            let p = exp2(_mm512_sub_ps(v[i], _mm512_set1_ps(m_new[i])));
+            l[g] = l[g] * corr[g] + hsum(p);
+            m[g] = m_new[i];
+            // SAFETY: as the load.
+            unsafe { _mm512_storeu_ps(s[g * KEY_TILE..].as_mut_ptr(), p) };
+        }
     }
 }
+
+/// Heads per group of [`softmax_avx512`].
+const SOFTMAX_HEADS: usize = 8;
 
 fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], corr: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
