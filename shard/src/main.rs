@@ -157,6 +157,9 @@ async fn main() -> anyhow::Result<()> {
         bail!("--num-shard {}: {e}", args.world_size);
     }
     let on_gpu = use_gpu(&args.device, args.rank as usize)?;
+    if !on_gpu {
+        tracing::info!(kernels = %tessera_kernels::cpu::describe(), "CPU kernels");
+    }
     // A GPU computes in bf16 unless asked for f32, whatever the weights' format.
     let kv_dtype = match KvDtype::from_name(dtype) {
         Some(d) => d,
