@@ -348,10 +348,10 @@ fn attend_partition<T: KvElem>(
     let mut tile = key_lo / KEY_TILE * KEY_TILE;
     let mut prefetched = tile;
     // Decoding streams every sequence's K/V from memory once per step. The first group's rows
-    // are asked for at once; after that, each tile's arithmetic starts by asking for the rows
-    // of the tile one group ahead, so requests go out spread over the work rather than in
-    // bursts (a burst fills the core's queue of misses and stalls it). Prefetching needs
-    // tiles inside one block each.
+    // are asked for at once; after that, each tile's softmax and `p · V` start by asking for
+    // the rows of the tile one group ahead, so requests go out spread over the work rather
+    // than in bursts (a burst fills the core's queue of misses and stalls it). Prefetching
+    // needs tiles inside one block each.
     let stream = bs.is_multiple_of(KEY_TILE);
     let width = t.kv_heads.len() * hd;
     let prefetch = |p: usize| {
@@ -391,7 +391,6 @@ fn attend_partition<T: KvElem>(
                 }
             }
             for (i, span) in spans.iter().enumerate() {
-                // Spread over the tiles' work, as said above.
                 let ahead = tile + (tiles + i) * KEY_TILE;
                 if stream && h == 0 && ahead <= key_hi && ahead >= prefetched {
                     prefetch(ahead);
