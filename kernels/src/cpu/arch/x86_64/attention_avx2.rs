@@ -212,23 +212,46 @@ fn softmax_avx2(
     };
     let (v0, v1) = (valid(idx0), valid(idx1));
     let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
-    for g in 0..heads {
-        let sp = s[g * KEY_TILE..].as_mut_ptr();
-        // SAFETY: `s` holds 16 scores per head (asserted above).
-        let (a, b) = unsafe { (_mm256_loadu_ps(sp), _mm256_loadu_ps(sp.add(8))) };
-        let a = _mm256_blendv_ps(neg_inf, a, v0);
-        let b = _mm256_blendv_ps(neg_inf, b, v1);
-        let m_new = m[g].max(hmax(a, b));
-        let mv = _mm256_set1_ps(m_new);
-        let (pa, pb) = (exp2(_mm256_sub_ps(a, mv)), exp2(_mm256_sub_ps(b, mv)));
-        let c = _mm256_cvtss_f32(exp2(_mm256_set1_ps(m[g] - m_new)));
-        l[g] = l[g] * c + hsum(pa, pb);
-        m[g] = m_new;
-        corr[g] = c;
-        // SAFETY: as the load.
+    // Heads in groups of eight, each step for the whole group (as the AVX-512 kernel): the
+    // heads' reduction chains overlap, and their corrections are one `exp2`, lane i for head i.
+    for g0 in (0..heads).step_by(8) {
+        let n = (heads - g0).min(8);
+        let mut v = [(neg_inf, neg_inf); 8];
+        let mut m_new = [0f32; 8];
+        for i in 0..n {
+            let sp = s[(g0 + i) * KEY_TILE..].as_ptr();
+            // SAFETY: `s` holds 16 scores per head (asserted above).
+            let (a, b) = unsafe { (_mm256_loadu_ps(sp), _mm256_loadu_ps(sp.add(8))) };
+            v[i] = (
+                _mm256_blendv_ps(neg_inf, a, v0),
+                _mm256_blendv_ps(neg_inf, b, v1),
+            );
+            m_new[i] = m[g0 + i].max(hmax(v[i].0, v[i].1));
+        }
+        let mut old = [0f32; 8];
+        old[..n].copy_from_slice(&m[g0..g0 + n]);
+        let mut c = [0f32; 8];
+        // SAFETY: 8 lanes from and into 8-value arrays.
         unsafe {
-            _mm256_storeu_ps(sp, pa);
-            _mm256_storeu_ps(sp.add(8), pb);
+            let (o, mn) = (
+                _mm256_loadu_ps(old.as_ptr()),
+                _mm256_loadu_ps(m_new.as_ptr()),
+            );
+            _mm256_storeu_ps(c.as_mut_ptr(), exp2(_mm256_sub_ps(o, mn)));
+        }
+        for i in 0..n {
+            let (g, (a, b)) = (g0 + i, v[i]);
+            let mv = _mm256_set1_ps(m_new[i]);
+            let (pa, pb) = (exp2(_mm256_sub_ps(a, mv)), exp2(_mm256_sub_ps(b, mv)));
+            l[g] = l[g] * c[i] + hsum(pa, pb);
+            m[g] = m_new[i];
+            corr[g] = c[i];
+            let sp = s[g * KEY_TILE..].as_mut_ptr();
+            // SAFETY: as the load.
+            unsafe {
+                _mm256_storeu_ps(sp, pa);
+                _mm256_storeu_ps(sp.add(8), pb);
+            }
         }
     }
 }
