@@ -166,11 +166,11 @@ unsafe fn store_tiles<const R: usize, const C: usize>(
     }
 }
 
-/// Four values (`g`: their group) of block `b` of an activation row (`at`: the row's first
-/// block's index in `x`'s vectors) in every lane.
+/// Group `g` (four values) of the activation block at index `at` of `x`'s vectors, in every
+/// lane.
 ///
 /// # Safety
-/// The row and block exist in `digits` (blocks of 32).
+/// The block exists in `digits` (blocks of 32).
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn group(digits: *const i8, at: usize, g: usize) -> __m256i {
