@@ -62,63 +62,19 @@ fn exp2(x: __m256) -> __m256 {
     _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), keep)
 }
 
-/// Scores of `N` query vectors against one transposed key tile.
-///
-/// # Safety
-/// `q` holds `N * hd` values, `kt` `hd * 16`, `out` is writable for `N * 16`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn scores_block<const N: usize>(q: *const f32, kt: *const f32, hd: usize, out: *mut f32) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; N];
-    // SAFETY: reads `q[i * hd + d]` (i < N, d < hd) and `kt[d * 16..d * 16 + 16]`; writes
-    // `out[i * 16..i * 16 + 16]`, all within the caller's guarantee.
-    unsafe {
-        for d in 0..hd {
-            let k0 = _mm256_loadu_ps(kt.add(d * KEY_TILE));
-            let k1 = _mm256_loadu_ps(kt.add(d * KEY_TILE + 8));
-            for (i, a) in acc.iter_mut().enumerate() {
-                let qv = _mm256_set1_ps(*q.add(i * hd + d));
-                a[0] = _mm256_fmadd_ps(qv, k0, a[0]);
-                a[1] = _mm256_fmadd_ps(qv, k1, a[1]);
-            }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(out.add(i * KEY_TILE), a[0]);
-            _mm256_storeu_ps(out.add(i * KEY_TILE + 8), a[1]);
-        }
-    }
-}
-
-#[target_feature(enable = "avx2,fma")]
-fn scores_avx2(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
-    let n = out.len() / KEY_TILE;
-    assert!(q.len() >= n * hd && kt.len() >= hd * KEY_TILE);
-    let (qp, kp, op) = (q.as_ptr(), kt.as_ptr(), out.as_mut_ptr());
-    let mut i = 0;
-    // SAFETY: each block covers vectors i..i + N < n, which the asserts above guarantee.
-    unsafe {
-        while i + QB <= n {
-            scores_block::<QB>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE));
-            i += QB;
-        }
-        match n - i {
-            0 => {}
-            1 => scores_block::<1>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            2 => scores_block::<2>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            3 => scores_block::<3>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            4 => scores_block::<4>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            _ => scores_block::<5>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-        }
-    }
-}
-
 fn scores(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    let tile = Rows {
+        data: kt,
+        stride: KEY_TILE,
+        width: KEY_TILE,
+    };
     // SAFETY: avx2 and fma were detected (see avx2::KERNELS).
-    unsafe { scores_avx2(q, kt, hd, out) }
+    unsafe { scores_rows_avx2(q, hd, &[tile], out) }
 }
 
 /// Scores of `N` query vectors against one key tile read in place (`k`: its first row, rows
-/// `stride` apart), each exactly as `scores_block` computes it; written at `out[i * 16..]`.
+/// `stride` apart): per score a chain of fused multiply-adds over the head dimension, in
+/// order; written at `out[i * 16..]`.
 ///
 /// # Safety
 /// `q` holds `N * hd` values, `k` `hd` rows of 16, `out` is writable for `N * 16`.

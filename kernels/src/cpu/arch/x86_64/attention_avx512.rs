@@ -46,62 +46,19 @@ fn exp2(x: __m512) -> __m512 {
     _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n))
 }
 
-/// Scores of `N` query vectors against one transposed key tile.
-///
-/// # Safety
-/// `q` holds `N * hd` values, `kt` `hd * 16`, `out` is writable for `N * 16`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn scores_block<const N: usize>(q: *const f32, kt: *const f32, hd: usize, out: *mut f32) {
-    let mut acc = [_mm512_setzero_ps(); N];
-    // SAFETY: reads `q[i * hd + d]` (i < N, d < hd) and `kt[d * 16..d * 16 + 16]`; writes
-    // `out[i * 16..i * 16 + 16]`, all within the caller's guarantee.
-    unsafe {
-        for d in 0..hd {
-            let k = _mm512_loadu_ps(kt.add(d * KEY_TILE));
-            for (i, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(i * hd + d)), k, *a);
-            }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            _mm512_storeu_ps(out.add(i * KEY_TILE), *a);
-        }
-    }
-}
-
-#[target_feature(enable = "avx512f")]
-fn scores_avx512(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
-    let n = out.len() / KEY_TILE;
-    assert!(q.len() >= n * hd && kt.len() >= hd * KEY_TILE);
-    let (qp, kp, op) = (q.as_ptr(), kt.as_ptr(), out.as_mut_ptr());
-    let mut i = 0;
-    // SAFETY: each block covers vectors i..i + N < n, which the asserts above guarantee.
-    unsafe {
-        while i + QB <= n {
-            scores_block::<QB>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE));
-            i += QB;
-        }
-        match n - i {
-            0 => {}
-            1 => scores_block::<1>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            2 => scores_block::<2>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            3 => scores_block::<3>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            4 => scores_block::<4>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            5 => scores_block::<5>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            6 => scores_block::<6>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-            _ => scores_block::<7>(qp.add(i * hd), kp, hd, op.add(i * KEY_TILE)),
-        }
-    }
-}
-
 fn scores(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
+    let tile = Rows {
+        data: kt,
+        stride: KEY_TILE,
+        width: KEY_TILE,
+    };
     // SAFETY: avx512f was detected (see avx512::KERNELS).
-    unsafe { scores_avx512(q, kt, hd, out) }
+    unsafe { scores_rows_avx512(q, hd, &[tile], out) }
 }
 
 /// Scores of `N` query vectors against `T` key tiles read in place (`k[t]`: tile `t`'s first
-/// row, rows `stride` apart): `N · T` independent chains (each exactly `scores_block`'s), so
-/// the multiply-add latency is hidden even for few vectors. Scores go to
+/// row, rows `stride` apart): `N · T` independent chains of fused multiply-adds over the head
+/// dimension, so the multiply-add latency is hidden even for few vectors. Scores go to
 /// `out[(t · n + i) · 16..]` (`n`: the call's vectors).
 ///
 /// # Safety
@@ -170,6 +127,9 @@ fn scores_rows_avx512<E: Value>(q: &[f32], hd: usize, keys: &[Rows<'_, E>], out:
     // Tiles of one call share a stride (blocks of one cache, or the staging buffer).
     assert!(keys.iter().all(|k| k.stride == stride));
     let (qp, op) = (q.as_ptr(), out.as_mut_ptr());
+    // Eight chains per block hide the multiply-add latency: eight vectors against one tile
+    // (prefill), up to four against several (decode).
+    let per = if keys.len() == 1 { QB } else { 4 };
     for (c, chunk) in keys.chunks(4).enumerate() {
         let k: [*const E; 4] = std::array::from_fn(|t| chunk[t.min(chunk.len() - 1)].data.as_ptr());
         let k = &k[..chunk.len()];
@@ -179,13 +139,17 @@ fn scores_rows_avx512<E: Value>(q: &[f32], hd: usize, keys: &[Rows<'_, E>], out:
         unsafe {
             while i < n {
                 let (qi, oi) = (qp.add(i * hd), o.add(i * KEY_TILE));
-                match n - i {
+                match (n - i).min(per) {
                     1 => scores_tiles_n::<1, E>(qi, k, stride, hd, n, oi),
                     2 => scores_tiles_n::<2, E>(qi, k, stride, hd, n, oi),
                     3 => scores_tiles_n::<3, E>(qi, k, stride, hd, n, oi),
-                    _ => scores_tiles_n::<4, E>(qi, k, stride, hd, n, oi),
+                    4 => scores_tiles_n::<4, E>(qi, k, stride, hd, n, oi),
+                    5 => scores_tiles_n::<5, E>(qi, k, stride, hd, n, oi),
+                    6 => scores_tiles_n::<6, E>(qi, k, stride, hd, n, oi),
+                    7 => scores_tiles_n::<7, E>(qi, k, stride, hd, n, oi),
+                    _ => scores_tiles_n::<QB, E>(qi, k, stride, hd, n, oi),
                 }
-                i += 4;
+                i += per;
             }
         }
     }
