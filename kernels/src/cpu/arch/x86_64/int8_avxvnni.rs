@@ -74,14 +74,13 @@ unsafe fn tiles_of<const Q4: bool, const HIGH: usize, const LUT: bool>(
     out: *mut f32,
     ldo: usize,
 ) {
-    let mut t = t0;
-    let mut sums = RowSums::default();
     // SAFETY (whole body): the kernels read tiles t0..t0 + nt of `w` and rows of `x` that
     // exist, and write the places the caller vouches for.
     unsafe {
-        while t < t0 + nt {
-            let o = out.add((t - t0) * TILE);
-            if x.m == 1 {
+        if x.m == 1 {
+            let mut t = t0;
+            while t < t0 + nt {
+                let o = out.add((t - t0) * TILE);
                 if t + 2 <= t0 + nt {
                     kernel::<Q4, HIGH, LUT, 1, 2>(w, t, x, 0, o, ldo, true);
                     t += 2;
@@ -89,21 +88,24 @@ unsafe fn tiles_of<const Q4: bool, const HIGH: usize, const LUT: bool>(
                     kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, o, ldo, true);
                     t += 1;
                 }
-                continue;
             }
+            return;
+        }
+        let mut sums = RowSums::default();
+        for t in t0..t0 + nt {
+            let o = out.add((t - t0) * TILE);
             if Q4 && !LUT {
                 kernel_rows::<false, HIGH, false>(w, t, x, o, ldo, &mut sums);
-            } else {
-                let mut i = 0;
-                while i + 2 <= x.m {
-                    kernel::<Q4, HIGH, LUT, 2, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
-                    i += 2;
-                }
-                if i < x.m {
-                    kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
-                }
+                continue;
             }
-            t += 1;
+            let mut i = 0;
+            while i + 2 <= x.m {
+                kernel::<Q4, HIGH, LUT, 2, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                i += 2;
+            }
+            if i < x.m {
+                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+            }
         }
     }
 }
@@ -119,14 +121,18 @@ unsafe fn tiles_halves<const CRUMB: bool>(
     out: *mut f32,
     ldo: usize,
 ) {
-    let mut sums = RowSums::default();
     // SAFETY: as `tiles_of`.
     unsafe {
+        if x.m == 1 {
+            for t in t0..t0 + nt {
+                kernel_halves::<CRUMB>(w, t, x, 0, out.add((t - t0) * TILE), true);
+            }
+            return;
+        }
+        let mut sums = RowSums::default();
         for t in t0..t0 + nt {
             let o = out.add((t - t0) * TILE);
-            if x.m == 1 {
-                kernel_halves::<CRUMB>(w, t, x, 0, o, true);
-            } else if CRUMB {
+            if CRUMB {
                 kernel_rows::<true, 0, true>(w, t, x, o, ldo, &mut sums);
             } else {
                 kernel_rows::<false, 2, true>(w, t, x, o, ldo, &mut sums);
