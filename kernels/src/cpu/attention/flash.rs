@@ -444,44 +444,40 @@ fn decode_scores<T: KvElem>(
 ) {
     let (layout, hd, bs) = (ctx.layout, ctx.layout.head_dim, ctx.layout.block_size);
     let last = spans.len() - 1;
-    let at = |i: usize| {
+    let tiles = spans.len();
+    let in_block = |i: usize| {
         let k0 = layout.key_at(layout.slot(s.block_table, spans[i.min(last)].tile), kv_head);
         k0..k0 + (hd - 1) * bs + KEY_TILE
     };
     if bs.is_multiple_of(KEY_TILE) {
         if let Some(c) = T::as_bf16(ctx.cache_k) {
-            let keys: [Rows<'_, half::bf16>; DECODE_TILES] = std::array::from_fn(|i| Rows {
-                data: &c[at(i)],
-                stride: bs,
-                width: KEY_TILE,
-            });
-            return (ctx.ops.scores_tiles_bf16)(q, hd, &keys[..spans.len()], out);
+            let keys = tile_views(c, in_block, bs);
+            return (ctx.ops.scores_tiles_bf16)(q, hd, &keys[..tiles], out);
         }
         if let Some(c) = T::as_f32(ctx.cache_k) {
-            let keys: [Rows<'_>; DECODE_TILES] = std::array::from_fn(|i| Rows {
-                data: &c[at(i)],
-                stride: bs,
-                width: KEY_TILE,
-            });
-            return (ctx.ops.scores_tiles)(q, hd, &keys[..spans.len()], out);
+            let keys = tile_views(c, in_block, bs);
+            return (ctx.ops.scores_tiles)(q, hd, &keys[..tiles], out);
         }
     }
+    let staged = |i: usize| i.min(last) * hd * KEY_TILE..(i.min(last) + 1) * hd * KEY_TILE;
     for (i, span) in spans.iter().enumerate() {
-        load_keys(
-            ctx,
-            s,
-            span,
-            kv_head,
-            &mut kt[i * hd * KEY_TILE..(i + 1) * hd * KEY_TILE],
-        );
+        load_keys(ctx, s, span, kv_head, &mut kt[staged(i)]);
     }
-    let kt = &*kt;
-    let keys: [Rows<'_>; DECODE_TILES] = std::array::from_fn(|i| Rows {
-        data: &kt[i.min(last) * hd * KEY_TILE..(i.min(last) + 1) * hd * KEY_TILE],
-        stride: KEY_TILE,
+    let keys = tile_views(kt, staged, KEY_TILE);
+    (ctx.ops.scores_tiles)(q, hd, &keys[..tiles], out)
+}
+
+/// Views of [`DECODE_TILES`] key tiles: tile `i` is `data[at(i)]`, rows `stride` apart.
+fn tile_views<E>(
+    data: &[E],
+    at: impl Fn(usize) -> Range<usize>,
+    stride: usize,
+) -> [Rows<'_, E>; DECODE_TILES] {
+    std::array::from_fn(|i| Rows {
+        data: &data[at(i)],
+        stride,
         width: KEY_TILE,
-    });
-    (ctx.ops.scores_tiles)(q, hd, &keys[..spans.len()], out)
+    })
 }
 
 /// One key tile of an item: its positions and the item's rows that see any of them.
