@@ -380,23 +380,30 @@ fn q4_1_as_q5_1(bytes: &[u8]) -> Vec<u8> {
         .collect()
 }
 
-/// Each `Q4_1` block's 32 values, with the one of largest magnitude, re-encoded by `encode`.
-fn requantized(bytes: &[u8], encode: impl Fn(&[f32; 32], f32) -> Vec<u8>) -> Vec<u8> {
-    q4_1_blocks(bytes)
+/// The `Q4_1` values, `N` at a time (one block, or a row's eight for a K-quant super-block),
+/// re-encoded by `encode`.
+fn requantized<const N: usize>(bytes: &[u8], encode: impl Fn(&[f32; N]) -> Vec<u8>) -> Vec<u8> {
+    let blocks: Vec<BlockQ4_1> = q4_1_blocks(bytes).collect();
+    blocks
+        .chunks_exact(N / 32)
         .flat_map(|b| {
-            let mut x = [0f32; 32];
-            dequantize_row_q4_1(std::slice::from_ref(&b), &mut x);
-            let max = x
-                .iter()
-                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-            encode(&x, max)
+            let mut x = [0f32; N];
+            dequantize_row_q4_1(b, &mut x);
+            encode(&x)
         })
         .collect()
 }
 
+/// The value of largest magnitude.
+fn largest(x: &[f32]) -> f32 {
+    x.iter()
+        .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
+}
+
 /// The values requantized as ggml's `quantize_row_q5_0_ref` does: `max` maps to -16.
 fn q4_1_as_q5_0(bytes: &[u8]) -> Vec<u8> {
-    requantized(bytes, |x, max| {
+    requantized(bytes, |x: &[f32; 32]| {
+        let max = largest(x);
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let q: Vec<u8> = x
@@ -418,7 +425,8 @@ fn q4_1_as_q5_0(bytes: &[u8]) -> Vec<u8> {
 
 /// The values requantized as ggml's `quantize_row_q4_0_ref` does: `max` maps to -8.
 fn q4_1_as_q4_0(bytes: &[u8]) -> Vec<u8> {
-    requantized(bytes, |x, max| {
+    requantized(bytes, |x: &[f32; 32]| {
+        let max = largest(x);
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
@@ -433,7 +441,8 @@ fn q4_1_as_q4_0(bytes: &[u8]) -> Vec<u8> {
 /// The values requantized to `IQ4_NL`: `max` maps to the table's -127, every value to its
 /// nearest table entry (ggml also searches nearby scales).
 fn q4_1_as_iq4_nl(bytes: &[u8]) -> Vec<u8> {
-    requantized(bytes, |x, max| {
+    requantized(bytes, |x: &[f32; 32]| {
+        let max = largest(x);
         let d = f16::from_f32(max / -127.0);
         let id = if d.to_f32() != 0.0 {
             1.0 / d.to_f32()
@@ -567,19 +576,6 @@ fn int8_agrees_with_exact(files: &ModelFiles, dtype: &str, label: &str) {
     }
 }
 
-/// Each row's `Q4_1` values, 256 at a time (eight blocks), re-encoded by `encode`.
-fn requantized_k(bytes: &[u8], encode: impl Fn(&[f32; QK_K]) -> Vec<u8>) -> Vec<u8> {
-    let blocks: Vec<BlockQ4_1> = q4_1_blocks(bytes).collect();
-    blocks
-        .chunks_exact(QK_K / 32)
-        .flat_map(|b| {
-            let mut x = [0f32; QK_K];
-            dequantize_row_q4_1(b, &mut x);
-            encode(&x)
-        })
-        .collect()
-}
-
 /// Every value `x[i]` decodes (`y[i]`) within `bound(i)`.
 fn check_roundtrip(x: &[f32], y: &[f32], bound: impl Fn(usize) -> f32) {
     for (i, (a, b)) in x.iter().zip(y).enumerate() {
@@ -594,7 +590,7 @@ fn check_roundtrip(x: &[f32], y: &[f32], bound: impl Fn(usize) -> f32) {
 /// `Q4_K`: per 32 values a 6-bit scale and minimum (`value = d · sc · q - dmin · m`), as ggml's
 /// format lays them out; each sub-block spans its values' range.
 fn q4_1_as_q4_k(bytes: &[u8]) -> Vec<u8> {
-    requantized_k(bytes, |x| {
+    requantized(bytes, |x: &[f32; QK_K]| {
         let sub = |j: usize| &x[32 * j..32 * (j + 1)];
         let lo: [f32; 8] = std::array::from_fn(|j| sub(j).iter().fold(0f32, |m, &v| m.min(v)));
         let hi: [f32; 8] = std::array::from_fn(|j| sub(j).iter().fold(lo[j], |m, &v| m.max(v)));
@@ -650,7 +646,7 @@ fn q4_1_as_q4_k(bytes: &[u8]) -> Vec<u8> {
 /// `Q6_K`: per 16 values an 8-bit scale (`value = d · sc · (q - 32)`), as ggml's format lays
 /// them out (low nibbles in `ql`, two high bits each in `qh`).
 fn q4_1_as_q6_k(bytes: &[u8]) -> Vec<u8> {
-    requantized_k(bytes, |x| {
+    requantized(bytes, |x: &[f32; QK_K]| {
         let amax: [f32; 16] = std::array::from_fn(|s| {
             x[16 * s..16 * (s + 1)]
                 .iter()
