@@ -173,19 +173,15 @@ pub(crate) fn sum16_portable(v: &[f32; KEY_TILE]) -> f32 {
 }
 
 fn scores_portable(q: &[f32], kt: &[f32], hd: usize, out: &mut [f32]) {
-    debug_assert_eq!(kt.len(), hd * KEY_TILE);
-    for (qi, o) in q.chunks_exact(hd).zip(out.chunks_exact_mut(KEY_TILE)) {
-        let mut acc = [0f32; KEY_TILE];
-        for (&qd, k) in qi.iter().zip(kt.chunks_exact(KEY_TILE)) {
-            for (a, &kd) in acc.iter_mut().zip(k) {
-                *a += qd * kd;
-            }
-        }
-        o.copy_from_slice(&acc);
-    }
+    let tile = Rows {
+        data: kt,
+        stride: KEY_TILE,
+        width: KEY_TILE,
+    };
+    scores_rows_portable(q, hd, &[tile], out, |x| x);
 }
 
-/// [`TileOps::scores_tiles`] with `scores_portable`'s operations.
+/// [`TileOps::scores_tiles`] portably: multiply then add, `d` ascending from zero.
 fn scores_rows_portable<E: Copy>(
     q: &[f32],
     hd: usize,
