@@ -47,7 +47,7 @@ use std::time::Instant;
 use half::bf16;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::{ActivationDtype, WeightFormat, WeightMatrix};
-use tessera_shard::{KvDtype, Model};
+use tessera_shard::{KvDtype, Model, OpTimes, OpTimesSnapshot};
 
 #[path = "../../kernels/benches/machine.rs"]
 mod machine;
@@ -286,9 +286,11 @@ struct Measured {
     decode: Vec<(usize, usize, f64)>,
     /// The last logits of the 128-token prompt (to compare layouts).
     logits: Vec<f32>,
+    /// (batch, operation times of profiled decode steps after the timed ones)
+    breakdown: Vec<(usize, OpTimesSnapshot)>,
 }
 
-fn run_engine(model: &Model, reps: usize) -> Measured {
+fn run_engine(model: &mut Model, reps: usize) -> Measured {
     let vocab = model.config().vocab_size;
     let max_batch = *BATCHES.iter().max().unwrap();
     let blocks_per_seq = SEQ_CAPACITY / BLOCK;
@@ -336,10 +338,59 @@ fn run_engine(model: &Model, reps: usize) -> Measured {
             (batch, steps, s)
         })
         .collect();
+    // Where the steps go, in runs of their own (the clock reads would tint the timed ones).
+    let times = Arc::new(OpTimes::new());
+    model.set_op_times(Some(times.clone()));
+    let breakdown = [1, max_batch]
+        .into_iter()
+        .map(|batch| {
+            times.reset();
+            decode(model, &mut cache, DECODE_CTX, 32, &tables[..batch]);
+            (batch, times.snapshot())
+        })
+        .collect();
+    model.set_op_times(None);
     Measured {
         prefill: prefill_times,
         decode: decode_times,
         logits,
+        breakdown,
+    }
+}
+
+/// Milliseconds per decode step by operation, one column per batch.
+fn print_breakdown(breakdown: &[(usize, OpTimesSnapshot)]) {
+    let Some((_, first)) = breakdown.first() else {
+        return;
+    };
+    let per_step = |s: &OpTimesSnapshot, d: std::time::Duration| {
+        d.as_secs_f64() * 1e3 / s.passes.max(1) as f64
+    };
+    print!(
+        "\n{:<48}",
+        format!("decode step by operation, ctx {DECODE_CTX} (ms/step)")
+    );
+    for (batch, _) in breakdown {
+        print!(" {:>12}", format!("batch {batch}"));
+    }
+    println!();
+    println!("{}", "-".repeat(48 + 13 * breakdown.len()));
+    let rows = first
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, (op, _))| (op.name(), Some(i)));
+    for (name, i) in rows.chain([("other (buffers, pass setup)", None), ("whole step", None)]) {
+        print!("{name:<48}");
+        for (_, s) in breakdown {
+            let d = match i {
+                Some(i) => s.ops[i].1,
+                None if name == "whole step" => s.total,
+                None => s.other(),
+            };
+            print!(" {:>12.3}", per_step(s, d));
+        }
+        println!();
     }
 }
 
@@ -374,6 +425,8 @@ fn report(
             (batch * steps) as f64 / s
         );
     }
+
+    print_breakdown(&m.breakdown);
 
     let tok_s = |batch: usize| {
         m.decode
@@ -525,7 +578,7 @@ fn main() {
             Layout::Bf16Act => ActivationDtype::Bfloat16,
             _ => ActivationDtype::Float32,
         };
-        let model = Model::load(&files)
+        let mut model = Model::load(&files)
             .unwrap()
             .with_kv_dtype(KvDtype::auto(&files))
             .with_activation_dtype(activations);
@@ -536,7 +589,7 @@ fn main() {
             t.elapsed().as_secs_f64(),
             memory()
         );
-        let measured = run_engine(&model, reps);
+        let measured = run_engine(&mut model, reps);
         results.push((layout, model, acc, measured));
     }
     // Limits before and after, the better of each: a busy moment does not lower them.

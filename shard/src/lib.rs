@@ -27,4 +27,6 @@ pub use error::EngineError;
 pub use kv_cache::{KvCache, KvDtype};
 #[cfg(feature = "cuda")]
 pub use model::CudaOptions;
-pub use model::{ForwardOutput, LogitsWanted, Model, SequenceChunk, WeightLayout};
+pub use model::{
+    ForwardOutput, LogitsWanted, Model, Op, OpTimes, OpTimesSnapshot, SequenceChunk, WeightLayout,
+};

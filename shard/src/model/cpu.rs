@@ -10,6 +10,7 @@ use tessera_kernels::cpu::{
 
 use super::backend::{Backend, Dims, Norm, Proj};
 use super::batch::FlatBatch;
+use super::op_times::{Op, OpTimes};
 use super::weights::{Linear, ModelWeights};
 use crate::EngineError;
 use crate::comm::Communicator;
@@ -24,6 +25,7 @@ pub(crate) struct CpuBackend {
     pub(crate) activations: ActivationDtype,
     pub(crate) comm: Arc<dyn Communicator>,
     pub(crate) world_size: usize,
+    pub(crate) op_times: Option<Arc<OpTimes>>,
 }
 
 /// A pass on the CPU: the flattened batch and its tokens' rotary cosines and sines.
@@ -34,95 +36,22 @@ pub(crate) struct CpuBatch<'a> {
 }
 
 impl CpuBackend {
-    fn norm_weight(&self, norm: Norm) -> &[f32] {
-        match norm {
-            Norm::Input(l) => &self.weights.layers[l].input_norm,
-            Norm::PostAttention(l) => &self.weights.layers[l].post_attention_norm,
+    /// Runs `f`, counting its time against `op` when someone is measuring.
+    fn timed<R>(&self, op: Op, f: impl FnOnce() -> R) -> R {
+        match &self.op_times {
+            Some(times) => times.time(op, f),
+            None => f(),
         }
     }
 
-    fn projection(&self, layer: usize, proj: Proj) -> &Linear {
-        let l = &self.weights.layers[layer];
-        match proj {
-            Proj::Qkv => &l.qkv,
-            Proj::O => &l.o,
-            Proj::GateUp => &l.gate_up,
-            Proj::Down => &l.down,
-        }
-    }
-}
-
-impl Backend for CpuBackend {
-    type Act = Vec<f32>;
-    type Kv = KvPages;
-    type Batch<'a> = CpuBatch<'a>;
-
-    fn upload<'a>(&'a self, flat: &'a FlatBatch<'a>) -> Result<CpuBatch<'a>, EngineError> {
-        let (cos, sin) = rope_kernel::cos_sin(&self.inv_freq, &flat.positions);
-        Ok(CpuBatch { flat, cos, sin })
-    }
-
-    fn zeros(&self, len: usize) -> Result<Vec<f32>, EngineError> {
-        Ok(vec![0f32; len])
-    }
-
-    fn embed(&self, batch: &CpuBatch<'_>, out: &mut Vec<f32>) -> Result<(), EngineError> {
-        // Vocabulary-parallel lookup: rows of other ranks' tokens stay zero here, and the
-        // all-reduce adds exact zeros, so every rank ends with the exact embedding rows.
-        let vocab = &self.weights.vocab;
-        let h = self.dims.hidden;
-        for (row, &id) in out.chunks_exact_mut(h).zip(&batch.flat.input_ids) {
-            if vocab.contains(&(id as usize)) {
-                self.weights.embed.row_f32(id as usize - vocab.start, row);
-            }
-        }
-        Ok(())
-    }
-
-    fn rms_norm(
-        &self,
-        which: Norm,
-        x: &Vec<f32>,
-        out: &mut Vec<f32>,
-        _rows: usize,
-    ) -> Result<(), EngineError> {
-        norm::rms_norm(x, self.norm_weight(which), self.eps, out);
-        Ok(())
-    }
-
-    fn add_rms_norm(
-        &self,
-        which: Norm,
-        residual: &mut Vec<f32>,
-        x: &Vec<f32>,
-        out: &mut Vec<f32>,
-        _rows: usize,
-    ) -> Result<(), EngineError> {
-        norm::add_rms_norm(residual, x, self.norm_weight(which), self.eps, out);
-        Ok(())
-    }
-
-    fn linear(
-        &self,
-        layer: usize,
-        proj: Proj,
-        x: &Vec<f32>,
-        out: &mut Vec<f32>,
-        rows: usize,
-    ) -> Result<(), EngineError> {
-        let l = self.projection(layer, proj);
-        debug_assert_eq!(out.len(), rows * l.out_features());
-        linear_weights_as(x, &l.weight, l.bias.as_deref(), rows, out, self.activations);
-        Ok(())
-    }
-
-    fn attention(
+    /// RoPE on the queries, the cache write and attention of `layer`.
+    fn attend(
         &self,
         layer: usize,
         batch: &CpuBatch<'_>,
-        qkv: &mut Vec<f32>,
+        qkv: &mut [f32],
         kv: &mut KvPages,
-        out: &mut Vec<f32>,
+        out: &mut [f32],
     ) -> Result<(), EngineError> {
         let d = self.dims;
         let qkv_width = d.qkv_width();
@@ -159,30 +88,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn silu_mul(
-        &self,
-        gate_up: &Vec<f32>,
-        out: &mut Vec<f32>,
-        _rows: usize,
-        width: usize,
-    ) -> Result<(), EngineError> {
-        activation::silu_mul(gate_up, width, out);
-        Ok(())
-    }
-
-    fn all_reduce(&self, x: &mut Vec<f32>) -> Result<(), EngineError> {
-        if self.world_size > 1 {
-            self.comm.all_reduce_f32(x)?;
-        }
-        Ok(())
-    }
-
-    fn logits(
-        &self,
-        batch: &CpuBatch<'_>,
-        residual: &Vec<f32>,
-        proj: &Vec<f32>,
-    ) -> Result<Vec<f32>, EngineError> {
+    /// The final norm and the LM head of the rows that want logits.
+    fn final_logits(&self, batch: &CpuBatch<'_>, residual: &[f32], proj: &[f32]) -> Vec<f32> {
         // Only the rows that need logits go through the final norm and the LM head.
         let h = self.dims.hidden;
         let rows = batch.flat.logit_rows.len();
@@ -209,7 +116,143 @@ impl Backend for CpuBackend {
             &mut logits,
             self.activations,
         );
-        Ok(logits)
+        logits
+    }
+
+    fn norm_weight(&self, norm: Norm) -> &[f32] {
+        match norm {
+            Norm::Input(l) => &self.weights.layers[l].input_norm,
+            Norm::PostAttention(l) => &self.weights.layers[l].post_attention_norm,
+        }
+    }
+
+    fn projection(&self, layer: usize, proj: Proj) -> &Linear {
+        let l = &self.weights.layers[layer];
+        match proj {
+            Proj::Qkv => &l.qkv,
+            Proj::O => &l.o,
+            Proj::GateUp => &l.gate_up,
+            Proj::Down => &l.down,
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Act = Vec<f32>;
+    type Kv = KvPages;
+    type Batch<'a> = CpuBatch<'a>;
+
+    fn upload<'a>(&'a self, flat: &'a FlatBatch<'a>) -> Result<CpuBatch<'a>, EngineError> {
+        let (cos, sin) = self.timed(Op::Embed, || {
+            rope_kernel::cos_sin(&self.inv_freq, &flat.positions)
+        });
+        Ok(CpuBatch { flat, cos, sin })
+    }
+
+    fn zeros(&self, len: usize) -> Result<Vec<f32>, EngineError> {
+        Ok(vec![0f32; len])
+    }
+
+    fn embed(&self, batch: &CpuBatch<'_>, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        // Vocabulary-parallel lookup: rows of other ranks' tokens stay zero here, and the
+        // all-reduce adds exact zeros, so every rank ends with the exact embedding rows.
+        let vocab = &self.weights.vocab;
+        let h = self.dims.hidden;
+        self.timed(Op::Embed, || {
+            for (row, &id) in out.chunks_exact_mut(h).zip(&batch.flat.input_ids) {
+                if vocab.contains(&(id as usize)) {
+                    self.weights.embed.row_f32(id as usize - vocab.start, row);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        which: Norm,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        _rows: usize,
+    ) -> Result<(), EngineError> {
+        self.timed(Op::Norm, || {
+            norm::rms_norm(x, self.norm_weight(which), self.eps, out)
+        });
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        which: Norm,
+        residual: &mut Vec<f32>,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        _rows: usize,
+    ) -> Result<(), EngineError> {
+        self.timed(Op::Norm, || {
+            norm::add_rms_norm(residual, x, self.norm_weight(which), self.eps, out)
+        });
+        Ok(())
+    }
+
+    fn linear(
+        &self,
+        layer: usize,
+        proj: Proj,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let l = self.projection(layer, proj);
+        debug_assert_eq!(out.len(), rows * l.out_features());
+        let op = match proj {
+            Proj::Qkv => Op::Qkv,
+            Proj::O => Op::O,
+            Proj::GateUp => Op::GateUp,
+            Proj::Down => Op::Down,
+        };
+        self.timed(op, || {
+            linear_weights_as(x, &l.weight, l.bias.as_deref(), rows, out, self.activations)
+        });
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        layer: usize,
+        batch: &CpuBatch<'_>,
+        qkv: &mut Vec<f32>,
+        kv: &mut KvPages,
+        out: &mut Vec<f32>,
+    ) -> Result<(), EngineError> {
+        self.timed(Op::Attention, || self.attend(layer, batch, qkv, kv, out))
+    }
+
+    fn silu_mul(
+        &self,
+        gate_up: &Vec<f32>,
+        out: &mut Vec<f32>,
+        _rows: usize,
+        width: usize,
+    ) -> Result<(), EngineError> {
+        self.timed(Op::SiluMul, || activation::silu_mul(gate_up, width, out));
+        Ok(())
+    }
+
+    fn all_reduce(&self, x: &mut Vec<f32>) -> Result<(), EngineError> {
+        if self.world_size > 1 {
+            self.timed(Op::AllReduce, || self.comm.all_reduce_f32(x))?;
+        }
+        Ok(())
+    }
+
+    fn logits(
+        &self,
+        batch: &CpuBatch<'_>,
+        residual: &Vec<f32>,
+        proj: &Vec<f32>,
+    ) -> Result<Vec<f32>, EngineError> {
+        Ok(self.timed(Op::Logits, || self.final_logits(batch, residual, proj)))
     }
 
     fn to_host(&self, x: Vec<f32>, _len: usize) -> Result<Vec<f32>, EngineError> {

@@ -17,6 +17,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod forward;
+mod op_times;
 mod rope;
 mod weights;
 
@@ -36,6 +37,7 @@ use cpu::CpuBackend;
 pub(crate) use cuda::CudaKv;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaOptions;
+pub use op_times::{Op, OpTimes, OpTimesSnapshot};
 use weights::ModelWeights;
 pub use weights::WeightLayout;
 
@@ -171,6 +173,7 @@ impl Model {
                 activations: ActivationDtype::Float32,
                 comm: comm.clone(),
                 world_size: partition.world_size,
+                op_times: None,
             }),
             comm,
             partition,
@@ -370,6 +373,17 @@ impl Model {
         Ok(())
     }
 
+    /// Counts the time of every later CPU pass, operation by operation, into `times` (`None`
+    /// stops counting). A model on a GPU ignores it: its launches return before the work is
+    /// done.
+    pub fn set_op_times(&mut self, times: Option<Arc<OpTimes>>) {
+        match &mut self.compute {
+            Compute::Cpu(cpu) => cpu.op_times = times,
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(_) => {}
+        }
+    }
+
     /// Runs one pass over all chunks, writing their K/V into `cache` and returning the logits
     /// they asked for. Each sequence's results do not depend on the other chunks.
     pub fn forward(
@@ -378,6 +392,7 @@ impl Model {
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, EngineError> {
         self.check(chunks, cache)?;
+        let start = std::time::Instant::now();
         let batch = FlatBatch::new(chunks, cache.layout.block_size);
         let layers = self.config.num_layers;
         let vocab = self.partition.counts(self.config.vocab_size)[self.partition.rank];
@@ -396,6 +411,13 @@ impl Model {
             #[cfg(feature = "cuda")]
             Compute::Cuda(gpu) => gpu.forward(layers, &batch, &mut cache.pages)?,
         };
+        if let Compute::Cpu(CpuBackend {
+            op_times: Some(times),
+            ..
+        }) = &self.compute
+        {
+            times.pass(start);
+        }
         let rows = batch.logit_rows.len();
         let logits = if self.partition.world_size > 1 {
             self.gather_logits(&logits, rows)?
