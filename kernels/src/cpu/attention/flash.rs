@@ -289,7 +289,7 @@ fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> Vec<State
     scratch.kt.resize(DECODE_TILES * hd * KEY_TILE, 0.0);
     scratch.vt.resize(KEY_TILE * hd, 0.0);
     scratch.scores.resize(DECODE_TILES * n * KEY_TILE, 0.0);
-    scratch.corr.resize(g, 0.0);
+    scratch.corr.resize(n, 0.0);
     for kv_head in t.kv_heads.clone() {
         for r in t.r0..t.r1 {
             let start = (s.first_row + r) * ctx.q_stride + kv_head * g * hd;
@@ -402,26 +402,45 @@ fn attend_partition<T: KvElem>(
                 let vrows = value_rows(ctx, s, span, kv_head, &mut sc.vt);
                 let qa = (span.ra - t.r0) * g;
                 let scores = &mut sc.scores[i * n * KEY_TILE..(i + 1) * n * KEY_TILE];
-                for r in span.ra..span.rb {
-                    let (lo, hi) = (
+                let bounds = |r: usize| {
+                    (
                         ctx.first_key(pos(r)).max(span.tile) - span.tile,
                         pos(r).min(span.tile + KEY_TILE - 1) - span.tile,
-                    );
-                    let v0 = (r - t.r0) * g;
-                    let sr = &mut scores[(v0 - qa) * KEY_TILE..(v0 - qa + g) * KEY_TILE];
+                    )
+                };
+                // Rows that see the same keys of the tile (all of them, off the diagonal) take
+                // one softmax call: their heads' reduction chains overlap, and their corrections
+                // share `exp2` calls (each head's arithmetic unchanged).
+                let mut r = span.ra;
+                while r < span.rb {
+                    let (lo, hi) = bounds(r);
+                    let mut end = r + 1;
+                    while end < span.rb && bounds(end) == (lo, hi) {
+                        end += 1;
+                    }
+                    let (v0, v1) = ((r - t.r0) * g, (end - t.r0) * g);
+                    let sr = &mut scores[(v0 - qa) * KEY_TILE..(v1 - qa) * KEY_TILE];
+                    let corr = &mut sc.corr[..v1 - v0];
                     (ctx.ops.softmax)(
                         sr,
                         lo,
                         hi,
-                        &mut states[h].m[v0..v0 + g],
-                        &mut states[h].l[v0..v0 + g],
-                        &mut sc.corr,
+                        &mut states[h].m[v0..v1],
+                        &mut states[h].l[v0..v1],
+                        corr,
                     );
-                    let acc = &mut states[h].acc[v0 * hd..(v0 + g) * hd];
-                    match vrows {
-                        Values::F32(v) => (ctx.ops.pv)(sr, &sc.corr, v, lo, hi, acc),
-                        Values::Bf16(v) => (ctx.ops.pv_bf16)(sr, &sc.corr, v, lo, hi, acc),
+                    let acc = &mut states[h].acc[v0 * hd..v1 * hd];
+                    let rows = sr
+                        .chunks_exact(g * KEY_TILE)
+                        .zip(corr.chunks_exact(g))
+                        .zip(acc.chunks_exact_mut(g * hd));
+                    for ((p, c), acc) in rows {
+                        match vrows {
+                            Values::F32(v) => (ctx.ops.pv)(p, c, v, lo, hi, acc),
+                            Values::Bf16(v) => (ctx.ops.pv_bf16)(p, c, v, lo, hi, acc),
+                        }
                     }
+                    r = end;
                 }
             }
         }

@@ -71,10 +71,33 @@ pub(crate) fn hsum(v: __m512) -> f32 {
 #[target_feature(enable = "avx512f")]
 #[inline]
 pub(crate) fn hsum16(v: &[__m512; 16], out: &mut [f32; 16]) {
+    reduce16::<false>(v, out)
+}
+
+/// The largest lane of each of 16 registers, `out[i]` for `v[i]` (as [`hsum16`], with max).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn hmax16(v: &[__m512; 16], out: &mut [f32; 16]) {
+    reduce16::<true>(v, out)
+}
+
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn combine<const MAX: bool>(x: __m512, y: __m512) -> __m512 {
+    if MAX {
+        _mm512_max_ps(x, y)
+    } else {
+        _mm512_add_ps(x, y)
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn reduce16<const MAX: bool>(v: &[__m512; 16], out: &mut [f32; 16]) {
     // Lanes l and l + 8: two registers' 8 live lanes per result.
     let b: [__m512; 8] = std::array::from_fn(|i| {
         let (x, y) = (v[2 * i], v[2 * i + 1]);
-        _mm512_add_ps(
+        combine::<MAX>(
             _mm512_shuffle_f32x4::<0x44>(x, y),
             _mm512_shuffle_f32x4::<0xEE>(x, y),
         )
@@ -82,7 +105,7 @@ pub(crate) fn hsum16(v: &[__m512; 16], out: &mut [f32; 16]) {
     // l and l + 4: four registers' 4 live lanes, one per 128-bit quarter.
     let c: [__m512; 4] = std::array::from_fn(|i| {
         let (x, y) = (b[2 * i], b[2 * i + 1]);
-        _mm512_add_ps(
+        combine::<MAX>(
             _mm512_shuffle_f32x4::<0x88>(x, y),
             _mm512_shuffle_f32x4::<0xDD>(x, y),
         )
@@ -90,12 +113,12 @@ pub(crate) fn hsum16(v: &[__m512; 16], out: &mut [f32; 16]) {
     // l and l + 2, then l and l + 1, inside each quarter.
     let d: [__m512; 2] = std::array::from_fn(|i| {
         let (x, y) = (c[2 * i], c[2 * i + 1]);
-        _mm512_add_ps(
+        combine::<MAX>(
             _mm512_shuffle_ps::<0x44>(x, y),
             _mm512_shuffle_ps::<0xEE>(x, y),
         )
     });
-    let e = _mm512_add_ps(
+    let e = combine::<MAX>(
         _mm512_shuffle_ps::<0x88>(d[0], d[1]),
         _mm512_shuffle_ps::<0xDD>(d[0], d[1]),
     );
@@ -445,7 +468,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sixteen_sums_at_once_equal_one_at_a_time() {
+    fn sixteen_sums_and_maxima_at_once_equal_one_at_a_time() {
         if !is_x86_feature_detected!("avx512f") {
             return;
         }
@@ -459,6 +482,10 @@ mod tests {
             hsum16(&v, &mut got);
             for (i, x) in v.iter().enumerate() {
                 assert_eq!(got[i].to_bits(), hsum(*x).to_bits(), "register {i}");
+            }
+            hmax16(&v, &mut got);
+            for (i, x) in v.iter().enumerate() {
+                assert_eq!(got[i], _mm512_reduce_max_ps(*x), "register {i}");
             }
         }
     }
