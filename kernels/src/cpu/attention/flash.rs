@@ -11,7 +11,8 @@
 //! and up to [`QUERY_TILE`] rows share each K/V tile, loaded (and widened) once. Keys are
 //! cached transposed within their block (see `KvLayout::key_at`), so a key tile is one
 //! contiguous `[head_dim][KEY_TILE]` stretch of a block, as the score kernels read it: in
-//! place for a decode step's one row, widened once into a staging tile for a chunk's rows. A
+//! place where every row of the item sees four tiles (a decode step; a chunk off the diagonal),
+//! widened once into a staging tile where rows see a tile in part (the diagonal). A
 //! sequence whose rows fit in one query tile (decode) is further split by partition, so one
 //! long context spreads over threads; its partition states are merged in
 //! the same order the single-item path merges them. When there are enough such items to keep
@@ -31,7 +32,7 @@ use crate::cpu::dispatch::Kernels;
 pub(crate) const PARTITION: usize = 256;
 /// Query rows per work item.
 pub(crate) const QUERY_TILE: usize = 32;
-/// Key tiles whose scores a one-row item computes together (see `attend_partition`).
+/// Key tiles whose scores an item computes together (see `attend_partition`).
 const DECODE_TILES: usize = 4;
 
 const _: () = assert!(PARTITION.is_multiple_of(KEY_TILE));
@@ -323,10 +324,11 @@ fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> Vec<State
 /// Folds the keys of partition `part` into `states` (one per KV head of the item), key tile by
 /// key tile, for the item's rows.
 ///
-/// A one-row item (a decode step) has only its query heads to share each tile, too few
-/// independent chains of fused multiply-adds to fill the pipeline; it computes the scores of
-/// [`DECODE_TILES`] tiles at once (each score's arithmetic unchanged), then runs the softmax
-/// and `p · V` tile by tile in order.
+/// The scores of [`DECODE_TILES`] tiles are computed at once where every row of the item sees
+/// all of them (each score's arithmetic unchanged), then the softmax and `p · V` run tile by
+/// tile in order. A one-row item (a decode step) has only its query heads to share each tile,
+/// too few independent chains of fused multiply-adds to fill the pipeline otherwise; a prefill
+/// item's query vectors then share each broadcast of a query element among four tiles.
 fn attend_partition<T: KvElem>(
     ctx: &Ctx<'_, T>,
     s: &AttentionSeq<'_>,
@@ -344,7 +346,6 @@ fn attend_partition<T: KvElem>(
         return;
     }
     let n = (t.r1 - t.r0) * g;
-    let group = if t.r1 - t.r0 == 1 { DECODE_TILES } else { 1 };
     let mut tile = key_lo / KEY_TILE * KEY_TILE;
     let mut prefetched = tile;
     // Decoding streams every sequence's K/V from memory once per step. The first group's rows
@@ -362,7 +363,7 @@ fn attend_partition<T: KvElem>(
         prefetch_rows::<false, _>(ctx.cache_v, values, w, width, KEY_TILE);
     };
     while tile <= key_hi {
-        let tiles = ((key_hi - tile) / KEY_TILE + 1).min(group);
+        let tiles = ((key_hi - tile) / KEY_TILE + 1).min(DECODE_TILES);
         if stream && prefetched == tile {
             while prefetched < (tile + tiles * KEY_TILE).min(key_hi + 1) {
                 prefetch(prefetched);
@@ -376,8 +377,8 @@ fn attend_partition<T: KvElem>(
         let spans = &spans[..tiles];
         for (h, kv_head) in t.kv_heads.clone().enumerate() {
             let q = &sc.q[h * n * hd..(h + 1) * n * hd];
-            if group > 1 && spans.iter().all(|sp| sp.ra < sp.rb) {
-                // One row: the group's tiles' scores in one pass.
+            if spans.iter().all(|sp| (sp.ra, sp.rb) == (t.r0, t.r1)) {
+                // Every row sees every tile: the group's tiles' scores in one pass.
                 decode_scores(ctx, s, spans, kv_head, q, &mut sc.kt, &mut sc.scores);
             } else {
                 for (i, span) in spans.iter().enumerate() {
@@ -448,7 +449,7 @@ fn attend_partition<T: KvElem>(
     }
 }
 
-/// A one-row item's scores against the group's key tiles (`spans`, all seen by the row) in one
+/// An item's scores against the group's key tiles (`spans`, all seen by every row) in one
 /// pass: `[tiles][query heads][KEY_TILE]` into `out`. Keys are read where they lie in the
 /// cache when blocks hold whole tiles (a tile's keys of one head are `hd` rows, a block
 /// apart), otherwise staged in `kt` as `load_keys` gives them.
