@@ -430,16 +430,11 @@ fn attend_partition<T: KvElem>(
                         &mut states[h].l[v0..v1],
                         corr,
                     );
+                    // `p · V` of all their heads at once too (heads are independent).
                     let acc = &mut states[h].acc[v0 * hd..v1 * hd];
-                    let rows = sr
-                        .chunks_exact(g * KEY_TILE)
-                        .zip(corr.chunks_exact(g))
-                        .zip(acc.chunks_exact_mut(g * hd));
-                    for ((p, c), acc) in rows {
-                        match vrows {
-                            Values::F32(v) => (ctx.ops.pv)(p, c, v, lo, hi, acc),
-                            Values::Bf16(v) => (ctx.ops.pv_bf16)(p, c, v, lo, hi, acc),
-                        }
+                    match vrows {
+                        Values::F32(v) => (ctx.ops.pv)(sr, corr, v, lo, hi, acc),
+                        Values::Bf16(v) => (ctx.ops.pv_bf16)(sr, corr, v, lo, hi, acc),
                     }
                     r = end;
                 }
