@@ -42,7 +42,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use half::bf16;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
@@ -363,9 +363,8 @@ fn print_breakdown(breakdown: &[(usize, OpTimesSnapshot)]) {
     let Some((_, first)) = breakdown.first() else {
         return;
     };
-    let per_step = |s: &OpTimesSnapshot, d: std::time::Duration| {
-        d.as_secs_f64() * 1e3 / s.passes.max(1) as f64
-    };
+    let per_step =
+        |s: &OpTimesSnapshot, d: Duration| d.as_secs_f64() * 1e3 / s.passes.max(1) as f64;
     print!(
         "\n{:<48}",
         format!("decode step by operation, ctx {DECODE_CTX} (ms/step)")
@@ -375,20 +374,22 @@ fn print_breakdown(breakdown: &[(usize, OpTimesSnapshot)]) {
     }
     println!();
     println!("{}", "-".repeat(48 + 13 * breakdown.len()));
-    let rows = first
-        .ops
-        .iter()
-        .enumerate()
-        .map(|(i, (op, _))| (op.name(), Some(i)));
-    for (name, i) in rows.chain([("other (buffers, pass setup)", None), ("whole step", None)]) {
+    // One row per operation, then the rest of the pass and the whole of it.
+    let column = |at: &dyn Fn(&OpTimesSnapshot) -> Duration| -> Vec<f64> {
+        breakdown.iter().map(|(_, s)| per_step(s, at(s))).collect()
+    };
+    let mut rows: Vec<(&str, Vec<f64>)> = (0..first.ops.len())
+        .map(|i| (first.ops[i].0.name(), column(&|s| s.ops[i].1)))
+        .collect();
+    rows.push((
+        "other (buffers, pass setup)",
+        column(&OpTimesSnapshot::other),
+    ));
+    rows.push(("whole step", column(&|s| s.total)));
+    for (name, values) in rows {
         print!("{name:<48}");
-        for (_, s) in breakdown {
-            let d = match i {
-                Some(i) => s.ops[i].1,
-                None if name == "whole step" => s.total,
-                None => s.other(),
-            };
-            print!(" {:>12.3}", per_step(s, d));
+        for v in values {
+            print!(" {v:>12.3}");
         }
         println!();
     }

@@ -384,6 +384,15 @@ impl Model {
         }
     }
 
+    /// What counts this model's passes, if anything does.
+    fn op_times(&self) -> Option<&OpTimes> {
+        match &self.compute {
+            Compute::Cpu(cpu) => cpu.op_times.as_deref(),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(_) => None,
+        }
+    }
+
     /// Runs one pass over all chunks, writing their K/V into `cache` and returning the logits
     /// they asked for. Each sequence's results do not depend on the other chunks.
     pub fn forward(
@@ -392,7 +401,9 @@ impl Model {
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, EngineError> {
         self.check(chunks, cache)?;
-        let start = std::time::Instant::now();
+        let timing = self
+            .op_times()
+            .map(|times| (times, std::time::Instant::now()));
         let batch = FlatBatch::new(chunks, cache.layout.block_size);
         let layers = self.config.num_layers;
         let vocab = self.partition.counts(self.config.vocab_size)[self.partition.rank];
@@ -411,11 +422,7 @@ impl Model {
             #[cfg(feature = "cuda")]
             Compute::Cuda(gpu) => gpu.forward(layers, &batch, &mut cache.pages)?,
         };
-        if let Compute::Cpu(CpuBackend {
-            op_times: Some(times),
-            ..
-        }) = &self.compute
-        {
+        if let Some((times, start)) = timing {
             times.pass(start);
         }
         let rows = batch.logit_rows.len();

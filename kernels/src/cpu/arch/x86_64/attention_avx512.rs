@@ -177,11 +177,15 @@ fn softmax_avx512(
     assert!(lo <= hi && hi < KEY_TILE);
     let heads = m.len();
     assert!(s.len() >= heads * KEY_TILE && l.len() >= heads && corr.len() >= heads);
-    if heads >= WIDE_HEADS {
-        return softmax_wide_avx512(s, lo, hi, m, l, corr);
-    }
     let valid = (((1u32 << (hi + 1)) - 1) & !((1u32 << lo) - 1)) as __mmask16;
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+    if heads >= WIDE_HEADS {
+        for g0 in (0..heads).step_by(WIDE_HEADS) {
+            // SAFETY: heads g0.. exist in every slice (asserted above).
+            unsafe { softmax_wide_group(s, valid, g0, m, l, corr) };
+        }
+        return;
+    }
     // Heads in groups, each step for the whole group before the next: the maxima's and sums'
     // reductions are long dependency chains, and the heads' chains then overlap. The
     // corrections of a group are one `exp2` (lane i: head i, the same lane-wise operations).
@@ -216,66 +220,58 @@ fn softmax_avx512(
     }
 }
 
-/// [`softmax_avx512`] for many heads (a prefill tile's rows): groups of 16, whose maxima and
-/// sums are reduced together (`hmax16`, `hsum16`: the tree of `hsum`, so each head's bits are
-/// its own) and whose corrections and new sums are lane-wise vectors, lane i for head i.
+/// [`softmax_avx512`] for heads `g0..g0 + 16` (fewer at the end) of a call with many heads (a
+/// prefill tile's rows): their maxima and sums are reduced together (`hmax16`, `hsum16`: the
+/// tree of `hsum`, so each head's bits are its own), and their corrections and new sums are
+/// lane-wise vectors, lane i for head i.
+///
+/// # Safety
+/// `m`, `l` and `corr` hold more than `g0` heads, and `s` 16 scores for each head of `m`.
 #[target_feature(enable = "avx512f")]
-fn softmax_wide_avx512(
+unsafe fn softmax_wide_group(
     s: &mut [f32],
-    lo: usize,
-    hi: usize,
+    valid: __mmask16,
+    g0: usize,
     m: &mut [f32],
     l: &mut [f32],
     corr: &mut [f32],
 ) {
-    assert!(lo <= hi && hi < KEY_TILE);
-    let heads = m.len();
-    assert!(s.len() >= heads * KEY_TILE && l.len() >= heads && corr.len() >= heads);
-    let valid = (((1u32 << (hi + 1)) - 1) & !((1u32 << lo) - 1)) as __mmask16;
     let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
-    for g0 in (0..heads).step_by(WIDE_HEADS) {
-        let n = (heads - g0).min(WIDE_HEADS);
-        let lanes = ((1u32 << n) - 1) as __mmask16;
+    let n = (m.len() - g0).min(WIDE_HEADS);
+    let lanes = ((1u32 << n) - 1) as __mmask16;
+    // SAFETY (whole body): heads g0..g0 + n exist in every slice (the caller's contract);
+    // lanes at and past `n` are neither loaded nor stored.
+    unsafe {
         let mut v = [neg_inf; WIDE_HEADS];
         for (i, vi) in v.iter_mut().enumerate().take(n) {
-            // SAFETY: `s` holds 16 scores per head (asserted above).
-            *vi =
-                unsafe { _mm512_mask_loadu_ps(neg_inf, valid, s[(g0 + i) * KEY_TILE..].as_ptr()) };
+            *vi = _mm512_mask_loadu_ps(neg_inf, valid, s[(g0 + i) * KEY_TILE..].as_ptr());
         }
         let mut tile_max = [0f32; WIDE_HEADS];
         hmax16(&v, &mut tile_max);
-        // SAFETY: lanes below `n` of `m[g0..]`, `l[g0..]` and `corr[g0..]` exist.
-        let (old, m_new) = unsafe {
-            let old = _mm512_mask_loadu_ps(neg_inf, lanes, m[g0..].as_ptr());
-            (old, _mm512_max_ps(old, _mm512_loadu_ps(tile_max.as_ptr())))
-        };
+        let old = _mm512_mask_loadu_ps(neg_inf, lanes, m[g0..].as_ptr());
+        let m_new = _mm512_max_ps(old, _mm512_loadu_ps(tile_max.as_ptr()));
         let c = exp2(_mm512_sub_ps(old, m_new));
         let mut maxima = [0f32; WIDE_HEADS];
-        // SAFETY: `maxima` holds 16 values.
-        unsafe { _mm512_storeu_ps(maxima.as_mut_ptr(), m_new) };
+        _mm512_storeu_ps(maxima.as_mut_ptr(), m_new);
         let mut p = [_mm512_setzero_ps(); WIDE_HEADS];
         for i in 0..n {
             p[i] = exp2(_mm512_sub_ps(v[i], _mm512_set1_ps(maxima[i])));
-            // SAFETY: as the load.
-            unsafe { _mm512_storeu_ps(s[(g0 + i) * KEY_TILE..].as_mut_ptr(), p[i]) };
+            _mm512_storeu_ps(s[(g0 + i) * KEY_TILE..].as_mut_ptr(), p[i]);
         }
         let mut sums = [0f32; WIDE_HEADS];
         hsum16(&p, &mut sums);
-        // SAFETY: as above; `sums` holds 16 values.
-        unsafe {
-            let l_old = _mm512_maskz_loadu_ps(lanes, l[g0..].as_ptr());
-            let l_new = _mm512_add_ps(_mm512_mul_ps(l_old, c), _mm512_loadu_ps(sums.as_ptr()));
-            _mm512_mask_storeu_ps(l[g0..].as_mut_ptr(), lanes, l_new);
-            _mm512_mask_storeu_ps(m[g0..].as_mut_ptr(), lanes, m_new);
-            _mm512_mask_storeu_ps(corr[g0..].as_mut_ptr(), lanes, c);
-        }
+        let l_old = _mm512_maskz_loadu_ps(lanes, l[g0..].as_ptr());
+        let l_new = _mm512_add_ps(_mm512_mul_ps(l_old, c), _mm512_loadu_ps(sums.as_ptr()));
+        _mm512_mask_storeu_ps(l[g0..].as_mut_ptr(), lanes, l_new);
+        _mm512_mask_storeu_ps(m[g0..].as_mut_ptr(), lanes, m_new);
+        _mm512_mask_storeu_ps(corr[g0..].as_mut_ptr(), lanes, c);
     }
 }
 
 /// Heads per group of [`softmax_avx512`].
 const SOFTMAX_HEADS: usize = 8;
 
-/// Heads per group of [`softmax_wide_avx512`], and the fewest it is used for.
+/// Heads per group of [`softmax_wide_group`], and the fewest a call needs to use it.
 const WIDE_HEADS: usize = 16;
 
 fn softmax(s: &mut [f32], lo: usize, hi: usize, m: &mut [f32], l: &mut [f32], corr: &mut [f32]) {
