@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 scripts/fetch_smollm2.sh >/dev/null
 export TESSERA_REQUIRE_SMOLLM2=1
+# One cold build: incremental state would only add gigabytes to the target folder.
+export CARGO_INCREMENTAL=0
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
