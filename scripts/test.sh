@@ -5,28 +5,35 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/fetch_smollm2.sh >/dev/null
+# Each step's time and the disk left after it go to stderr, so a slow or full CI run says where.
+step() {
+    local start=$SECONDS
+    "$@"
+    echo "test.sh: ${*:1:4} took $((SECONDS - start)) s; $(df -h --output=avail . | tail -1 | tr -d ' ') free" >&2
+}
+
+step scripts/fetch_smollm2.sh >/dev/null
 export TESSERA_REQUIRE_SMOLLM2=1
 # One cold build: incremental state would only add gigabytes to the target folder.
 export CARGO_INCREMENTAL=0
 
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+step cargo fmt --all -- --check
+step cargo clippy --workspace --all-targets --locked -- -D warnings
 # The end-to-end tests start the real binaries, which `cargo test` alone does not build.
-cargo build --workspace --bins --locked
-cargo test --workspace --locked --no-fail-fast
+step cargo build --workspace --bins --locked
+step cargo test --workspace --locked --no-fail-fast
 
 # The GPU path (CUDA kernels, NCCL collectives): builds with cudarc (no CUDA needed) and compiles every kernel to PTX for
 # sm_80 and sm_90 through NVRTC from PyPI; the GPU kernel tests skip without a GPU.
-cargo clippy -p tessera-kernels -p tessera-shard --features cuda --all-targets --locked -- -D warnings
-cargo test -p tessera-kernels --features cuda --locked
+step cargo clippy -p tessera-kernels -p tessera-shard --features cuda --all-targets --locked -- -D warnings
+step cargo test -p tessera-kernels --features cuda --locked
 # The shard's CUDA backend: its unit tests, and the GPU engine tests (which skip without a GPU).
-cargo test -p tessera-shard --features cuda --locked --lib --test cuda_engine
+step cargo test -p tessera-shard --features cuda --locked --lib --test cuda_engine
 
 # The Helm chart renders with default and non-default values and validates against the
 # Kubernetes schemas (renderer and validator from PyPI).
-bash scripts/check-helm.sh
+step bash scripts/check-helm.sh
 
 # Every fuzz target (GGUF, safetensors + config, HTTP bodies, chat templates, tokenizer round
 # trip, detokenizer) for a bounded time on its committed corpus; longer runs: fuzz/README.md.
-scripts/fuzz.sh 30
+step scripts/fuzz.sh 30
