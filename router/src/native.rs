@@ -68,6 +68,8 @@ pub struct GenerateParameters {
     #[serde(default)]
     pub ignore_eos: bool,
     pub skip_special_tokens: Option<bool>,
+    /// TGI's grammar (JSON schema or regex); refused: constrained output is not implemented.
+    pub grammar: Option<serde_json::Value>,
 }
 
 impl GenerateRequest {
@@ -77,6 +79,12 @@ impl GenerateRequest {
             return Err(ValidationError::Unsupported {
                 param: "best_of",
                 reason: "only 1 is supported; use `n` on /v1/completions for several samples",
+            });
+        }
+        if p.grammar.is_some() {
+            return Err(ValidationError::Unsupported {
+                param: "grammar",
+                reason: "grammar-constrained generation is not implemented",
             });
         }
         if p.watermark {

@@ -4,7 +4,10 @@
 //! (sampling) as OpenAI's does; `n` runs n independent requests (seeds `seed + i` when a
 //! seed is given); `best_of > 1` and `suffix` are refused; a few vLLM extensions are
 //! accepted (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `skip_special_tokens`).
-//! Unknown fields (`user`, `tools`, ...) are ignored. Errors use OpenAI's shape; invalid requests answer 400 (see [`crate::error`]).
+//! Unknown fields (`user`, `metadata`, ...) are ignored. Constrained output is not implemented,
+//! so asking for it (`response_format` other than text, `tools`, vLLM's `guided_*`) is refused
+//! rather than answered with unconstrained text. Errors use OpenAI's shape; invalid requests
+//! answer 400 (see [`crate::error`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -46,6 +49,80 @@ pub enum StopSpec {
 pub struct StreamOptions {
     /// Send a last chunk with `usage` (and `"usage": null` in the others).
     pub include_usage: Option<bool>,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponseFormat {
+    /// `text` (accepted), `json_object` or `json_schema` (refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// Requests for constrained output, shared by chat and completions: refused when set, since
+/// answering them with free text would break a client that parses the output.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct OutputConstraints {
+    /// Only `{"type": "text"}` is accepted.
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM extension; refused.
+    pub guided_json: Option<serde_json::Value>,
+    /// vLLM extension; refused.
+    pub guided_regex: Option<serde_json::Value>,
+    /// vLLM extension; refused.
+    pub guided_choice: Option<serde_json::Value>,
+    /// vLLM extension; refused.
+    pub guided_grammar: Option<serde_json::Value>,
+}
+
+impl OutputConstraints {
+    fn check(&self) -> Result<(), ValidationError> {
+        if self
+            .response_format
+            .as_ref()
+            .is_some_and(|f| f.kind != "text")
+        {
+            return Err(ValidationError::Unsupported {
+                param: "response_format",
+                reason: "structured output (JSON mode, JSON schema) is not implemented; \
+                         only `{\"type\": \"text\"}` is accepted",
+            });
+        }
+        let guided = [
+            ("guided_json", &self.guided_json),
+            ("guided_regex", &self.guided_regex),
+            ("guided_choice", &self.guided_choice),
+            ("guided_grammar", &self.guided_grammar),
+        ];
+        match guided.into_iter().find(|(_, v)| v.is_some()) {
+            Some((param, _)) => Err(ValidationError::Unsupported {
+                param,
+                reason: "guided decoding is not implemented",
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Tool calling is not implemented: tools are accepted only when the request says not to
+/// call them (`tool_choice: "none"`), as are the deprecated `functions`.
+fn check_tools(
+    tools: Option<&[serde_json::Value]>,
+    choice: Option<&serde_json::Value>,
+    (tools_param, choice_param): (&'static str, &'static str),
+) -> Result<(), ValidationError> {
+    let unsupported = |param| ValidationError::Unsupported {
+        param,
+        reason: "tool calling is not implemented; send no tools, or `\"none\"` as the choice",
+    };
+    let called = choice.is_none_or(|c| c != "none");
+    if tools.is_some_and(|t| !t.is_empty()) && called {
+        return Err(unsupported(tools_param));
+    }
+    if choice.is_some_and(|c| c != "none" && c != "auto") {
+        return Err(unsupported(choice_param));
+    }
+    Ok(())
 }
 
 /// The sampling fields shared by chat and completions requests.
@@ -151,6 +228,8 @@ pub struct RequestMessage {
     pub role: String,
     /// The content (null for an assistant message with only tool calls).
     pub content: Option<MessageContent>,
+    /// An assistant's earlier tool calls: refused, since no template here renders them.
+    pub tool_calls: Option<Vec<serde_json::Value>>,
 }
 
 /// `POST /v1/chat/completions` body.
@@ -168,9 +247,20 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token, 0..=20 (with `logprobs`).
     pub top_logprobs: Option<u32>,
+    /// Tool definitions; refused unless `tool_choice` is `"none"`.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// `"none"` or `"auto"` (with no tools); others are refused.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Deprecated form of `tools`; same rules.
+    pub functions: Option<Vec<serde_json::Value>>,
+    /// Deprecated form of `tool_choice`; same rules.
+    pub function_call: Option<serde_json::Value>,
     /// Sampling fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Constrained output (refused).
+    #[serde(flatten)]
+    pub constraints: OutputConstraints,
 }
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of those.
@@ -207,6 +297,9 @@ pub struct CompletionRequest {
     /// Sampling fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Constrained output (refused).
+    #[serde(flatten)]
+    pub constraints: OutputConstraints,
 }
 
 /// `usage`.
@@ -497,6 +590,11 @@ fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, Valida
         .enumerate()
         .map(|(index, m)| {
             let bad = |message: String| ValidationError::Message { index, message };
+            if m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
+                return Err(bad(
+                    "`tool_calls` are not supported (tool calling is not implemented)".into(),
+                ));
+            }
             let role = match m.role.as_str() {
                 "system" | "developer" => "system",
                 r @ ("user" | "assistant" | "tool") => r,
@@ -582,6 +680,17 @@ pub(crate) async fn chat_completions(
 ) -> Result<Response, OpenAiError> {
     check_model(&state, &req.model)?;
     let received = Instant::now();
+    req.constraints.check()?;
+    check_tools(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        ("tools", "tool_choice"),
+    )?;
+    check_tools(
+        req.functions.as_deref(),
+        req.function_call.as_ref(),
+        ("functions", "function_call"),
+    )?;
     let messages = chat_messages(&req.messages)?;
     let top = req.top_logprobs.unwrap_or(0);
     validate_openai_sampling(None, Some(("top_logprobs", top, 20)))?;
@@ -747,6 +856,7 @@ async fn plan_completions(
             reason: "insertion is not implemented",
         });
     }
+    req.constraints.check()?;
     let top = req.logprobs.unwrap_or(0);
     validate_openai_sampling(None, Some(("logprobs", top, 5)))?;
     let n = req.sampling.n.unwrap_or(1);

@@ -322,6 +322,10 @@ async fn native_validation_errors_are_422() {
         (json!({"stop": ["a", "b", "c"]}), "`stop` must be <= 2"),
         (json!({"top_n_tokens": 6}), "`top_n_tokens`"),
         (json!({"best_of": 2}), "`best_of`"),
+        (
+            json!({"grammar": {"type": "json", "value": {}}}),
+            "`grammar` is not supported",
+        ),
         (json!({"truncate": 0}), "`truncate`"),
     ] {
         let resp = call(
@@ -714,6 +718,29 @@ async fn openai_validation_errors_are_400() {
             json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
             "messages",
         ),
+        // Constrained output and tool calls are refused, never answered with free text.
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "response_format",
+        ),
+        (json!({"guided_json": {"type": "object"}}), "guided_json"),
+        (json!({"guided_choice": ["a", "b"]}), "guided_choice"),
+        (json!({"tools": [{"type": "function"}]}), "tools"),
+        (
+            json!({"tools": [{"type": "function"}], "tool_choice": "auto"}),
+            "tools",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"functions": [{"name": "f"}]}), "functions"),
+        (
+            json!({"messages": [{"role": "assistant", "content": null,
+                                 "tool_calls": [{"id": "1", "type": "function"}]}]}),
+            "messages",
+        ),
     ] {
         let mut body = json!({"model": MODEL, "messages": msgs});
         for (k, v) in extra.as_object().unwrap() {
@@ -725,10 +752,36 @@ async fn openai_validation_errors_are_400() {
         assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
         assert_eq!(v["error"]["param"], param, "{v}");
     }
-    let bad = json!({"model": MODEL, "prompt": "x", "logprobs": 6});
-    let resp = call(&app, post("/v1/completions", bad)).await;
-    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(json_of(resp).await["error"]["param"], "logprobs");
+    for (extra, param) in [
+        (json!({"logprobs": 6}), "logprobs"),
+        (json!({"guided_regex": "[a-z]+"}), "guided_regex"),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+    ] {
+        let mut body = json!({"model": MODEL, "prompt": "x"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let resp = call(&app, post("/v1/completions", body)).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{extra}");
+        assert_eq!(json_of(resp).await["error"]["param"], param, "{extra}");
+    }
+}
+
+#[tokio::test]
+async fn constraint_fields_that_ask_for_nothing_are_accepted() {
+    let (app, mut rx) = setup(Setup::default());
+    let body = json!({"model": MODEL, "max_tokens": 2, "response_format": {"type": "text"},
+        "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
+        "guided_json": null, "messages": [{"role": "user", "content": "Hi"}]});
+    let (resp, _) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a"]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = json!({"model": MODEL, "max_tokens": 2, "tool_choice": "auto", "tools": [],
+        "messages": [{"role": "user", "content": "Hi"}]});
+    let (resp, _) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a"]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
 }
 
 #[tokio::test]
