@@ -192,32 +192,55 @@ unsafe fn nibble_line<const HIGH: usize>(lines: *const u8, h: usize) -> (__m512i
     }
 }
 
-/// `Q3_K`'s groups `h` and `h + 4` of a tile's block (`lines`: the block's quant lines) as
-/// unsigned 3-bit values: crumb `h` of crumb lines 0 and 1, plus 4 where group `h`'s (`h + 4`'s)
-/// mask in the third line has the bit set.
+/// One half of [`nibble_line`]: the low nibbles (`half` 0, the block's first 16 values) or
+/// the high ones (`half` 1), with their high bits.
+///
+/// # Safety
+/// As [`nibble_line`].
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn nibble_half<const HIGH: usize>(lines: *const u8, h: usize, half: usize) -> __m512i {
+    let low = _mm512_set1_epi8(0x0F);
+    // SAFETY: the caller vouches for the block's `4 + HIGH` lines.
+    unsafe {
+        let p = _mm512_load_si512(lines.add(64 * h).cast());
+        let p = if half == 0 {
+            p
+        } else {
+            _mm512_srli_epi16::<4>(p)
+        };
+        let mut v = _mm512_and_si512(p, low);
+        for level in 0..HIGH {
+            let bits = lines.add(64 * (QK / 8 + level) + 16 * h).cast::<u64>();
+            let k = _cvtu64_mask64(bits.add(half).read_unaligned());
+            v = _mm512_mask_add_epi8(v, k, v, _mm512_set1_epi8(16 << level));
+        }
+        v
+    }
+}
+
+/// `Q3_K`'s group `h` (`half` 0) or `h + 4` (`half` 1) of a tile's block (`lines`: the block's
+/// quant lines) as unsigned 3-bit values: crumb `h` of crumb line `half`, plus 4 where the
+/// group's mask in the third line has the bit set.
 ///
 /// # Safety
 /// `lines` points at a block of a tile of a `Q3_K` matrix.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-unsafe fn crumb_pair(lines: *const u8, h: usize) -> (__m512i, __m512i) {
-    let (three, four) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
+unsafe fn crumb_half(lines: *const u8, h: usize, half: usize) -> __m512i {
     let shift = _mm_cvtsi32_si128((2 * h) as i32);
     // SAFETY: the caller vouches for the block's three lines.
     unsafe {
-        let [a, b] = [0, 1].map(|c| {
-            let p = _mm512_load_si512(lines.add(64 * c).cast());
-            _mm512_and_si512(_mm512_srl_epi16(p, shift), three)
-        });
-        let masks = lines.add(2 * 64).cast::<u64>();
-        let (ka, kb) = (
-            _cvtu64_mask64(masks.add(h).read_unaligned()),
-            _cvtu64_mask64(masks.add(h + 4).read_unaligned()),
+        let p = _mm512_load_si512(lines.add(64 * half).cast());
+        let v = _mm512_and_si512(_mm512_srl_epi16(p, shift), _mm512_set1_epi8(3));
+        let k = _cvtu64_mask64(
+            lines
+                .add(2 * 64)
+                .cast::<u64>()
+                .add(h + 4 * half)
+                .read_unaligned(),
         );
-        (
-            _mm512_mask_add_epi8(a, ka, a, four),
-            _mm512_mask_add_epi8(b, kb, b, four),
-        )
+        _mm512_mask_add_epi8(v, k, v, _mm512_set1_epi8(4))
     }
 }
 
@@ -393,9 +416,7 @@ unsafe fn kernel<
     }
 }
 
-/// `Q6_K` (and `Q3_K`, `CRUMB`): a GEMV takes tiles in pairs; products of several rows take one
-/// tile over four rows (each (row, tile) keeps four integer sums, two digits times two halves,
-/// so the wider blocks of the other formats would not fit in the registers).
+/// `Q6_K` (and `Q3_K`, `CRUMB`): tiles in pairs, each unpacked line shared by up to four rows.
 ///
 /// # Safety
 /// As `portable::tiles`; only reachable after [`avx512_vnni_supported`].
@@ -415,28 +436,23 @@ unsafe fn tiles_q6<const CRUMB: bool>(
         while t < t0 + nt {
             let o = out.add((t - t0) * TILE);
             let pair = t + 2 <= t0 + nt;
-            if m == 1 {
-                if pair {
-                    kernel_q6::<CRUMB, 1, 2>(w, t, x, 0, o, ldo, true);
-                } else {
-                    kernel_q6::<CRUMB, 1, 1>(w, t, x, 0, o, ldo, true);
-                }
-                t += if pair { 2 } else { 1 };
-                continue;
-            }
-            // Several rows: one tile at a time, its unpacked lines shared by four rows.
             let mut i = 0;
             while i < m {
                 let o = o.add(i * ldo);
-                match m - i {
-                    1 => kernel_q6::<CRUMB, 1, 1>(w, t, x, i, o, ldo, i == 0),
-                    2 => kernel_q6::<CRUMB, 2, 1>(w, t, x, i, o, ldo, i == 0),
-                    3 => kernel_q6::<CRUMB, 3, 1>(w, t, x, i, o, ldo, i == 0),
-                    _ => kernel_q6::<CRUMB, 4, 1>(w, t, x, i, o, ldo, i == 0),
+                let first = i == 0;
+                match (m - i, pair) {
+                    (1, true) => kernel_q6::<CRUMB, 1, 2>(w, t, x, i, o, ldo, first),
+                    (2, true) => kernel_q6::<CRUMB, 2, 2>(w, t, x, i, o, ldo, first),
+                    (3, true) => kernel_q6::<CRUMB, 3, 2>(w, t, x, i, o, ldo, first),
+                    (_, true) => kernel_q6::<CRUMB, 4, 2>(w, t, x, i, o, ldo, first),
+                    (1, false) => kernel_q6::<CRUMB, 1, 1>(w, t, x, i, o, ldo, first),
+                    (2, false) => kernel_q6::<CRUMB, 2, 1>(w, t, x, i, o, ldo, first),
+                    (3, false) => kernel_q6::<CRUMB, 3, 1>(w, t, x, i, o, ldo, first),
+                    (_, false) => kernel_q6::<CRUMB, 4, 1>(w, t, x, i, o, ldo, first),
                 }
                 i += 4;
             }
-            t += 1;
+            t += if pair { 2 } else { 1 };
         }
     }
 }
@@ -444,6 +460,8 @@ unsafe fn tiles_q6<const CRUMB: bool>(
 /// [`kernel`] for `Q6_K`: quants of six bits (the nibble lines plus two lines of high bits),
 /// and per half of each block its own integer sums and scale; see `portable::tile_row`. With
 /// `CRUMB`, `Q3_K`'s: three bits (two crumb lines and a line of masks), offset 4 instead of 32.
+/// The halves run one after the other, so that each (row, tile) needs two integer sums at a
+/// time, not four, and four rows fit over two tiles.
 ///
 /// # Safety
 /// The rows and tiles exist; `out` is writable at those places.
@@ -477,9 +495,6 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
             if prefetch {
                 prefetch_ahead(&lines, &scales, qb, stride);
             }
-            // [row][tile][half]: against the high digits, and against the low ones.
-            let mut sa = [[[_mm512_setzero_si512(); 2]; C]; R];
-            let mut sb = [[[_mm512_setzero_si512(); 2]; C]; R];
             let xg = |digits: *const i8, r: usize, g: usize| {
                 _mm512_set1_epi32(
                     digits
@@ -488,47 +503,50 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
                         .read_unaligned(),
                 )
             };
-            for h in 0..QK / 8 {
-                let mut lo = [_mm512_setzero_si512(); C];
-                let mut hi = [_mm512_setzero_si512(); C];
-                for c in 0..C {
-                    (lo[c], hi[c]) = if CRUMB {
-                        crumb_pair(lines[c], h)
-                    } else {
-                        nibble_line::<2>(lines[c], h)
-                    };
-                }
-                for r in 0..R {
-                    let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
-                    let (l0, l1) = (xg(xl, r, h), xg(xl, r, h + QK / 8));
-                    for c in 0..C {
-                        sa[r][c][0] = _mm512_dpbusd_epi32(sa[r][c][0], lo[c], h0);
-                        sb[r][c][0] = _mm512_dpbusd_epi32(sb[r][c][0], lo[c], l0);
-                        sa[r][c][1] = _mm512_dpbusd_epi32(sa[r][c][1], hi[c], h1);
-                        sb[r][c][1] = _mm512_dpbusd_epi32(sb[r][c][1], hi[c], l1);
+            // The halves as constants: each pass unrolls fully.
+            macro_rules! half_pass {
+                ($half:literal) => {{
+                    let half: usize = $half;
+                    // [row][tile]: against the high digits, and against the low ones.
+                    let mut sa = [[_mm512_setzero_si512(); C]; R];
+                    // The halves' offset sums start the low chains (exact: integers).
+                    let mut sb: [[__m512i; C]; R] = std::array::from_fn(|r| {
+                        [_mm512_set1_epi32((*halves.add(xs[r] + b))[half] >> shift); C]
+                    });
+                    for h in 0..QK / 8 {
+                        let v: [__m512i; C] = std::array::from_fn(|c| {
+                            if CRUMB {
+                                crumb_half(lines[c], h, half)
+                            } else {
+                                nibble_half::<2>(lines[c], h, half)
+                            }
+                        });
+                        let g = h + half * QK / 8;
+                        for r in 0..R {
+                            let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
+                            for c in 0..C {
+                                sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], v[c], hg);
+                                sb[r][c] = _mm512_dpbusd_epi32(sb[r][c], v[c], lg);
+                            }
+                        }
                     }
-                }
-            }
-            let dw: [[__m512; 2]; C] = std::array::from_fn(|c| {
-                [0, TILE].map(|o| _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(o).cast())))
-            });
-            for r in 0..R {
-                let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
-                let s32 = (*halves.add(xs[r] + b)).map(|s| s >> shift);
-                for c in 0..C {
-                    for half in 0..2 {
-                        let combined = _mm512_add_epi32(
-                            _mm512_add_epi32(
-                                _mm512_mullo_epi32(sa[r][c][half], radix),
-                                sb[r][c][half],
-                            ),
-                            _mm512_set1_epi32(s32[half]),
-                        );
-                        let scale = _mm512_mul_ps(dw[c][half], dx);
-                        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(combined), scale, acc[r][c]);
+                    let dw: [__m512; C] = std::array::from_fn(|c| {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(half * TILE).cast()))
+                    });
+                    for r in 0..R {
+                        let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
+                        for c in 0..C {
+                            let combined =
+                                _mm512_add_epi32(_mm512_mullo_epi32(sa[r][c], radix), sb[r][c]);
+                            let scale = _mm512_mul_ps(dw[c], dx);
+                            acc[r][c] =
+                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(combined), scale, acc[r][c]);
+                        }
                     }
-                }
+                }};
             }
+            half_pass!(0);
+            half_pass!(1);
         }
         store_tiles(w, t, &acc, out, ldo);
     }
