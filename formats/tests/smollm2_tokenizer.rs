@@ -131,3 +131,24 @@ fn chat_template_matches_transformers() {
         );
     }
 }
+
+/// Every text token's bytes, joined, give back the text (what JSON mode's byte-level
+/// constraint relies on); `<|im_end|>` and the other control tokens have none.
+#[test]
+fn token_bytes_join_to_the_text() {
+    let Some(tok) = load() else { return };
+    let bytes = tok.token_bytes();
+    assert_eq!(bytes.len(), tok.vocab_size());
+    let text = "{\"name\": \"Zoë\", \"tags\": [\"a\\\"b\", null], \"n\": -1.5e+3}\n\t 日本";
+    let ids = tok.encode(text, false).unwrap();
+    let joined: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| bytes[id as usize].clone().unwrap())
+        .collect();
+    assert_eq!(String::from_utf8(joined).unwrap(), text);
+    for &eos in &tok.eos_token_ids {
+        assert_eq!(bytes[eos as usize], None);
+    }
+    let text_tokens = bytes.iter().filter(|b| b.is_some()).count();
+    assert!(text_tokens > 49_000, "{text_tokens} text tokens");
+}

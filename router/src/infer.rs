@@ -67,6 +67,8 @@ pub struct ValidParameters {
     pub seed: Option<u64>,
     /// How many most likely alternatives to report per generated token.
     pub top_n_tokens: u32,
+    /// JSON mode: the shard keeps the output one JSON object.
+    pub json_object: bool,
 }
 
 impl Default for ValidParameters {
@@ -83,6 +85,7 @@ impl Default for ValidParameters {
             logit_bias: Vec::new(),
             seed: None,
             top_n_tokens: 0,
+            json_object: false,
         }
     }
 }

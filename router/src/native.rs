@@ -123,6 +123,7 @@ impl GenerateRequest {
                 ignore_eos: p.ignore_eos,
                 decoder_input_details: p.decoder_input_details,
                 skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
+                json_object: false,
             },
             truncate: p.truncate,
         };

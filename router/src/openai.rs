@@ -4,10 +4,11 @@
 //! (sampling) as OpenAI's does; `n` runs n independent requests (seeds `seed + i` when a
 //! seed is given); `best_of > 1` and `suffix` are refused; a few vLLM extensions are
 //! accepted (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `skip_special_tokens`).
-//! Unknown fields (`user`, `metadata`, ...) are ignored. Constrained output is not implemented,
-//! so asking for it (`response_format` other than text, `tools`, vLLM's `guided_*`) is refused
-//! rather than answered with unconstrained text. Errors use OpenAI's shape; invalid requests
-//! answer 400 (see [`crate::error`]).
+//! Unknown fields (`user`, `metadata`, ...) are ignored. `response_format: {"type":
+//! "json_object"}` is JSON mode (the shard keeps the output one JSON object); other constrained
+//! output (`json_schema`, `tools`, vLLM's `guided_*`) is not implemented, so asking for it is
+//! refused rather than answered with unconstrained text. Errors use OpenAI's shape; invalid
+//! requests answer 400 (see [`crate::error`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -54,16 +55,16 @@ pub struct StreamOptions {
 /// `response_format`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ResponseFormat {
-    /// `text` (accepted), `json_object` or `json_schema` (refused).
+    /// `text`, `json_object` (JSON mode) or `json_schema` (refused).
     #[serde(rename = "type")]
     pub kind: String,
 }
 
-/// Requests for constrained output, shared by chat and completions: refused when set, since
-/// answering them with free text would break a client that parses the output.
+/// Requests for constrained output, shared by chat and completions. Those not implemented are
+/// refused, since answering them with free text would break a client that parses the output.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct OutputConstraints {
-    /// Only `{"type": "text"}` is accepted.
+    /// `{"type": "text"}` or `{"type": "json_object"}`.
     pub response_format: Option<ResponseFormat>,
     /// vLLM extension; refused.
     pub guided_json: Option<serde_json::Value>,
@@ -76,18 +77,19 @@ pub struct OutputConstraints {
 }
 
 impl OutputConstraints {
-    fn check(&self) -> Result<(), ValidationError> {
-        if self
-            .response_format
-            .as_ref()
-            .is_some_and(|f| f.kind != "text")
-        {
-            return Err(ValidationError::Unsupported {
-                param: "response_format",
-                reason: "structured output (JSON mode, JSON schema) is not implemented; \
-                         only `{\"type\": \"text\"}` is accepted",
-            });
-        }
+    /// Whether the request asks for JSON mode; an error for what is not implemented.
+    fn json_object(&self) -> Result<bool, ValidationError> {
+        let json = match self.response_format.as_ref().map(|f| f.kind.as_str()) {
+            None | Some("text") => false,
+            Some("json_object") => true,
+            Some(_) => {
+                return Err(ValidationError::Unsupported {
+                    param: "response_format",
+                    reason: "JSON schemas are not implemented; use `{\"type\": \
+                             \"json_object\"}` (any JSON object) or `{\"type\": \"text\"}`",
+                });
+            }
+        };
         let guided = [
             ("guided_json", &self.guided_json),
             ("guided_regex", &self.guided_regex),
@@ -97,9 +99,10 @@ impl OutputConstraints {
         match guided.into_iter().find(|(_, v)| v.is_some()) {
             Some((param, _)) => Err(ValidationError::Unsupported {
                 param,
-                reason: "guided decoding is not implemented",
+                reason: "guided decoding is not implemented; `response_format: {\"type\": \
+                         \"json_object\"}` gives any JSON object",
             }),
-            None => Ok(()),
+            None => Ok(json),
         }
     }
 }
@@ -190,6 +193,7 @@ impl SamplingFields {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             decoder_input_details,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+            json_object: false,
         })
     }
 
@@ -680,7 +684,7 @@ pub(crate) async fn chat_completions(
 ) -> Result<Response, OpenAiError> {
     check_model(&state, &req.model)?;
     let received = Instant::now();
-    req.constraints.check()?;
+    let json_object = req.constraints.json_object()?;
     check_tools(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
@@ -701,11 +705,12 @@ pub(crate) async fn chat_completions(
     let prompt = tokio::task::spawn_blocking(move || validation.apply_chat_template(&messages))
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
-    let parameters = req.sampling.parameters(
+    let mut parameters = req.sampling.parameters(
         req.max_completion_tokens.or(req.max_tokens),
         if logprobs { top } else { 0 },
         false,
     )?;
+    parameters.json_object = json_object;
     let input = GenerateInput {
         prompt: Prompt::Text {
             text: prompt,
@@ -856,7 +861,7 @@ async fn plan_completions(
             reason: "insertion is not implemented",
         });
     }
-    req.constraints.check()?;
+    let json_object = req.constraints.json_object()?;
     let top = req.logprobs.unwrap_or(0);
     validate_openai_sampling(None, Some(("logprobs", top, 5)))?;
     let n = req.sampling.n.unwrap_or(1);
@@ -879,11 +884,12 @@ async fn plan_completions(
             max: state.validation().config().max_best_of,
             given: prompts.len() * n,
         })?;
-    let parameters = req.sampling.parameters(
+    let mut parameters = req.sampling.parameters(
         Some(req.max_tokens.unwrap_or(16)),
         top,
         echo && req.logprobs.is_some(),
     )?;
+    parameters.json_object = json_object;
     let mut plan = CompletionPlan {
         requests: Vec::new(),
         prompts: Vec::new(),

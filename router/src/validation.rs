@@ -92,6 +92,8 @@ pub struct RequestParameters {
     pub decoder_input_details: bool,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: bool,
+    /// JSON mode: the output is one JSON object.
+    pub json_object: bool,
 }
 
 impl Default for RequestParameters {
@@ -114,6 +116,7 @@ impl Default for RequestParameters {
             ignore_eos: false,
             decoder_input_details: false,
             skip_special_tokens: true,
+            json_object: false,
         }
     }
 }
@@ -484,6 +487,7 @@ impl Validation {
             logit_bias,
             seed,
             top_n_tokens,
+            json_object: p.json_object,
         })
     }
 

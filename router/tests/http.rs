@@ -720,10 +720,6 @@ async fn openai_validation_errors_are_400() {
         ),
         // Constrained output and tool calls are refused, never answered with free text.
         (
-            json!({"response_format": {"type": "json_object"}}),
-            "response_format",
-        ),
-        (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
             "response_format",
         ),
@@ -756,7 +752,7 @@ async fn openai_validation_errors_are_400() {
         (json!({"logprobs": 6}), "logprobs"),
         (json!({"guided_regex": "[a-z]+"}), "guided_regex"),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema"}}),
             "response_format",
         ),
     ] {
@@ -776,12 +772,35 @@ async fn constraint_fields_that_ask_for_nothing_are_accepted() {
     let body = json!({"model": MODEL, "max_tokens": 2, "response_format": {"type": "text"},
         "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
         "guided_json": null, "messages": [{"role": "user", "content": "Hi"}]});
-    let (resp, _) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a"]).await;
+    let (resp, entries) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a"]).await;
     assert_eq!(resp.status(), StatusCode::OK);
+    assert!(!entries[0].request.parameters.json_object);
     let body = json!({"model": MODEL, "max_tokens": 2, "tool_choice": "auto", "tools": [],
         "messages": [{"role": "user", "content": "Hi"}]});
     let (resp, _) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a"]).await;
     assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn json_object_format_asks_the_shard_for_json_mode() {
+    let (app, mut rx) = setup(Setup::default());
+    let body = json!({"model": MODEL, "max_tokens": 2, "response_format": {"type": "json_object"},
+        "messages": [{"role": "user", "content": "Hi"}]});
+    let (resp, entries) = run(
+        &app,
+        &mut rx,
+        post("/v1/chat/completions", body),
+        1,
+        &["{}"],
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(entries[0].request.parameters.json_object);
+    let body = json!({"model": MODEL, "max_tokens": 2, "prompt": "x", "n": 2,
+        "response_format": {"type": "json_object"}});
+    let (resp, entries) = run(&app, &mut rx, post("/v1/completions", body), 2, &["{}"]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(entries.iter().all(|e| e.request.parameters.json_object));
 }
 
 #[tokio::test]

@@ -3,12 +3,13 @@
 //! the router; this only executes what it is told and checks that it is possible.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
 
 use crate::model::{LogitsWanted, Model, SequenceChunk};
-use crate::sampling::{SampledToken, Sampler, SamplingParams};
+use crate::sampling::{SampledToken, Sampler, SamplingParams, TokenVocab};
 use crate::speculative::{SpeculationConfig, Speculator, propose_ngram, verify};
 use crate::{EngineError, KvCache};
 
@@ -31,6 +32,8 @@ pub struct NewSequence {
     pub chunk_len: Option<usize>,
     /// Trailing tokens of `input_ids` generated before a preemption.
     pub generated_len: usize,
+    /// Constrain the output to one JSON object (needs [`Engine::with_vocabulary`]).
+    pub json_object: bool,
 }
 
 /// What one sequence produced in one pass.
@@ -91,6 +94,7 @@ pub struct Engine {
     batches: HashMap<u64, Vec<u64>>,
     speculation: Option<SpeculationConfig>,
     draft: Option<Draft>,
+    vocab: Option<Arc<TokenVocab>>,
 }
 
 impl Engine {
@@ -104,7 +108,15 @@ impl Engine {
             batches: HashMap::new(),
             speculation: None,
             draft: None,
+            vocab: None,
         })
+    }
+
+    /// The model's token bytes, for sequences in JSON mode (without them such sequences are
+    /// refused).
+    pub fn with_vocabulary(mut self, vocab: Arc<TokenVocab>) -> Self {
+        self.vocab = Some(vocab);
+        self
     }
 
     /// Uses `draft` to propose tokens (`Speculator::Draft`). It must share the tokenizer:
@@ -331,6 +343,16 @@ impl Engine {
             }
             let prompt_len = seq.input_ids.len() - seq.generated_len.min(seq.input_ids.len());
             let mut sampler = Sampler::new(seq.params, &seq.input_ids[..prompt_len]);
+            if seq.json_object {
+                let vocab = self.vocab.clone().ok_or_else(|| {
+                    EngineError::InvalidBatch(format!(
+                        "request {}: JSON mode needs the model's tokenizer, which this shard \
+                         has not loaded",
+                        seq.id
+                    ))
+                })?;
+                sampler = sampler.with_json(vocab);
+            }
             for &t in &seq.input_ids[prompt_len..] {
                 sampler.record(t);
             }

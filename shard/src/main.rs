@@ -10,6 +10,7 @@ use tessera_kernels::cpu::ActivationDtype;
 use tessera_kernels::cpu::bf16_dot::hardware_bf16;
 use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
 use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
+use tessera_shard::sampling::TokenVocab;
 use tessera_shard::service::{ShardInfo, ShardService};
 use tessera_shard::speculative::{SpeculationConfig, Speculator};
 use tessera_shard::telemetry::{self, TelemetryConfig};
@@ -197,6 +198,7 @@ async fn main() -> anyhow::Result<()> {
         .with_activation_dtype(activations);
     let model = place(model, on_gpu, args.rank as usize)?;
     let weights_dtype = model.weights_dtype();
+    let vocab = token_vocab(&files);
     // Unmap the model files: this rank keeps only its slices.
     drop(files);
     // A minimal cache until Warmup sizes it from the memory budget.
@@ -205,6 +207,9 @@ async fn main() -> anyhow::Result<()> {
         depth: args.speculate as usize,
         speculator,
     });
+    if let Some(vocab) = vocab {
+        engine = engine.with_vocabulary(vocab);
+    }
     if let (Speculator::Draft, Some(path)) = (speculator, &args.draft_model_id) {
         let draft = ModelFiles::open(path)?;
         tracing::info!(draft = %path.display(), "loading the draft model");
@@ -378,6 +383,21 @@ fn place(model: Model, on_gpu: bool, rank: usize) -> anyhow::Result<Model> {
 #[cfg(not(feature = "cuda"))]
 fn place(model: Model, _on_gpu: bool, _rank: usize) -> anyhow::Result<Model> {
     Ok(model)
+}
+
+/// The token bytes JSON mode masks with. A model without a loadable tokenizer still serves;
+/// its JSON-mode requests are refused.
+fn token_vocab(files: &ModelFiles) -> Option<Arc<TokenVocab>> {
+    match files.tokenizer() {
+        Ok(tok) => Some(Arc::new(TokenVocab::new(
+            &tok.token_bytes(),
+            &tok.eos_token_ids,
+        ))),
+        Err(e) => {
+            tracing::warn!("no tokenizer ({e}): JSON-mode requests will be refused");
+            None
+        }
+    }
 }
 
 #[cfg(test)]

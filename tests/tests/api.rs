@@ -456,6 +456,29 @@ async fn chat(s: &Server) {
     );
 }
 
+/// `response_format: json_object` reaches the shard: even this random model's output is
+/// blanks and then an object (whole when it stopped), never free text.
+async fn json_mode(s: &Server) {
+    for seed in 0..3 {
+        let body = json!({"model": MODEL, "max_tokens": 24, "seed": seed, "temperature": 1.0,
+            "response_format": {"type": "json_object"},
+            "messages": [{"role": "user", "content": "Answer in JSON."}]});
+        let (status, v) = s.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{v}");
+        let c = &v["choices"][0];
+        let content = c["message"]["content"].as_str().expect("content");
+        let start = content.trim_start();
+        assert!(
+            start.is_empty() || start.starts_with('{'),
+            "seed {seed}: {content:?}"
+        );
+        if c["finish_reason"] == "stop" {
+            let parsed: Value = serde_json::from_str(content).expect("a whole object");
+            assert!(parsed.is_object(), "{parsed}");
+        }
+    }
+}
+
 async fn completions(s: &Server) {
     let prompts = ["The", "Once upon a time"];
     let mut prompt_tokens = 0;
@@ -693,6 +716,7 @@ async fn routes_and_shapes() {
         checks.run("GET /v1/models", CHECK_LIMIT, models(s)).await;
         checks.run("chat completions", CHECK_LIMIT, chat(s)).await;
         checks.run("completions", CHECK_LIMIT, completions(s)).await;
+        checks.run("JSON mode", CHECK_LIMIT, json_mode(s)).await;
         checks
             .run(
                 "stream detokenization",

@@ -64,7 +64,7 @@ fn split_regex(pre: &str) -> Option<&'static str> {
 }
 
 /// GPT-2's byte-to-character table: every byte gets a printable character.
-fn bytes_to_unicode() -> [char; 256] {
+pub(super) fn bytes_to_unicode() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for (byte, slot) in table.iter_mut().enumerate() {

@@ -4,6 +4,7 @@
 mod gguf;
 mod hf;
 mod spec;
+mod token_bytes;
 
 pub use spec::GgufTokenizerSpec;
 

@@ -423,6 +423,7 @@ impl Batcher {
                     .map(|&(token_id, bias)| pb::LogitBias { token_id, bias })
                     .collect(),
                 seed: p.seed.unwrap_or(0),
+                json_object: p.json_object,
             }),
             top_n_tokens: p.top_n_tokens,
             prefill_logprobs: live.is_some_and(|l| l.wants_prefill_logprobs),

@@ -6,7 +6,9 @@
 //!
 //! # Order of operations
 //!
-//! Logit space, on a copy of the row (skipped when none of them is on):
+//! JSON mode ([`Sampler::with_json`]) first sets every token that cannot continue the
+//! output's JSON object to `-inf` (see `constraint`). Then logit space, on a copy of the row
+//! (skipped when none of them is on):
 //! 1. `logit_bias`: `x[id] += bias` (ids outside the vocabulary are ignored; repeated ids
 //!    add up).
 //! 2. `repetition_penalty` (Hugging Face): for each distinct token of prompt + generated
@@ -67,10 +69,14 @@
 //! assert!(token.id < 4);
 //! ```
 
+mod constraint;
+mod json;
 mod logprobs;
 mod math;
 mod params;
 mod pipeline;
+
+use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -80,6 +86,9 @@ pub use params::{
     SamplingParams,
 };
 
+pub use constraint::TokenVocab;
+
+use constraint::JsonConstraint;
 use logprobs::LogSoftmax;
 use pipeline::{History, Outcome, Plan, Scratch};
 
@@ -105,6 +114,10 @@ pub struct Sampler {
     /// The step whose stream `rng` is positioned in, if any.
     rng_step: Option<u64>,
     scratch: Scratch,
+    /// JSON mode: the tokens that may come next.
+    json: Option<JsonConstraint>,
+    /// The row with disallowed tokens at `-inf`, under a constraint.
+    masked: Vec<f32>,
 }
 
 impl Sampler {
@@ -124,7 +137,22 @@ impl Sampler {
             generated: 0,
             rng_step: None,
             scratch: Scratch::default(),
+            json: None,
+            masked: Vec::new(),
         }
+    }
+
+    /// Constrains the output to one JSON object over `vocab` (JSON mode): tokens that cannot
+    /// continue it are at `-inf` before any other processing, and end-of-generation tokens
+    /// are allowed only once it is complete. Attach before recording replayed tokens.
+    pub fn with_json(mut self, vocab: Arc<TokenVocab>) -> Self {
+        self.json = Some(JsonConstraint::new(vocab));
+        self
+    }
+
+    /// Whether the output is constrained (JSON mode).
+    pub fn is_constrained(&self) -> bool {
+        self.json.is_some()
     }
 
     /// [`SamplingParams::validate`], then [`Sampler::new`].
@@ -159,6 +187,13 @@ impl Sampler {
 
     /// Processes `logits` and draws the next token without recording it.
     pub fn choose(&mut self, logits: &[f32]) -> u32 {
+        let logits = match &self.json {
+            Some(json) => {
+                json.mask_into(logits, &mut self.masked);
+                &self.masked
+            }
+            None => logits,
+        };
         match pipeline::process(&self.plan, &self.history, logits, &mut self.scratch) {
             Outcome::Token(id) => id,
             Outcome::Weights { total } => {
@@ -191,6 +226,9 @@ impl Sampler {
     /// generated before a preemption, or for tokens chosen outside `sample` (speculative
     /// decoding).
     pub fn record(&mut self, id: u32) {
+        if let Some(json) = &mut self.json {
+            json.advance(id);
+        }
         if self.plan.repetition.is_some() {
             self.history.seen.insert(id);
         }
@@ -204,6 +242,14 @@ impl Sampler {
     /// probability per vocabulary token summing to 1 (one-hot on the argmax when greedy;
     /// empty for an empty row).
     pub fn processed_probs(&self, logits: &[f32]) -> Vec<f32> {
+        let mut masked = Vec::new();
+        let logits = match &self.json {
+            Some(json) => {
+                json.mask_into(logits, &mut masked);
+                &masked
+            }
+            None => logits,
+        };
         let mut scratch = Scratch::default();
         let mut probs = vec![0.0f32; logits.len()];
         match pipeline::process(&self.plan, &self.history, logits, &mut scratch) {

@@ -339,6 +339,7 @@ pub fn sequence(
         cache_len: 0,
         chunk_len: None,
         generated_len: 0,
+        json_object: false,
     }
 }
 

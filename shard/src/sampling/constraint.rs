@@ -1,0 +1,339 @@
+//! JSON mode: which tokens may come next so that the output stays a prefix of a JSON object.
+//!
+//! The vocabulary's token bytes live in a trie; the allowed set for a state is one walk of
+//! the trie that branches the [`JsonState`] at each node and drops a subtree at the first byte
+//! the state rejects. Sets are cached by state, shared by the sequences of a vocabulary: inside
+//! a long string, between array items, and across requests for the same shape, states repeat.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::json::JsonState;
+
+/// The vocabulary as the bytes each token adds, and the tokens that end generation.
+pub struct TokenVocab {
+    size: usize,
+    eos: Vec<u32>,
+    /// Node `n`'s children are `edges[child_start[n]..child_start[n + 1]]` as (byte, node).
+    child_start: Vec<u32>,
+    edges: Vec<(u8, u32)>,
+    /// Tokens whose bytes end at node `n`: `ends[end_start[n]..end_start[n + 1]]`.
+    end_start: Vec<u32>,
+    ends: Vec<u32>,
+    /// Token `t`'s bytes: `token_bytes[token_start[t]..token_start[t + 1]]`.
+    token_start: Vec<u32>,
+    token_bytes: Vec<u8>,
+    cache: Mutex<HashMap<JsonState, Arc<Vec<u64>>>>,
+}
+
+impl std::fmt::Debug for TokenVocab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenVocab")
+            .field("size", &self.size)
+            .field("eos", &self.eos)
+            .field("trie_nodes", &(self.child_start.len() - 1))
+            .finish()
+    }
+}
+
+impl TokenVocab {
+    /// `bytes[id]`: what token `id` adds to the output (`None`: nothing, never allowed under a
+    /// constraint unless it ends generation); `eos`: the ids that end generation.
+    pub fn new(bytes: &[Option<Vec<u8>>], eos: &[u32]) -> Self {
+        // Build with owned children, then flatten in depth-first order.
+        let mut children: Vec<Vec<(u8, u32)>> = vec![Vec::new()];
+        let mut ends: Vec<Vec<u32>> = vec![Vec::new()];
+        for (id, b) in bytes.iter().enumerate() {
+            let Some(b) = b.as_deref().filter(|b| !b.is_empty()) else {
+                continue;
+            };
+            let mut node = 0usize;
+            for &byte in b {
+                node = match children[node].iter().find(|(c, _)| *c == byte) {
+                    Some(&(_, n)) => n as usize,
+                    None => {
+                        let n = children.len();
+                        children[node].push((byte, n as u32));
+                        children.push(Vec::new());
+                        ends.push(Vec::new());
+                        n
+                    }
+                };
+            }
+            ends[node].push(id as u32);
+        }
+        let mut vocab = Self {
+            size: bytes.len(),
+            eos: eos
+                .iter()
+                .copied()
+                .filter(|&e| (e as usize) < bytes.len())
+                .collect(),
+            child_start: vec![0],
+            edges: Vec::new(),
+            end_start: vec![0],
+            ends: Vec::new(),
+            token_start: vec![0],
+            token_bytes: Vec::new(),
+            cache: Mutex::new(HashMap::new()),
+        };
+        for b in bytes {
+            vocab
+                .token_bytes
+                .extend_from_slice(b.as_deref().unwrap_or_default());
+            vocab.token_start.push(vocab.token_bytes.len() as u32);
+        }
+        for (c, e) in children.iter().zip(&ends) {
+            vocab.edges.extend_from_slice(c);
+            vocab.child_start.push(vocab.edges.len() as u32);
+            vocab.ends.extend_from_slice(e);
+            vocab.end_start.push(vocab.ends.len() as u32);
+        }
+        vocab
+    }
+
+    /// The number of token ids.
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    /// Whether the vocabulary has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// The tokens that may follow `state`, as a bit set of `len()` bits: those whose bytes
+    /// continue a JSON object, plus the end-of-generation ones once the object is complete
+    /// (or when nothing else is left, so that a stuck sequence ends instead of breaking out).
+    fn allowed(&self, state: JsonState) -> Vec<u64> {
+        let mut set = vec![0u64; self.size.div_ceil(64)];
+        let mut any = false;
+        let mut todo = vec![(0usize, state)];
+        while let Some((node, s)) = todo.pop() {
+            let (lo, hi) = (
+                self.end_start[node] as usize,
+                self.end_start[node + 1] as usize,
+            );
+            if node != 0 {
+                for &id in &self.ends[lo..hi] {
+                    set[id as usize / 64] |= 1 << (id % 64);
+                    any = true;
+                }
+            }
+            let (lo, hi) = (
+                self.child_start[node] as usize,
+                self.child_start[node + 1] as usize,
+            );
+            for &(byte, child) in &self.edges[lo..hi] {
+                if let Some(next) = s.advance(byte) {
+                    todo.push((child as usize, next));
+                }
+            }
+        }
+        if state.is_complete() || !any {
+            for &id in &self.eos {
+                set[id as usize / 64] |= 1 << (id % 64);
+            }
+        }
+        set
+    }
+
+    /// [`Self::allowed`] through the cache. The walk runs outside the lock, so sequences
+    /// missing at once may both walk; they compute the same set.
+    fn cached_allowed(&self, state: JsonState) -> Arc<Vec<u64>> {
+        let lock = || self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(hit) = lock().get(&state) {
+            return hit.clone();
+        }
+        let set = Arc::new(self.allowed(state));
+        let mut cache = lock();
+        if cache.len() >= CACHED_STATES {
+            cache.clear();
+        }
+        cache.insert(state, set.clone());
+        set
+    }
+
+    /// What token `id` adds to the output (empty for tokens that add nothing).
+    fn bytes(&self, id: u32) -> &[u8] {
+        let id = id as usize;
+        match (self.token_start.get(id), self.token_start.get(id + 1)) {
+            (Some(&lo), Some(&hi)) => &self.token_bytes[lo as usize..hi as usize],
+            _ => &[],
+        }
+    }
+}
+
+/// Sets cached per vocabulary (`vocab / 8` bytes each: 6 KiB for 49k tokens, 6 MiB in all).
+const CACHED_STATES: usize = 1024;
+
+/// One sequence's JSON-mode state: where its output is in the object, and which tokens may
+/// come next.
+#[derive(Clone, Debug)]
+pub(crate) struct JsonConstraint {
+    vocab: Arc<TokenVocab>,
+    /// `None` once a recorded token left the grammar (only possible for tokens the sampler did
+    /// not choose): then only end-of-generation tokens are allowed.
+    state: Option<JsonState>,
+    allowed: Arc<Vec<u64>>,
+}
+
+impl JsonConstraint {
+    /// Before the first token of the output.
+    pub(crate) fn new(vocab: Arc<TokenVocab>) -> Self {
+        let state = JsonState::new();
+        Self {
+            allowed: vocab.cached_allowed(state),
+            vocab,
+            state: Some(state),
+        }
+    }
+
+    /// Whether token `id` may come next.
+    pub(crate) fn allows(&self, id: usize) -> bool {
+        self.allowed
+            .get(id / 64)
+            .is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
+
+    /// `logits` with every token that may not come next at `-inf`, into `out`.
+    pub(crate) fn mask_into(&self, logits: &[f32], out: &mut Vec<f32>) {
+        out.clear();
+        out.extend(logits.iter().enumerate().map(|(id, &x)| {
+            if self.allows(id) {
+                x
+            } else {
+                f32::NEG_INFINITY
+            }
+        }));
+    }
+
+    /// Moves past token `id`.
+    pub(crate) fn advance(&mut self, id: u32) {
+        if self.vocab.eos.contains(&id) {
+            return;
+        }
+        // A token that adds nothing (a special one) cannot continue the object either.
+        let bytes = self.vocab.bytes(id);
+        self.state = self
+            .state
+            .and_then(|s| s.feed(bytes).filter(|_| !bytes.is_empty()));
+        self.allowed = match self.state {
+            None => {
+                let mut only_end = vec![0u64; self.vocab.size.div_ceil(64)];
+                for &e in &self.vocab.eos {
+                    only_end[e as usize / 64] |= 1 << (e % 64);
+                }
+                Arc::new(only_end)
+            }
+            Some(state) => self.vocab.cached_allowed(state),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::sampling::{Sampler, SamplingParams};
+
+    const EOS: u32 = 0;
+
+    /// Id 0 ends generation; then every byte on its own, then a few multi-byte tokens.
+    fn vocab() -> Vec<Option<Vec<u8>>> {
+        let mut v = vec![None];
+        v.extend((0..=255u8).map(|b| Some(vec![b])));
+        for t in [
+            "{\"", "\":", "\"}", "true", "null", ", \"", "\": [", "]}", "12", "é", "\n  ",
+        ] {
+            v.push(Some(t.as_bytes().to_vec()));
+        }
+        v
+    }
+
+    fn id_of(v: &[Option<Vec<u8>>], text: &str) -> u32 {
+        v.iter()
+            .position(|b| b.as_deref() == Some(text.as_bytes()))
+            .unwrap() as u32
+    }
+
+    #[test]
+    fn allows_what_continues_the_object_and_ends_only_when_complete() {
+        let bytes = vocab();
+        let vocab = Arc::new(TokenVocab::new(&bytes, &[EOS]));
+        let mut c = JsonConstraint::new(vocab);
+        let allowed = |c: &JsonConstraint| -> Vec<String> {
+            (0..bytes.len())
+                .filter(|&id| c.allows(id))
+                .map(|id| match &bytes[id] {
+                    Some(b) => String::from_utf8_lossy(b).into_owned(),
+                    None => "<eos>".into(),
+                })
+                .collect()
+        };
+        assert_eq!(allowed(&c), ["\t", "\n", "\r", " ", "{", "{\"", "\n  "]);
+        for t in ["{\"", "a", "\": [", "12", "]}"] {
+            c.advance(id_of(&bytes, t));
+        }
+        assert_eq!(allowed(&c), ["<eos>", "\t", "\n", "\r", " ", "\n  "]);
+        // A token the sampler would not have chosen leaves only the end.
+        c.advance(id_of(&bytes, "x"));
+        assert_eq!(allowed(&c), ["<eos>"]);
+    }
+
+    #[test]
+    fn special_tokens_are_never_allowed_inside() {
+        let mut bytes = vocab();
+        bytes.push(None); // e.g. <|im_start|>: adds no bytes, does not end generation
+        let special = bytes.len() - 1;
+        let vocab = Arc::new(TokenVocab::new(&bytes, &[EOS]));
+        let mut c = JsonConstraint::new(vocab);
+        assert!(!c.allows(special) && !c.allows(EOS as usize));
+        c.advance(id_of(&bytes, "{"));
+        c.advance(special as u32);
+        assert!(c.allows(EOS as usize) && !c.allows(id_of(&bytes, "}") as usize));
+    }
+
+    /// Sampling over random logits under the constraint: whatever the model "wants", every
+    /// output that ends is a JSON object serde_json accepts, and masked logits stay masked.
+    #[test]
+    fn sampled_outputs_are_json_objects() {
+        let bytes = vocab();
+        let vocab = Arc::new(TokenVocab::new(&bytes, &[EOS]));
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut ended = 0;
+        for seed in 0..200 {
+            let params = SamplingParams {
+                temperature: 1.0,
+                seed,
+                ..Default::default()
+            };
+            let mut s = Sampler::new(params, &[]).with_json(vocab.clone());
+            assert!(s.is_constrained());
+            let mut out = Vec::new();
+            for step in 0..400 {
+                // Favour the end late, so that most runs finish.
+                let logits: Vec<f32> = (0..bytes.len())
+                    .map(|id| {
+                        let end = if id == 0 { step as f32 / 40.0 } else { 0.0 };
+                        rng.random_range(-3.0f32..3.0) + end
+                    })
+                    .collect();
+                let probs = s.processed_probs(&logits);
+                let t = s.sample(&logits);
+                assert!(probs[t.id as usize] > 0.0, "drew a masked token");
+                if t.id == EOS {
+                    let v: serde_json::Value = serde_json::from_slice(&out)
+                        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out)));
+                    assert!(v.is_object());
+                    ended += 1;
+                    break;
+                }
+                out.extend_from_slice(bytes[t.id as usize].as_deref().unwrap());
+            }
+        }
+        assert!(ended > 150, "only {ended} of 200 runs ended");
+    }
+}

@@ -1,0 +1,247 @@
+//! JSON mode end to end in the engine: whatever the model would write, the output is one JSON
+//! object that serde_json parses.
+//!
+//! The SmolLM2 test needs `${TESSERA_CACHE:-~/.cache/tessera}/SmolLM2-135M-Instruct.Q4_1.gguf`
+//! (`scripts/fetch_smollm2.sh`); without it, it prints why and passes, unless
+//! `TESSERA_REQUIRE_SMOLLM2=1`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{fixture_files, load_fixture, sequence};
+use tessera_formats::{ChatMessage, ModelFiles};
+use tessera_shard::sampling::{SamplingParams, TokenVocab};
+use tessera_shard::speculative::{SpeculationConfig, Speculator};
+use tessera_shard::{Engine, EngineError, Model};
+
+const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn gguf_path() -> Option<PathBuf> {
+    let dir = std::env::var_os("TESSERA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera")));
+    match dir.map(|d| d.join(GGUF)) {
+        Some(p) if p.is_file() => Some(p),
+        other => {
+            let required = std::env::var("TESSERA_REQUIRE_SMOLLM2").is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "TESSERA_REQUIRE_SMOLLM2=1: {GGUF} not found ({other:?})"
+            );
+            eprintln!("skipping: {GGUF} not found ({other:?}); scripts/fetch_smollm2.sh gets it");
+            None
+        }
+    }
+}
+
+/// Runs every `params` on `prompt` in JSON mode, one batch, for up to `steps` tokens; returns
+/// each output's bytes up to its first end-of-generation token, and whether it got there.
+fn generate_json(
+    engine: &mut Engine,
+    bytes: &[Option<Vec<u8>>],
+    eos: &[u32],
+    prompt: &[u32],
+    params: &[SamplingParams],
+    steps: usize,
+) -> Vec<(Vec<u8>, bool)> {
+    // Room for speculation's proposals past the last step too.
+    let per_seq = (prompt.len() + steps + 4).div_ceil(engine.block_size()) as u32 + 1;
+    let seqs = params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let first = 1 + i as u32 * per_seq;
+            let mut s = sequence(i as u64, prompt, p.clone(), first..first + per_seq);
+            s.json_object = true;
+            s
+        })
+        .collect();
+    let mut out = vec![(Vec::new(), false); params.len()];
+    let mut taken = vec![0usize; params.len()];
+    let (mut gens, _, _) = engine.prefill(0, seqs, None, vec![], vec![]).unwrap();
+    loop {
+        for g in gens {
+            let i = g.request_id as usize;
+            for t in g.tokens {
+                taken[i] += 1;
+                let (text, ended) = &mut out[i];
+                if *ended || taken[i] > steps {
+                    continue;
+                }
+                if eos.contains(&t.id) {
+                    *ended = true;
+                } else {
+                    text.extend_from_slice(bytes[t.id as usize].as_deref().unwrap_or_default());
+                }
+            }
+        }
+        // As the router does: finished sequences leave the batch.
+        let keep: Vec<u64> = (0..params.len())
+            .filter(|&i| !out[i].1 && taken[i] < steps)
+            .map(|i| i as u64)
+            .collect();
+        if keep.is_empty() {
+            break;
+        }
+        engine.filter(0, &keep).unwrap();
+        (gens, _, _) = engine.decode(&[0], vec![], vec![]).unwrap();
+    }
+    engine.clear(None);
+    out
+}
+
+fn assert_object(text: &[u8], what: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(text)
+        .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {}", String::from_utf8_lossy(text)));
+    assert!(v.is_object(), "{what}: {v}");
+    v
+}
+
+/// SmolLM2 asked for JSON: greedy and sampled outputs end as JSON objects.
+#[test]
+fn smollm2_writes_json_objects() {
+    let Some(path) = gguf_path() else { return };
+    let files = ModelFiles::open(&path).unwrap();
+    let tok = files.tokenizer().unwrap();
+    let bytes = tok.token_bytes();
+    let vocab = Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids));
+    let model = Model::load(&files).unwrap();
+    let mut engine = Engine::new(model, 256, 16).unwrap().with_vocabulary(vocab);
+    let messages = [ChatMessage::new(
+        "user",
+        "Describe a cat as JSON with the keys name, age and color.",
+    )];
+    let text = tok
+        .chat_template
+        .as_ref()
+        .unwrap()
+        .render(&messages, true)
+        .unwrap();
+    let prompt = tok.encode(&text, false).unwrap();
+    let mut params = vec![SamplingParams::default()];
+    params.extend((0..4).map(|seed| SamplingParams {
+        temperature: 0.8,
+        seed,
+        ..Default::default()
+    }));
+    let outs = generate_json(
+        &mut engine,
+        &bytes,
+        &tok.eos_token_ids,
+        &prompt,
+        &params,
+        160,
+    );
+    let (greedy, ended) = &outs[0];
+    assert!(
+        ended,
+        "greedy did not end: {}",
+        String::from_utf8_lossy(greedy)
+    );
+    let v = assert_object(greedy, "greedy");
+    eprintln!("greedy: {v}");
+    let mut sampled_ended = 0;
+    for (i, (text, ended)) in outs.iter().enumerate().skip(1) {
+        if *ended {
+            let v = assert_object(text, &format!("seed {}", i - 1));
+            eprintln!("seed {}: {v}", i - 1);
+            sampled_ended += 1;
+        }
+    }
+    assert!(
+        sampled_ended >= 2,
+        "{sampled_ended} of 4 sampled outputs ended in 160 tokens"
+    );
+
+    // Speculation proposes tokens the constraint may reject: greedy output stays the same, and
+    // a sampled one (the same distribution, other draws) stays an object.
+    let model = Model::load(&files).unwrap();
+    let vocab = Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids));
+    let mut speculative = Engine::new(model, 256, 16)
+        .unwrap()
+        .with_vocabulary(vocab)
+        .with_speculation(SpeculationConfig {
+            depth: 3,
+            speculator: Speculator::Ngram,
+        });
+    let again = generate_json(
+        &mut speculative,
+        &bytes,
+        &tok.eos_token_ids,
+        &prompt,
+        &params[..2],
+        160,
+    );
+    assert_eq!(again[0], outs[0], "greedy under speculation");
+    if again[1].1 {
+        assert_object(&again[1].0, "seed 0 under speculation");
+    }
+
+    // A sequence resumed after preemption replays its tokens into the constraint.
+    let ids = tok
+        .encode(std::str::from_utf8(greedy).unwrap(), false)
+        .unwrap();
+    let cut = ids.len() / 2;
+    let mut resumed = prompt.clone();
+    resumed.extend_from_slice(&ids[..cut]);
+    let mut seq = sequence(9, &resumed, SamplingParams::default(), 1..20);
+    seq.json_object = true;
+    seq.generated_len = cut;
+    let mut text: Vec<u8> = ids[..cut]
+        .iter()
+        .flat_map(|&id| bytes[id as usize].clone().unwrap())
+        .collect();
+    let (mut gens, _, _) = engine.prefill(1, vec![seq], None, vec![], vec![]).unwrap();
+    'resume: for _ in 0..160 {
+        for t in gens.iter().flat_map(|g| &g.tokens) {
+            if tok.eos_token_ids.contains(&t.id) {
+                break 'resume;
+            }
+            text.extend_from_slice(bytes[t.id as usize].as_deref().unwrap());
+        }
+        (gens, _, _) = engine.decode(&[1], vec![], vec![]).unwrap();
+    }
+    assert_eq!(text, *greedy, "resumed greedy");
+}
+
+/// A random tiny model in JSON mode: every output that ends is an object; an engine without
+/// the tokenizer's bytes refuses JSON mode instead of ignoring it.
+#[test]
+fn tiny_model_json_mode_and_refusal() {
+    let (model, _) = load_fixture("tiny-llama");
+    let tok = fixture_files("tiny-llama").tokenizer().unwrap();
+    let mut bare = Engine::new(model, 64, 16).unwrap();
+    let mut seq = sequence(0, &[1, 2, 3], SamplingParams::default(), 1..3);
+    seq.json_object = true;
+    match bare.prefill(0, vec![seq], None, vec![], vec![]) {
+        Err(EngineError::InvalidBatch(m)) => assert!(m.contains("JSON mode"), "{m}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let bytes = tok.token_bytes();
+    let mut engine = bare.with_vocabulary(Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids)));
+    let params: Vec<SamplingParams> = (0..3)
+        .map(|seed| SamplingParams {
+            temperature: 1.0,
+            seed,
+            ..Default::default()
+        })
+        .collect();
+    let prompt = tok.encode("Answer in JSON:", true).unwrap();
+    for (i, (text, ended)) in generate_json(
+        &mut engine,
+        &bytes,
+        &tok.eos_token_ids,
+        &prompt,
+        &params,
+        48,
+    )
+    .iter()
+    .enumerate()
+    {
+        if *ended {
+            assert_object(text, &format!("seed {i}"));
+        }
+    }
+}
