@@ -40,7 +40,7 @@ impl TokenVocab {
     /// `bytes[id]`: what token `id` adds to the output (`None`: nothing, never allowed under a
     /// constraint unless it ends generation); `eos`: the ids that end generation.
     pub fn new(bytes: &[Option<Vec<u8>>], eos: &[u32]) -> Self {
-        // Build with owned children, then flatten in depth-first order.
+        // Build with owned children, then flatten them into ranges of one array.
         let mut children: Vec<Vec<(u8, u32)>> = vec![Vec::new()];
         let mut ends: Vec<Vec<u32>> = vec![Vec::new()];
         for (id, b) in bytes.iter().enumerate() {
