@@ -474,6 +474,82 @@ mod tests {
         assert!(!n(&"9".repeat(usize::from(MAX_NUMBER) + 1)));
     }
 
+    fn random_value(rng: &mut rand_chacha::ChaCha8Rng, depth: usize) -> serde_json::Value {
+        use rand::Rng;
+        use serde_json::{Value, json};
+        const CHARS: &[char] = &[
+            'a', 'Z', ' ', '"', '\\', '/', '\n', '\t', '\u{1}', 'é', '日', '🙂',
+        ];
+        let string = |rng: &mut rand_chacha::ChaCha8Rng| -> String {
+            (0..rng.random_range(0..6))
+                .map(|_| CHARS[rng.random_range(0..CHARS.len())])
+                .collect()
+        };
+        match rng.random_range(0..if depth == 0 { 5 } else { 7 }) {
+            0 => Value::Null,
+            1 => json!(rng.random::<bool>()),
+            2 => json!(rng.random_range(-1_000_000i64..1_000_000)),
+            3 => json!(rng.random_range(-1e30f64..1e30) * 10f64.powi(rng.random_range(-60..0))),
+            4 => json!(string(rng)),
+            5 => Value::Array(
+                (0..rng.random_range(0..4))
+                    .map(|_| random_value(rng, depth - 1))
+                    .collect(),
+            ),
+            _ => Value::Object(
+                (0..rng.random_range(0..4))
+                    .map(|_| (string(rng), random_value(rng, depth - 1)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Against serde_json: every object it writes (compact or pretty) is accepted, with every
+    /// prefix; every one-byte mutation that we call complete, it parses as an object.
+    #[test]
+    fn agrees_with_serde_json() {
+        use rand::{Rng, SeedableRng};
+        const INSERT: &[u8] = b"{}[]\":,0-.e \\u";
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
+        for _ in 0..2000 {
+            let mut v = random_value(&mut rng, 4);
+            if !v.is_object() {
+                v = serde_json::json!({ "k": v });
+            }
+            for text in [
+                serde_json::to_string(&v).unwrap(),
+                serde_json::to_string_pretty(&v).unwrap(),
+            ] {
+                let bytes = text.as_bytes();
+                let mut s = Some(JsonState::new());
+                for (i, &b) in bytes.iter().enumerate() {
+                    s = s.and_then(|s| s.advance(b));
+                    assert!(s.is_some(), "rejected at byte {i}: {text}");
+                }
+                assert!(s.is_some_and(|s| s.is_complete()), "{text}");
+                for _ in 0..20 {
+                    let mut m = bytes.to_vec();
+                    let at = rng.random_range(0..m.len());
+                    match rng.random_range(0..3) {
+                        0 => {
+                            m.remove(at);
+                        }
+                        1 => m.insert(at, INSERT[rng.random_range(0..INSERT.len())]),
+                        _ => m[at] = rng.random(),
+                    }
+                    if JsonState::new().feed(&m).is_some_and(|s| s.is_complete()) {
+                        let parsed = serde_json::from_slice::<serde_json::Value>(&m);
+                        assert!(
+                            parsed.is_ok_and(|p| p.is_object()),
+                            "accepted {:?}",
+                            String::from_utf8_lossy(&m)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn limits_depth_and_blanks() {
         let deep = |n: usize| format!("{{\"a\":{}{}}}", "[".repeat(n), "]".repeat(n));
