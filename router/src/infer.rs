@@ -69,6 +69,8 @@ pub struct ValidParameters {
     pub top_n_tokens: u32,
     /// JSON mode: the shard keeps the output one JSON object.
     pub json_object: bool,
+    /// The shard keeps the output one of these strings (empty: no constraint).
+    pub one_of: Vec<String>,
 }
 
 impl Default for ValidParameters {
@@ -86,6 +88,7 @@ impl Default for ValidParameters {
             seed: None,
             top_n_tokens: 0,
             json_object: false,
+            one_of: Vec::new(),
         }
     }
 }

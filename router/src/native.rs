@@ -124,6 +124,7 @@ impl GenerateRequest {
                 decoder_input_details: p.decoder_input_details,
                 skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
                 json_object: false,
+                one_of: Vec::new(),
             },
             truncate: p.truncate,
         };

@@ -5,9 +5,10 @@
 //! seed is given); `best_of > 1` and `suffix` are refused; a few vLLM extensions are
 //! accepted (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `skip_special_tokens`).
 //! Unknown fields (`user`, `metadata`, ...) are ignored. `response_format: {"type":
-//! "json_object"}` is JSON mode (the shard keeps the output one JSON object); other constrained
-//! output (`json_schema`, `tools`, vLLM's `guided_*`) is not implemented, so asking for it is
-//! refused rather than answered with unconstrained text. Errors use OpenAI's shape; invalid
+//! "json_object"}` is JSON mode (the shard keeps the output one JSON object), vLLM's
+//! `guided_choice` makes it one of a list of strings; other constrained output (`json_schema`,
+//! `tools`, the other `guided_*`) is not implemented, so asking for it is refused rather than
+//! answered with unconstrained text. Errors use OpenAI's shape; invalid
 //! requests answer 400 (see [`crate::error`]).
 
 use std::collections::BTreeMap;
@@ -70,16 +71,26 @@ pub struct OutputConstraints {
     pub guided_json: Option<serde_json::Value>,
     /// vLLM extension; refused.
     pub guided_regex: Option<serde_json::Value>,
-    /// vLLM extension; refused.
+    /// vLLM extension: the output is one of these strings.
     pub guided_choice: Option<serde_json::Value>,
     /// vLLM extension; refused.
     pub guided_grammar: Option<serde_json::Value>,
 }
 
+/// Most `guided_choice` strings (the shard keeps the live ones as bits of a `u64`).
+const MAX_GUIDED_CHOICES: usize = 64;
+
+/// What a request constrains its output to.
+#[derive(Debug, Default)]
+struct Constrained {
+    json_object: bool,
+    one_of: Vec<String>,
+}
+
 impl OutputConstraints {
-    /// Whether the request asks for JSON mode; an error for what is not implemented.
-    fn json_object(&self) -> Result<bool, ValidationError> {
-        let json = match self.response_format.as_ref().map(|f| f.kind.as_str()) {
+    /// What the request asks for; an error for what is not implemented or malformed.
+    fn constrained(&self) -> Result<Constrained, ValidationError> {
+        let json_object = match self.response_format.as_ref().map(|f| f.kind.as_str()) {
             None | Some("text") => false,
             Some("json_object") => true,
             Some(_) => {
@@ -90,20 +101,49 @@ impl OutputConstraints {
                 });
             }
         };
-        let guided = [
+        let unsupported = [
             ("guided_json", &self.guided_json),
             ("guided_regex", &self.guided_regex),
-            ("guided_choice", &self.guided_choice),
             ("guided_grammar", &self.guided_grammar),
         ];
-        match guided.into_iter().find(|(_, v)| v.is_some()) {
-            Some((param, _)) => Err(ValidationError::Unsupported {
+        if let Some((param, _)) = unsupported.into_iter().find(|(_, v)| v.is_some()) {
+            return Err(ValidationError::Unsupported {
                 param,
-                reason: "guided decoding is not implemented; `response_format: {\"type\": \
+                reason: "only `guided_choice` is implemented; `response_format: {\"type\": \
                          \"json_object\"}` gives any JSON object",
-            }),
-            None => Ok(json),
+            });
         }
+        let one_of = match &self.guided_choice {
+            None => Vec::new(),
+            Some(v) => guided_choices(v)?,
+        };
+        if json_object && !one_of.is_empty() {
+            return Err(ValidationError::Unsupported {
+                param: "guided_choice",
+                reason: "it cannot be combined with a JSON `response_format`",
+            });
+        }
+        Ok(Constrained {
+            json_object,
+            one_of,
+        })
+    }
+}
+
+/// `guided_choice`: 1 to [`MAX_GUIDED_CHOICES`] non-empty strings.
+fn guided_choices(v: &serde_json::Value) -> Result<Vec<String>, ValidationError> {
+    let strings: Option<Vec<String>> = v.as_array().and_then(|list| {
+        list.iter()
+            .map(|c| c.as_str().filter(|s| !s.is_empty()).map(str::to_owned))
+            .collect()
+    });
+    match strings {
+        Some(s) if (1..=MAX_GUIDED_CHOICES).contains(&s.len()) => Ok(s),
+        _ => Err(ValidationError::OutOfRange {
+            param: "guided_choice",
+            bound: "a list of 1 to 64 non-empty strings",
+            given: v.to_string().chars().take(80).collect(),
+        }),
     }
 }
 
@@ -194,6 +234,7 @@ impl SamplingFields {
             decoder_input_details,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             json_object: false,
+            one_of: Vec::new(),
         })
     }
 
@@ -684,7 +725,7 @@ pub(crate) async fn chat_completions(
 ) -> Result<Response, OpenAiError> {
     check_model(&state, &req.model)?;
     let received = Instant::now();
-    let json_object = req.constraints.json_object()?;
+    let constrained = req.constraints.constrained()?;
     check_tools(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
@@ -710,7 +751,8 @@ pub(crate) async fn chat_completions(
         if logprobs { top } else { 0 },
         false,
     )?;
-    parameters.json_object = json_object;
+    parameters.json_object = constrained.json_object;
+    parameters.one_of = constrained.one_of;
     let input = GenerateInput {
         prompt: Prompt::Text {
             text: prompt,
@@ -861,7 +903,7 @@ async fn plan_completions(
             reason: "insertion is not implemented",
         });
     }
-    let json_object = req.constraints.json_object()?;
+    let constrained = req.constraints.constrained()?;
     let top = req.logprobs.unwrap_or(0);
     validate_openai_sampling(None, Some(("logprobs", top, 5)))?;
     let n = req.sampling.n.unwrap_or(1);
@@ -889,7 +931,8 @@ async fn plan_completions(
         top,
         echo && req.logprobs.is_some(),
     )?;
-    parameters.json_object = json_object;
+    parameters.json_object = constrained.json_object;
+    parameters.one_of = constrained.one_of;
     let mut plan = CompletionPlan {
         requests: Vec::new(),
         prompts: Vec::new(),

@@ -94,6 +94,8 @@ pub struct RequestParameters {
     pub skip_special_tokens: bool,
     /// JSON mode: the output is one JSON object.
     pub json_object: bool,
+    /// The output is one of these strings (empty: no constraint).
+    pub one_of: Vec<String>,
 }
 
 impl Default for RequestParameters {
@@ -117,6 +119,7 @@ impl Default for RequestParameters {
             decoder_input_details: false,
             skip_special_tokens: true,
             json_object: false,
+            one_of: Vec::new(),
         }
     }
 }
@@ -488,6 +491,7 @@ impl Validation {
             seed,
             top_n_tokens,
             json_object: p.json_object,
+            one_of: p.one_of.clone(),
         })
     }
 

@@ -724,7 +724,13 @@ async fn openai_validation_errors_are_400() {
             "response_format",
         ),
         (json!({"guided_json": {"type": "object"}}), "guided_json"),
-        (json!({"guided_choice": ["a", "b"]}), "guided_choice"),
+        (json!({"guided_choice": []}), "guided_choice"),
+        (json!({"guided_choice": ["a", ""]}), "guided_choice"),
+        (json!({"guided_choice": "a"}), "guided_choice"),
+        (
+            json!({"guided_choice": ["a"], "response_format": {"type": "json_object"}}),
+            "guided_choice",
+        ),
         (json!({"tools": [{"type": "function"}]}), "tools"),
         (
             json!({"tools": [{"type": "function"}], "tool_choice": "auto"}),
@@ -782,7 +788,7 @@ async fn constraint_fields_that_ask_for_nothing_are_accepted() {
 }
 
 #[tokio::test]
-async fn json_object_format_asks_the_shard_for_json_mode() {
+async fn json_object_and_guided_choice_reach_the_shard() {
     let (app, mut rx) = setup(Setup::default());
     let body = json!({"model": MODEL, "max_tokens": 2, "response_format": {"type": "json_object"},
         "messages": [{"role": "user", "content": "Hi"}]});
@@ -801,6 +807,19 @@ async fn json_object_format_asks_the_shard_for_json_mode() {
     let (resp, entries) = run(&app, &mut rx, post("/v1/completions", body), 2, &["{}"]).await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert!(entries.iter().all(|e| e.request.parameters.json_object));
+    let body = json!({"model": MODEL, "max_tokens": 2, "guided_choice": ["yes", "no"],
+        "messages": [{"role": "user", "content": "Hi"}]});
+    let (resp, entries) = run(
+        &app,
+        &mut rx,
+        post("/v1/chat/completions", body),
+        1,
+        &["no"],
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(entries[0].request.parameters.one_of, ["yes", "no"]);
+    assert!(!entries[0].request.parameters.json_object);
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::model::{LogitsWanted, Model, SequenceChunk};
-use crate::sampling::{SampledToken, Sampler, SamplingParams, TokenVocab};
+use crate::sampling::{Choices, SampledToken, Sampler, SamplingParams, TokenVocab};
 use crate::speculative::{SpeculationConfig, Speculator, propose_ngram, verify};
 use crate::{EngineError, KvCache};
 
@@ -34,6 +34,9 @@ pub struct NewSequence {
     pub generated_len: usize,
     /// Constrain the output to one JSON object (needs [`Engine::with_vocabulary`]).
     pub json_object: bool,
+    /// Constrain the output to one of these strings (empty: no constraint; needs
+    /// [`Engine::with_vocabulary`]).
+    pub one_of: Vec<String>,
 }
 
 /// What one sequence produced in one pass.
@@ -343,15 +346,26 @@ impl Engine {
             }
             let prompt_len = seq.input_ids.len() - seq.generated_len.min(seq.input_ids.len());
             let mut sampler = Sampler::new(seq.params, &seq.input_ids[..prompt_len]);
-            if seq.json_object {
+            if seq.json_object || !seq.one_of.is_empty() {
+                let invalid =
+                    |what: String| EngineError::InvalidBatch(format!("request {}: {what}", seq.id));
                 let vocab = self.vocab.clone().ok_or_else(|| {
-                    EngineError::InvalidBatch(format!(
-                        "request {}: JSON mode needs the model's tokenizer, which this shard \
-                         has not loaded",
-                        seq.id
-                    ))
+                    invalid(
+                        "constrained output needs the model's tokenizer, which this shard has \
+                             not loaded"
+                            .into(),
+                    )
                 })?;
-                sampler = sampler.with_json(vocab);
+                sampler = match (seq.json_object, seq.one_of.as_slice()) {
+                    (true, []) => sampler.with_json(vocab),
+                    (false, one_of) => {
+                        let choices = Choices::new(one_of).map_err(invalid)?;
+                        sampler.with_choices(vocab, Arc::new(choices))
+                    }
+                    (true, _) => {
+                        return Err(invalid("JSON mode and a choice exclude each other".into()));
+                    }
+                };
             }
             for &t in &seq.input_ids[prompt_len..] {
                 sampler.record(t);

@@ -108,6 +108,7 @@ fn sequence(r: pb::Request) -> NewSequence {
         chunk_len: (r.chunk_len > 0).then_some(r.chunk_len as usize),
         generated_len: r.generated_len as usize,
         json_object: p.json_object,
+        one_of: p.one_of,
     }
 }
 

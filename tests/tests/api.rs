@@ -457,8 +457,9 @@ async fn chat(s: &Server) {
 }
 
 /// `response_format: json_object` reaches the shard: even this random model's output is
-/// blanks and then an object (whole when it stopped), never free text.
-async fn json_mode(s: &Server) {
+/// blanks and then an object (whole when it stopped), never free text; `guided_choice` makes it
+/// one of the choices.
+async fn constrained_output(s: &Server) {
     for seed in 0..3 {
         let body = json!({"model": MODEL, "max_tokens": 24, "seed": seed, "temperature": 1.0,
             "response_format": {"type": "json_object"},
@@ -476,6 +477,19 @@ async fn json_mode(s: &Server) {
             let parsed: Value = serde_json::from_str(content).expect("a whole object");
             assert!(parsed.is_object(), "{parsed}");
         }
+    }
+    // vLLM's guided_choice: exactly one of the strings, then the end.
+    let choices = ["alpha", "beta gamma"];
+    for seed in 0..3 {
+        let body = json!({"model": MODEL, "max_tokens": 16, "seed": seed, "temperature": 1.0,
+            "guided_choice": choices,
+            "messages": [{"role": "user", "content": "Pick one."}]});
+        let (status, v) = s.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{v}");
+        let c = &v["choices"][0];
+        let content = c["message"]["content"].as_str().expect("content");
+        assert!(choices.contains(&content), "seed {seed}: {content:?}");
+        assert_eq!(c["finish_reason"], "stop", "seed {seed}");
     }
 }
 
@@ -716,7 +730,9 @@ async fn routes_and_shapes() {
         checks.run("GET /v1/models", CHECK_LIMIT, models(s)).await;
         checks.run("chat completions", CHECK_LIMIT, chat(s)).await;
         checks.run("completions", CHECK_LIMIT, completions(s)).await;
-        checks.run("JSON mode", CHECK_LIMIT, json_mode(s)).await;
+        checks
+            .run("constrained output", CHECK_LIMIT, constrained_output(s))
+            .await;
         checks
             .run(
                 "stream detokenization",

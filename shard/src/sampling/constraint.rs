@@ -1,14 +1,47 @@
-//! JSON mode: which tokens may come next so that the output stays a prefix of a JSON object.
+//! Constrained output: which tokens may come next so that the output stays a prefix of a JSON
+//! object (JSON mode) or of one of a list of strings (`guided_choice`).
 //!
 //! The vocabulary's token bytes live in a trie; the allowed set for a state is one walk of
-//! the trie that branches the [`JsonState`] at each node and drops a subtree at the first byte
-//! the state rejects. Sets are cached by state, shared by the sequences of a vocabulary: inside
+//! the trie that branches the state at each node and drops a subtree at the first byte the
+//! state rejects. JSON sets are cached by state, shared by the sequences of a vocabulary: inside
 //! a long string, between array items, and across requests for the same shape, states repeat.
+//! A choice's walk only follows the choices' own bytes, so it is not cached.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::choice::{ChoiceState, Choices};
 use super::json::JsonState;
+
+/// A language over bytes: where the output is, and whether it may end there.
+trait ByteLanguage {
+    type State: Copy;
+    fn advance(&self, s: Self::State, b: u8) -> Option<Self::State>;
+    fn is_complete(&self, s: Self::State) -> bool;
+}
+
+/// One JSON object.
+struct Json;
+
+impl ByteLanguage for Json {
+    type State = JsonState;
+    fn advance(&self, s: JsonState, b: u8) -> Option<JsonState> {
+        s.advance(b)
+    }
+    fn is_complete(&self, s: JsonState) -> bool {
+        s.is_complete()
+    }
+}
+
+impl ByteLanguage for Choices {
+    type State = ChoiceState;
+    fn advance(&self, s: ChoiceState, b: u8) -> Option<ChoiceState> {
+        Choices::advance(self, s, b)
+    }
+    fn is_complete(&self, s: ChoiceState) -> bool {
+        Choices::is_complete(self, s)
+    }
+}
 
 /// The vocabulary as the bytes each token adds, and the tokens that end generation.
 pub struct TokenVocab {
@@ -102,10 +135,10 @@ impl TokenVocab {
         self.size == 0
     }
 
-    /// The tokens that may follow `state`, as a bit set of `len()` bits: those whose bytes
-    /// continue a JSON object, plus the end-of-generation ones once the object is complete
-    /// (or when nothing else is left, so that a stuck sequence ends instead of breaking out).
-    fn allowed(&self, state: JsonState) -> Vec<u64> {
+    /// The tokens that may follow `state` of `language`, as a bit set of `len()` bits: those
+    /// whose bytes continue it, plus the end-of-generation ones once it is complete (or when
+    /// nothing else is left, so that a stuck sequence ends instead of breaking out).
+    fn allowed<L: ByteLanguage>(&self, language: &L, state: L::State) -> Vec<u64> {
         let mut set = vec![0u64; self.size.div_ceil(64)];
         let mut any = false;
         let mut todo = vec![(0usize, state)];
@@ -125,12 +158,12 @@ impl TokenVocab {
                 self.child_start[node + 1] as usize,
             );
             for &(byte, child) in &self.edges[lo..hi] {
-                if let Some(next) = s.advance(byte) {
+                if let Some(next) = language.advance(s, byte) {
                     todo.push((child as usize, next));
                 }
             }
         }
-        if state.is_complete() || !any {
+        if language.is_complete(state) || !any {
             for &id in &self.eos {
                 set[id as usize / 64] |= 1 << (id % 64);
             }
@@ -145,7 +178,7 @@ impl TokenVocab {
         if let Some(hit) = lock().get(&state) {
             return hit.clone();
         }
-        let set = Arc::new(self.allowed(state));
+        let set = Arc::new(self.allowed(&Json, state));
         let mut cache = lock();
         if cache.len() >= CACHED_STATES {
             cache.clear();
@@ -167,25 +200,68 @@ impl TokenVocab {
 /// Sets cached per vocabulary (`vocab / 8` bytes each: 6 KiB for 49k tokens, 6 MiB in all).
 const CACHED_STATES: usize = 1024;
 
-/// One sequence's JSON-mode state: where its output is in the object, and which tokens may
-/// come next.
+/// Where a constrained output is.
 #[derive(Clone, Debug)]
-pub(crate) struct JsonConstraint {
+enum Position {
+    Json(JsonState),
+    Choice(Arc<Choices>, ChoiceState),
+}
+
+impl Position {
+    fn feed(self, bytes: &[u8]) -> Option<Self> {
+        match self {
+            Position::Json(s) => s.feed(bytes).map(Position::Json),
+            Position::Choice(c, s) => {
+                let s = bytes.iter().try_fold(s, |s, &b| c.advance(s, b))?;
+                Some(Position::Choice(c, s))
+            }
+        }
+    }
+}
+
+/// One sequence's constraint: where its output is, and which tokens may come next.
+#[derive(Clone, Debug)]
+pub(crate) struct Constraint {
     vocab: Arc<TokenVocab>,
-    /// `None` once a recorded token left the grammar (only possible for tokens the sampler did
-    /// not choose): then only end-of-generation tokens are allowed.
-    state: Option<JsonState>,
+    /// `None` once a recorded token left the language (only possible for tokens the sampler
+    /// did not choose): then only end-of-generation tokens are allowed.
+    at: Option<Position>,
     allowed: Arc<Vec<u64>>,
 }
 
-impl JsonConstraint {
-    /// Before the first token of the output.
-    pub(crate) fn new(vocab: Arc<TokenVocab>) -> Self {
-        let state = JsonState::new();
-        Self {
-            allowed: vocab.cached_allowed(state),
+impl Constraint {
+    /// JSON mode, before the first token of the output.
+    pub(crate) fn json(vocab: Arc<TokenVocab>) -> Self {
+        Self::at(vocab, Position::Json(JsonState::new()))
+    }
+
+    /// One of `choices`, before the first token of the output.
+    pub(crate) fn choice(vocab: Arc<TokenVocab>, choices: Arc<Choices>) -> Self {
+        let start = choices.start();
+        Self::at(vocab, Position::Choice(choices, start))
+    }
+
+    fn at(vocab: Arc<TokenVocab>, at: Position) -> Self {
+        let mut c = Self {
             vocab,
-            state: Some(state),
+            at: Some(at),
+            allowed: Arc::new(Vec::new()),
+        };
+        c.allowed = c.allowed_now();
+        c
+    }
+
+    fn allowed_now(&self) -> Arc<Vec<u64>> {
+        match &self.at {
+            None => {
+                let mut only_end = vec![0u64; self.vocab.size.div_ceil(64)];
+                for &e in &self.vocab.eos {
+                    only_end[e as usize / 64] |= 1 << (e % 64);
+                }
+                Arc::new(only_end)
+            }
+            Some(Position::Json(s)) => self.vocab.cached_allowed(*s),
+            Some(Position::Choice(c, s)) => Arc::new(self.vocab.allowed(&**c, *s)),
         }
     }
 
@@ -213,21 +289,14 @@ impl JsonConstraint {
         if self.vocab.eos.contains(&id) {
             return;
         }
-        // A token that adds nothing (a special one) cannot continue the object either.
+        // A token that adds nothing (a special one) cannot continue the output either.
         let bytes = self.vocab.bytes(id);
-        self.state = self
-            .state
-            .and_then(|s| s.feed(bytes).filter(|_| !bytes.is_empty()));
-        self.allowed = match self.state {
-            None => {
-                let mut only_end = vec![0u64; self.vocab.size.div_ceil(64)];
-                for &e in &self.vocab.eos {
-                    only_end[e as usize / 64] |= 1 << (e % 64);
-                }
-                Arc::new(only_end)
-            }
-            Some(state) => self.vocab.cached_allowed(state),
-        };
+        self.at = self
+            .at
+            .take()
+            .filter(|_| !bytes.is_empty())
+            .and_then(|at| at.feed(bytes));
+        self.allowed = self.allowed_now();
     }
 }
 
@@ -263,8 +332,8 @@ mod tests {
     fn allows_what_continues_the_object_and_ends_only_when_complete() {
         let bytes = vocab();
         let vocab = Arc::new(TokenVocab::new(&bytes, &[EOS]));
-        let mut c = JsonConstraint::new(vocab);
-        let allowed = |c: &JsonConstraint| -> Vec<String> {
+        let mut c = Constraint::json(vocab);
+        let allowed = |c: &Constraint| -> Vec<String> {
             (0..bytes.len())
                 .filter(|&id| c.allows(id))
                 .map(|id| match &bytes[id] {
@@ -289,11 +358,42 @@ mod tests {
         bytes.push(None); // e.g. <|im_start|>: adds no bytes, does not end generation
         let special = bytes.len() - 1;
         let vocab = Arc::new(TokenVocab::new(&bytes, &[EOS]));
-        let mut c = JsonConstraint::new(vocab);
+        let mut c = Constraint::json(vocab);
         assert!(!c.allows(special) && !c.allows(EOS as usize));
         c.advance(id_of(&bytes, "{"));
         c.advance(special as u32);
         assert!(c.allows(EOS as usize) && !c.allows(id_of(&bytes, "}") as usize));
+    }
+
+    #[test]
+    fn sampled_choices_are_whole_choices() {
+        let bytes = vocab();
+        let vocab = Arc::new(TokenVocab::new(&bytes, &[EOS]));
+        let labels = ["true", "null", "nullable", "é{"];
+        let choices = Arc::new(Choices::new(&labels.map(String::from)).unwrap());
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        for seed in 0..100 {
+            let params = SamplingParams {
+                temperature: 1.0,
+                seed,
+                ..Default::default()
+            };
+            let mut s = Sampler::new(params, &[]).with_choices(vocab.clone(), choices.clone());
+            let mut out = Vec::new();
+            loop {
+                let logits: Vec<f32> = (0..bytes.len())
+                    .map(|_| rng.random_range(-3.0..3.0))
+                    .collect();
+                let t = s.sample(&logits);
+                if t.id == EOS {
+                    break;
+                }
+                out.extend_from_slice(bytes[t.id as usize].as_deref().unwrap());
+                assert!(out.len() <= 8, "{out:?}");
+            }
+            let text = String::from_utf8(out).unwrap();
+            assert!(labels.contains(&text.as_str()), "{text:?}");
+        }
     }
 
     /// Sampling over random logits under the constraint: whatever the model "wants", every

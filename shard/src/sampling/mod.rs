@@ -69,6 +69,7 @@
 //! assert!(token.id < 4);
 //! ```
 
+mod choice;
 mod constraint;
 mod json;
 mod logprobs;
@@ -86,9 +87,10 @@ pub use params::{
     SamplingParams,
 };
 
+pub use choice::{Choices, MAX_CHOICES};
 pub use constraint::TokenVocab;
 
-use constraint::JsonConstraint;
+use constraint::Constraint;
 use logprobs::LogSoftmax;
 use pipeline::{History, Outcome, Plan, Scratch};
 
@@ -114,8 +116,8 @@ pub struct Sampler {
     /// The step whose stream `rng` is positioned in, if any.
     rng_step: Option<u64>,
     scratch: Scratch,
-    /// JSON mode: the tokens that may come next.
-    json: Option<JsonConstraint>,
+    /// Constrained output (JSON mode, a choice): the tokens that may come next.
+    constraint: Option<Constraint>,
     /// The row with disallowed tokens at `-inf`, under a constraint.
     masked: Vec<f32>,
 }
@@ -137,7 +139,7 @@ impl Sampler {
             generated: 0,
             rng_step: None,
             scratch: Scratch::default(),
-            json: None,
+            constraint: None,
             masked: Vec::new(),
         }
     }
@@ -146,13 +148,20 @@ impl Sampler {
     /// continue it are at `-inf` before any other processing, and end-of-generation tokens
     /// are allowed only once it is complete. Attach before recording replayed tokens.
     pub fn with_json(mut self, vocab: Arc<TokenVocab>) -> Self {
-        self.json = Some(JsonConstraint::new(vocab));
+        self.constraint = Some(Constraint::json(vocab));
         self
     }
 
-    /// Whether the output is constrained (JSON mode).
+    /// Constrains the output to one of `choices` (vLLM's `guided_choice`), as
+    /// [`Sampler::with_json`] does to a JSON object.
+    pub fn with_choices(mut self, vocab: Arc<TokenVocab>, choices: Arc<Choices>) -> Self {
+        self.constraint = Some(Constraint::choice(vocab, choices));
+        self
+    }
+
+    /// Whether the output is constrained (JSON mode, a choice).
     pub fn is_constrained(&self) -> bool {
-        self.json.is_some()
+        self.constraint.is_some()
     }
 
     /// [`SamplingParams::validate`], then [`Sampler::new`].
@@ -187,9 +196,9 @@ impl Sampler {
 
     /// Processes `logits` and draws the next token without recording it.
     pub fn choose(&mut self, logits: &[f32]) -> u32 {
-        let logits = match &self.json {
-            Some(json) => {
-                json.mask_into(logits, &mut self.masked);
+        let logits = match &self.constraint {
+            Some(c) => {
+                c.mask_into(logits, &mut self.masked);
                 &self.masked
             }
             None => logits,
@@ -226,8 +235,8 @@ impl Sampler {
     /// generated before a preemption, or for tokens chosen outside `sample` (speculative
     /// decoding).
     pub fn record(&mut self, id: u32) {
-        if let Some(json) = &mut self.json {
-            json.advance(id);
+        if let Some(c) = &mut self.constraint {
+            c.advance(id);
         }
         if self.plan.repetition.is_some() {
             self.history.seen.insert(id);
@@ -243,9 +252,9 @@ impl Sampler {
     /// empty for an empty row).
     pub fn processed_probs(&self, logits: &[f32]) -> Vec<f32> {
         let mut masked = Vec::new();
-        let logits = match &self.json {
-            Some(json) => {
-                json.mask_into(logits, &mut masked);
+        let logits = match &self.constraint {
+            Some(c) => {
+                c.mask_into(logits, &mut masked);
                 &masked
             }
             None => logits,

@@ -340,6 +340,7 @@ pub fn sequence(
         chunk_len: None,
         generated_len: 0,
         json_object: false,
+        one_of: Vec::new(),
     }
 }
 

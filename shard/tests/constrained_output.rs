@@ -1,5 +1,5 @@
-//! JSON mode end to end in the engine: whatever the model would write, the output is one JSON
-//! object that serde_json parses.
+//! Constrained output end to end in the engine: whatever the model would write, the output is
+//! one JSON object that serde_json parses (JSON mode), or one of the given strings (a choice).
 //!
 //! The SmolLM2 test needs `${TESSERA_CACHE:-~/.cache/tessera}/SmolLM2-135M-Instruct.Q4_1.gguf`
 //! (`scripts/fetch_smollm2.sh`); without it, it prints why and passes, unless
@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use common::{fixture_files, load_fixture, sequence};
 use tessera_formats::{ChatMessage, ModelFiles};
+use tessera_shard::NewSequence;
 use tessera_shard::sampling::{SamplingParams, TokenVocab};
 use tessera_shard::speculative::{SpeculationConfig, Speculator};
 use tessera_shard::{Engine, EngineError, Model};
@@ -36,10 +37,11 @@ fn gguf_path() -> Option<PathBuf> {
     }
 }
 
-/// Runs every `params` on `prompt` in JSON mode, one batch, for up to `steps` tokens; returns
+/// Runs every `params` on `prompt` under `constrain`, one batch, for up to `steps` tokens; returns
 /// each output's bytes up to its first end-of-generation token, and whether it got there.
-fn generate_json(
+fn generate_constrained(
     engine: &mut Engine,
+    constrain: impl Fn(&mut NewSequence),
     bytes: &[Option<Vec<u8>>],
     eos: &[u32],
     prompt: &[u32],
@@ -54,7 +56,7 @@ fn generate_json(
         .map(|(i, p)| {
             let first = 1 + i as u32 * per_seq;
             let mut s = sequence(i as u64, prompt, p.clone(), first..first + per_seq);
-            s.json_object = true;
+            constrain(&mut s);
             s
         })
         .collect();
@@ -92,6 +94,10 @@ fn generate_json(
     out
 }
 
+fn json(s: &mut NewSequence) {
+    s.json_object = true;
+}
+
 fn assert_object(text: &[u8], what: &str) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_slice(text)
         .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {}", String::from_utf8_lossy(text)));
@@ -126,8 +132,9 @@ fn smollm2_writes_json_objects() {
         seed,
         ..Default::default()
     }));
-    let outs = generate_json(
+    let outs = generate_constrained(
         &mut engine,
+        json,
         &bytes,
         &tok.eos_token_ids,
         &prompt,
@@ -166,8 +173,9 @@ fn smollm2_writes_json_objects() {
             depth: 3,
             speculator: Speculator::Ngram,
         });
-    let again = generate_json(
+    let again = generate_constrained(
         &mut speculative,
+        json,
         &bytes,
         &tok.eos_token_ids,
         &prompt,
@@ -207,7 +215,8 @@ fn smollm2_writes_json_objects() {
 }
 
 /// A random tiny model in JSON mode: every output that ends is an object; an engine without
-/// the tokenizer's bytes refuses JSON mode instead of ignoring it.
+/// the tokenizer's bytes refuses constraints instead of ignoring them, as it refuses a bad
+/// list of choices or two constraints at once.
 #[test]
 fn tiny_model_json_mode_and_refusal() {
     let (model, _) = load_fixture("tiny-llama");
@@ -215,12 +224,25 @@ fn tiny_model_json_mode_and_refusal() {
     let mut bare = Engine::new(model, 64, 16).unwrap();
     let mut seq = sequence(0, &[1, 2, 3], SamplingParams::default(), 1..3);
     seq.json_object = true;
-    match bare.prefill(0, vec![seq], None, vec![], vec![]) {
-        Err(EngineError::InvalidBatch(m)) => assert!(m.contains("JSON mode"), "{m}"),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    let refused = |engine: &mut Engine, seq: NewSequence, why: &str| match engine.prefill(
+        0,
+        vec![seq],
+        None,
+        vec![],
+        vec![],
+    ) {
+        Err(EngineError::InvalidBatch(m)) => assert!(m.contains(why), "{m}"),
+        other => panic!("expected a refusal ({why}), got {other:?}"),
+    };
+    refused(&mut bare, seq, "tokenizer");
     let bytes = tok.token_bytes();
     let mut engine = bare.with_vocabulary(Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids)));
+    let mut seq = sequence(0, &[1, 2, 3], SamplingParams::default(), 1..3);
+    seq.one_of = vec!["a".into(), String::new()];
+    refused(&mut engine, seq.clone(), "empty");
+    seq.one_of = vec!["a".into()];
+    seq.json_object = true;
+    refused(&mut engine, seq, "exclude");
     let params: Vec<SamplingParams> = (0..3)
         .map(|seed| SamplingParams {
             temperature: 1.0,
@@ -229,8 +251,9 @@ fn tiny_model_json_mode_and_refusal() {
         })
         .collect();
     let prompt = tok.encode("Answer in JSON:", true).unwrap();
-    for (i, (text, ended)) in generate_json(
+    for (i, (text, ended)) in generate_constrained(
         &mut engine,
+        json,
         &bytes,
         &tok.eos_token_ids,
         &prompt,
@@ -243,5 +266,60 @@ fn tiny_model_json_mode_and_refusal() {
         if *ended {
             assert_object(text, &format!("seed {i}"));
         }
+    }
+}
+
+/// SmolLM2 asked to classify, held to a choice: greedy and sampled outputs are exactly one of
+/// the labels, including one the model would not write by itself.
+#[test]
+fn smollm2_picks_one_of_the_choices() {
+    let Some(path) = gguf_path() else { return };
+    let files = ModelFiles::open(&path).unwrap();
+    let tok = files.tokenizer().unwrap();
+    let bytes = tok.token_bytes();
+    let vocab = Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids));
+    let mut engine = Engine::new(Model::load(&files).unwrap(), 256, 16)
+        .unwrap()
+        .with_vocabulary(vocab);
+    let messages = [ChatMessage::new(
+        "user",
+        "Is this review positive or negative? \"The soup was cold and the waiter was rude.\"",
+    )];
+    let text = tok
+        .chat_template
+        .as_ref()
+        .unwrap()
+        .render(&messages, true)
+        .unwrap();
+    let prompt = tok.encode(&text, false).unwrap();
+    let mut params = vec![SamplingParams::default()];
+    params.extend((0..4).map(|seed| SamplingParams {
+        temperature: 1.0,
+        seed,
+        ..Default::default()
+    }));
+    for labels in [
+        vec!["positive", "negative"],
+        vec!["Sentiment: mixed", "Sentiment: negative!", "NEUTRAL"],
+    ] {
+        let one_of: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+        let outs = generate_constrained(
+            &mut engine,
+            |s| s.one_of = one_of.clone(),
+            &bytes,
+            &tok.eos_token_ids,
+            &prompt,
+            &params,
+            24,
+        );
+        for (i, (text, ended)) in outs.iter().enumerate() {
+            let text = String::from_utf8_lossy(text);
+            assert!(ended, "run {i} did not end: {text:?}");
+            assert!(
+                labels.contains(&text.as_ref()),
+                "run {i}: {text:?} not in {labels:?}"
+            );
+        }
+        eprintln!("greedy picks {:?}", String::from_utf8_lossy(&outs[0].0));
     }
 }
