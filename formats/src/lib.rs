@@ -16,6 +16,7 @@ pub mod gguf;
 mod hf_dir;
 mod mmap;
 mod model_files;
+mod output_pattern;
 mod tokenizer;
 mod weights;
 
@@ -23,5 +24,6 @@ pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 pub use config::{Architecture, DType, ModelConfig, RopeScaling};
 pub use error::FormatError;
 pub use model_files::ModelFiles;
+pub use output_pattern::{MAX_PATTERN_DFA_BYTES, compile_output_pattern};
 pub use tokenizer::{GgufTokenizerSpec, ModelTokenizer, TokenizeError};
 pub use weights::{HostTensor, NativeTensor, WeightSource};

@@ -71,6 +71,8 @@ pub struct ValidParameters {
     pub json_object: bool,
     /// The shard keeps the output one of these strings (empty: no constraint).
     pub one_of: Vec<String>,
+    /// The shard keeps the output a string this regular expression matches (empty: none).
+    pub pattern: String,
 }
 
 impl Default for ValidParameters {
@@ -89,6 +91,7 @@ impl Default for ValidParameters {
             top_n_tokens: 0,
             json_object: false,
             one_of: Vec::new(),
+            pattern: String::new(),
         }
     }
 }

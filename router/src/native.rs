@@ -17,6 +17,7 @@ use crate::error::{ApiError, NativeJson};
 use crate::infer::{
     FinishReason, InferError, InferResponse, InferStreamResponse, PrefillToken, Token,
 };
+use crate::openai::output_pattern;
 use crate::server::AppState;
 use crate::sse::{json_event, sse};
 use crate::validation::{GenerateInput, Prompt, RequestParameters, ValidationError};
@@ -29,6 +30,16 @@ pub struct GenerateRequest {
     /// Generation parameters.
     #[serde(default)]
     pub parameters: GenerateParameters,
+}
+
+/// TGI's `grammar` parameter.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Grammar {
+    /// `regex` (or `json`, refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The regular expression (or JSON schema).
+    pub value: serde_json::Value,
 }
 
 /// TGI's generation parameters.
@@ -68,8 +79,8 @@ pub struct GenerateParameters {
     #[serde(default)]
     pub ignore_eos: bool,
     pub skip_special_tokens: Option<bool>,
-    /// TGI's grammar (JSON schema or regex); refused: constrained output is not implemented.
-    pub grammar: Option<serde_json::Value>,
+    /// TGI's grammar: `{"type": "regex", "value": pattern}`; JSON schemas are refused.
+    pub grammar: Option<Grammar>,
 }
 
 impl GenerateRequest {
@@ -81,12 +92,17 @@ impl GenerateRequest {
                 reason: "only 1 is supported; use `n` on /v1/completions for several samples",
             });
         }
-        if p.grammar.is_some() {
-            return Err(ValidationError::Unsupported {
-                param: "grammar",
-                reason: "grammar-constrained generation is not implemented",
-            });
-        }
+        let pattern = match &p.grammar {
+            None => String::new(),
+            Some(g) if g.kind == "regex" => output_pattern("grammar", &g.value)?,
+            Some(_) => {
+                return Err(ValidationError::Unsupported {
+                    param: "grammar",
+                    reason: "JSON-schema grammars are not implemented; use \
+                             `{\"type\": \"regex\", \"value\": ...}`",
+                });
+            }
+        };
         if p.watermark {
             return Err(ValidationError::Unsupported {
                 param: "watermark",
@@ -125,6 +141,7 @@ impl GenerateRequest {
                 skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
                 json_object: false,
                 one_of: Vec::new(),
+                pattern,
             },
             truncate: p.truncate,
         };

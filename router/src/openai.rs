@@ -6,9 +6,10 @@
 //! accepted (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `skip_special_tokens`).
 //! Unknown fields (`user`, `metadata`, ...) are ignored. `response_format: {"type":
 //! "json_object"}` is JSON mode (the shard keeps the output one JSON object), vLLM's
-//! `guided_choice` makes it one of a list of strings; other constrained output (`json_schema`,
-//! `tools`, the other `guided_*`) is not implemented, so asking for it is refused rather than
-//! answered with unconstrained text. Errors use OpenAI's shape; invalid
+//! `guided_choice` makes it one of a list of strings, `guided_regex` a string a regular
+//! expression matches; other constrained output (`json_schema`, `tools`, `guided_json`,
+//! `guided_grammar`) is not implemented, so asking for it is refused rather than answered with
+//! unconstrained text. Errors use OpenAI's shape; invalid
 //! requests answer 400 (see [`crate::error`]).
 
 use std::collections::BTreeMap;
@@ -69,7 +70,7 @@ pub struct OutputConstraints {
     pub response_format: Option<ResponseFormat>,
     /// vLLM extension; refused.
     pub guided_json: Option<serde_json::Value>,
-    /// vLLM extension; refused.
+    /// vLLM extension: the output is a string this regular expression matches.
     pub guided_regex: Option<serde_json::Value>,
     /// vLLM extension: the output is one of these strings.
     pub guided_choice: Option<serde_json::Value>,
@@ -85,6 +86,7 @@ const MAX_GUIDED_CHOICES: usize = 64;
 struct Constrained {
     json_object: bool,
     one_of: Vec<String>,
+    pattern: String,
 }
 
 impl OutputConstraints {
@@ -103,31 +105,54 @@ impl OutputConstraints {
         };
         let unsupported = [
             ("guided_json", &self.guided_json),
-            ("guided_regex", &self.guided_regex),
             ("guided_grammar", &self.guided_grammar),
         ];
         if let Some((param, _)) = unsupported.into_iter().find(|(_, v)| v.is_some()) {
             return Err(ValidationError::Unsupported {
                 param,
-                reason: "only `guided_choice` is implemented; `response_format: {\"type\": \
-                         \"json_object\"}` gives any JSON object",
+                reason: "only `guided_choice` and `guided_regex` are implemented; \
+                         `response_format: {\"type\": \"json_object\"}` gives any JSON object",
             });
         }
         let one_of = match &self.guided_choice {
             None => Vec::new(),
             Some(v) => guided_choices(v)?,
         };
-        if json_object && !one_of.is_empty() {
+        let pattern = match &self.guided_regex {
+            None => String::new(),
+            Some(v) => output_pattern("guided_regex", v)?,
+        };
+        let asked = [json_object, !one_of.is_empty(), !pattern.is_empty()];
+        if asked.iter().filter(|&&a| a).count() > 1 {
             return Err(ValidationError::Unsupported {
-                param: "guided_choice",
-                reason: "it cannot be combined with a JSON `response_format`",
+                param: if pattern.is_empty() {
+                    "guided_choice"
+                } else {
+                    "guided_regex"
+                },
+                reason: "JSON mode, `guided_choice` and `guided_regex` exclude each other",
             });
         }
         Ok(Constrained {
             json_object,
             one_of,
+            pattern,
         })
     }
+}
+
+/// An output pattern: a non-empty regular expression the shard can compile.
+pub(crate) fn output_pattern(
+    param: &'static str,
+    v: &serde_json::Value,
+) -> Result<String, ValidationError> {
+    let invalid = |message: String| ValidationError::Pattern { param, message };
+    let pattern = v
+        .as_str()
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| invalid("must be a non-empty regular expression".into()))?;
+    tessera_formats::compile_output_pattern(pattern).map_err(invalid)?;
+    Ok(pattern.to_owned())
 }
 
 /// `guided_choice`: 1 to [`MAX_GUIDED_CHOICES`] non-empty strings.
@@ -235,6 +260,7 @@ impl SamplingFields {
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             json_object: false,
             one_of: Vec::new(),
+            pattern: String::new(),
         })
     }
 
@@ -753,6 +779,7 @@ pub(crate) async fn chat_completions(
     )?;
     parameters.json_object = constrained.json_object;
     parameters.one_of = constrained.one_of;
+    parameters.pattern = constrained.pattern;
     let input = GenerateInput {
         prompt: Prompt::Text {
             text: prompt,
@@ -933,6 +960,7 @@ async fn plan_completions(
     )?;
     parameters.json_object = constrained.json_object;
     parameters.one_of = constrained.one_of;
+    parameters.pattern = constrained.pattern;
     let mut plan = CompletionPlan {
         requests: Vec::new(),
         prompts: Vec::new(),

@@ -96,6 +96,8 @@ pub struct RequestParameters {
     pub json_object: bool,
     /// The output is one of these strings (empty: no constraint).
     pub one_of: Vec<String>,
+    /// The output matches this regular expression (empty: no constraint; checked when set).
+    pub pattern: String,
 }
 
 impl Default for RequestParameters {
@@ -120,6 +122,7 @@ impl Default for RequestParameters {
             skip_special_tokens: true,
             json_object: false,
             one_of: Vec::new(),
+            pattern: String::new(),
         }
     }
 }
@@ -203,6 +206,14 @@ pub enum ValidationError {
         /// Why, or what to use instead.
         reason: &'static str,
     },
+    /// An output pattern cannot be compiled.
+    #[error("`{param}`: {message}")]
+    Pattern {
+        /// The parameter.
+        param: &'static str,
+        /// Why.
+        message: String,
+    },
     /// A chat message is malformed.
     #[error("`messages[{index}]`: {message}")]
     Message {
@@ -232,7 +243,8 @@ impl ValidationError {
             ValidationError::OutOfRange { param, .. }
             | ValidationError::TooMany { param, .. }
             | ValidationError::TokenId { param, .. }
-            | ValidationError::Unsupported { param, .. } => Some(param),
+            | ValidationError::Unsupported { param, .. }
+            | ValidationError::Pattern { param, .. } => Some(param),
             ValidationError::EmptyStopSequence => Some("stop"),
             ValidationError::Message { .. }
             | ValidationError::NoChatTemplate
@@ -492,6 +504,7 @@ impl Validation {
             top_n_tokens,
             json_object: p.json_object,
             one_of: p.one_of.clone(),
+            pattern: p.pattern.clone(),
         })
     }
 

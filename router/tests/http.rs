@@ -326,6 +326,10 @@ async fn native_validation_errors_are_422() {
             json!({"grammar": {"type": "json", "value": {}}}),
             "`grammar` is not supported",
         ),
+        (
+            json!({"grammar": {"type": "regex", "value": "("}}),
+            "`grammar`: ",
+        ),
         (json!({"truncate": 0}), "`truncate`"),
     ] {
         let resp = call(
@@ -756,7 +760,12 @@ async fn openai_validation_errors_are_400() {
     }
     for (extra, param) in [
         (json!({"logprobs": 6}), "logprobs"),
-        (json!({"guided_regex": "[a-z]+"}), "guided_regex"),
+        (json!({"guided_regex": "("}), "guided_regex"),
+        (json!({"guided_regex": 7}), "guided_regex"),
+        (
+            json!({"guided_regex": "a+", "guided_choice": ["a"]}),
+            "guided_regex",
+        ),
         (
             json!({"response_format": {"type": "json_schema"}}),
             "response_format",
@@ -788,7 +797,7 @@ async fn constraint_fields_that_ask_for_nothing_are_accepted() {
 }
 
 #[tokio::test]
-async fn json_object_and_guided_choice_reach_the_shard() {
+async fn constraints_reach_the_shard() {
     let (app, mut rx) = setup(Setup::default());
     let body = json!({"model": MODEL, "max_tokens": 2, "response_format": {"type": "json_object"},
         "messages": [{"role": "user", "content": "Hi"}]});
@@ -820,6 +829,15 @@ async fn json_object_and_guided_choice_reach_the_shard() {
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(entries[0].request.parameters.one_of, ["yes", "no"]);
     assert!(!entries[0].request.parameters.json_object);
+    let body = json!({"model": MODEL, "max_tokens": 2, "prompt": "x", "guided_regex": "[a-z]+"});
+    let (resp, entries) = run(&app, &mut rx, post("/v1/completions", body), 1, &["ab"]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(entries[0].request.parameters.pattern, "[a-z]+");
+    let body = json!({"inputs": "x", "parameters": {"max_new_tokens": 2,
+        "grammar": {"type": "regex", "value": "\\d+"}}});
+    let (resp, entries) = run(&app, &mut rx, post("/generate", body), 1, &["12"]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(entries[0].request.parameters.pattern, "\\d+");
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::model::{LogitsWanted, Model, SequenceChunk};
-use crate::sampling::{Choices, SampledToken, Sampler, SamplingParams, TokenVocab};
+use crate::sampling::{Choices, Pattern, SampledToken, Sampler, SamplingParams, TokenVocab};
 use crate::speculative::{SpeculationConfig, Speculator, propose_ngram, verify};
 use crate::{EngineError, KvCache};
 
@@ -37,6 +37,9 @@ pub struct NewSequence {
     /// Constrain the output to one of these strings (empty: no constraint; needs
     /// [`Engine::with_vocabulary`]).
     pub one_of: Vec<String>,
+    /// Constrain the output to a string this regular expression matches (empty: no
+    /// constraint; needs [`Engine::with_vocabulary`]).
+    pub pattern: String,
 }
 
 /// What one sequence produced in one pass.
@@ -346,25 +349,34 @@ impl Engine {
             }
             let prompt_len = seq.input_ids.len() - seq.generated_len.min(seq.input_ids.len());
             let mut sampler = Sampler::new(seq.params, &seq.input_ids[..prompt_len]);
-            if seq.json_object || !seq.one_of.is_empty() {
+            let asked = [
+                seq.json_object,
+                !seq.one_of.is_empty(),
+                !seq.pattern.is_empty(),
+            ];
+            if asked.contains(&true) {
                 let invalid =
                     |what: String| EngineError::InvalidBatch(format!("request {}: {what}", seq.id));
+                if asked.iter().filter(|&&a| a).count() > 1 {
+                    return Err(invalid(
+                        "JSON mode, a choice and a pattern exclude each other".into(),
+                    ));
+                }
                 let vocab = self.vocab.clone().ok_or_else(|| {
                     invalid(
                         "constrained output needs the model's tokenizer, which this shard has \
-                             not loaded"
+                         not loaded"
                             .into(),
                     )
                 })?;
-                sampler = match (seq.json_object, seq.one_of.as_slice()) {
-                    (true, []) => sampler.with_json(vocab),
-                    (false, one_of) => {
-                        let choices = Choices::new(one_of).map_err(invalid)?;
-                        sampler.with_choices(vocab, Arc::new(choices))
-                    }
-                    (true, _) => {
-                        return Err(invalid("JSON mode and a choice exclude each other".into()));
-                    }
+                sampler = if seq.json_object {
+                    sampler.with_json(vocab)
+                } else if !seq.one_of.is_empty() {
+                    let choices = Choices::new(&seq.one_of).map_err(invalid)?;
+                    sampler.with_choices(vocab, Arc::new(choices))
+                } else {
+                    let pattern = Pattern::new(&seq.pattern).map_err(invalid)?;
+                    sampler.with_pattern(vocab, Arc::new(pattern))
                 };
             }
             for &t in &seq.input_ids[prompt_len..] {

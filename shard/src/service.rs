@@ -109,6 +109,7 @@ fn sequence(r: pb::Request) -> NewSequence {
         generated_len: r.generated_len as usize,
         json_object: p.json_object,
         one_of: p.one_of,
+        pattern: p.pattern,
     }
 }
 

@@ -323,3 +323,73 @@ fn smollm2_picks_one_of_the_choices() {
         eprintln!("greedy picks {:?}", String::from_utf8_lossy(&outs[0].0));
     }
 }
+
+/// SmolLM2 held to regular expressions: a number, then an ISO date; every run ends on a whole
+/// match (checked by hand, not by the DFA that constrained it).
+#[test]
+fn smollm2_matches_patterns() {
+    let Some(path) = gguf_path() else { return };
+    let files = ModelFiles::open(&path).unwrap();
+    let tok = files.tokenizer().unwrap();
+    let bytes = tok.token_bytes();
+    let vocab = Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids));
+    let mut engine = Engine::new(Model::load(&files).unwrap(), 256, 16)
+        .unwrap()
+        .with_vocabulary(vocab);
+    let mut params = vec![SamplingParams::default()];
+    params.extend((0..3).map(|seed| SamplingParams {
+        temperature: 1.0,
+        seed,
+        ..Default::default()
+    }));
+    /// A question, the pattern its answer is held to, and a hand-written check of a match.
+    type Case = (&'static str, &'static str, fn(&str) -> bool);
+    let cases: [Case; 2] = [
+        ("What is 12 times 12?", "[0-9]{1,6}", |t| {
+            (1..=6).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_digit())
+        }),
+        (
+            "When did the Apollo 11 landing happen?",
+            "[0-9]{4}-[0-9]{2}-[0-9]{2}",
+            |t| {
+                let b = t.as_bytes();
+                b.len() == 10
+                    && b[4] == b'-'
+                    && b[7] == b'-'
+                    && b.iter()
+                        .enumerate()
+                        .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit())
+            },
+        ),
+    ];
+    for (question, pattern, ok) in cases {
+        let messages = [ChatMessage::new("user", question)];
+        let text = tok
+            .chat_template
+            .as_ref()
+            .unwrap()
+            .render(&messages, true)
+            .unwrap();
+        let prompt = tok.encode(&text, false).unwrap();
+        let outs = generate_constrained(
+            &mut engine,
+            |s| s.pattern = pattern.into(),
+            &bytes,
+            &tok.eos_token_ids,
+            &prompt,
+            &params,
+            16,
+        );
+        for (i, (text, ended)) in outs.iter().enumerate() {
+            let text = String::from_utf8_lossy(text);
+            assert!(
+                *ended && ok(&text),
+                "{pattern}, run {i}: {text:?} (ended: {ended})"
+            );
+        }
+        eprintln!(
+            "{question} greedy: {:?}",
+            String::from_utf8_lossy(&outs[0].0)
+        );
+    }
+}

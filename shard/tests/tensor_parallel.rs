@@ -237,6 +237,7 @@ fn sequence(id: u64, prompt: &[u32], blocks: Vec<u32>) -> NewSequence {
         generated_len: 0,
         json_object: false,
         one_of: Vec::new(),
+        pattern: String::new(),
     }
 }
 

@@ -458,7 +458,7 @@ async fn chat(s: &Server) {
 
 /// `response_format: json_object` reaches the shard: even this random model's output is
 /// blanks and then an object (whole when it stopped), never free text; `guided_choice` makes it
-/// one of the choices.
+/// one of the choices, `guided_regex` (and TGI's regex grammar) a whole match.
 async fn constrained_output(s: &Server) {
     for seed in 0..3 {
         let body = json!({"model": MODEL, "max_tokens": 24, "seed": seed, "temperature": 1.0,
@@ -491,6 +491,24 @@ async fn constrained_output(s: &Server) {
         assert!(choices.contains(&content), "seed {seed}: {content:?}");
         assert_eq!(c["finish_reason"], "stop", "seed {seed}");
     }
+    // guided_regex, and TGI's regex grammar on /generate: a whole match, then the end.
+    let matches =
+        |t: &str| (2..=4).contains(&t.len()) && t.bytes().all(|b| (b'a'..=b'c').contains(&b));
+    for seed in 0..3 {
+        let body = json!({"model": MODEL, "max_tokens": 16, "seed": seed, "temperature": 1.0,
+            "guided_regex": "[a-c]{2,4}", "prompt": "Letters:"});
+        let (status, v) = s.post("/v1/completions", &body).await;
+        assert_eq!(status, 200, "{v}");
+        let text = v["choices"][0]["text"].as_str().expect("text");
+        assert!(matches(text), "seed {seed}: {text:?}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "seed {seed}");
+    }
+    let body = json!({"inputs": "Letters:", "parameters": {"max_new_tokens": 16,
+        "do_sample": true, "seed": 4, "grammar": {"type": "regex", "value": "[a-c]{2,4}"}}});
+    let (status, v) = s.post("/generate", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let text = v["generated_text"].as_str().expect("generated_text");
+    assert!(matches(text), "/generate: {text:?}");
 }
 
 async fn completions(s: &Server) {

@@ -425,6 +425,7 @@ impl Batcher {
                 seed: p.seed.unwrap_or(0),
                 json_object: p.json_object,
                 one_of: p.one_of.clone(),
+                pattern: p.pattern.clone(),
             }),
             top_n_tokens: p.top_n_tokens,
             prefill_logprobs: live.is_some_and(|l| l.wants_prefill_logprobs),

@@ -1,17 +1,21 @@
 //! Constrained output: which tokens may come next so that the output stays a prefix of a JSON
-//! object (JSON mode) or of one of a list of strings (`guided_choice`).
+//! object (JSON mode), of one of a list of strings (`guided_choice`), or of a string a regular
+//! expression matches (`guided_regex`).
 //!
 //! The vocabulary's token bytes live in a trie; the allowed set for a state is one walk of
 //! the trie that branches the state at each node and drops a subtree at the first byte the
 //! state rejects. JSON sets are cached by state, shared by the sequences of a vocabulary: inside
 //! a long string, between array items, and across requests for the same shape, states repeat.
-//! A choice's walk only follows the choices' own bytes, so it is not cached.
+//! A pattern caches its own sets by DFA state; a choice's walk only follows the choices' own
+//! bytes, so it is not cached.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::choice::{ChoiceState, Choices};
 use super::json::JsonState;
+use super::pattern::Pattern;
+use regex_automata::util::primitives::StateID;
 
 /// A language over bytes: where the output is, and whether it may end there.
 trait ByteLanguage {
@@ -30,6 +34,16 @@ impl ByteLanguage for Json {
     }
     fn is_complete(&self, s: JsonState) -> bool {
         s.is_complete()
+    }
+}
+
+impl ByteLanguage for Pattern {
+    type State = StateID;
+    fn advance(&self, s: StateID, b: u8) -> Option<StateID> {
+        Pattern::advance(self, s, b)
+    }
+    fn is_complete(&self, s: StateID) -> bool {
+        Pattern::is_complete(self, s)
     }
 }
 
@@ -205,6 +219,7 @@ const CACHED_STATES: usize = 1024;
 enum Position {
     Json(JsonState),
     Choice(Arc<Choices>, ChoiceState),
+    Pattern(Arc<Pattern>, StateID),
 }
 
 impl Position {
@@ -214,6 +229,10 @@ impl Position {
             Position::Choice(c, s) => {
                 let s = bytes.iter().try_fold(s, |s, &b| c.advance(s, b))?;
                 Some(Position::Choice(c, s))
+            }
+            Position::Pattern(p, s) => {
+                let s = bytes.iter().try_fold(s, |s, &b| p.advance(s, b))?;
+                Some(Position::Pattern(p, s))
             }
         }
     }
@@ -241,6 +260,12 @@ impl Constraint {
         Self::at(vocab, Position::Choice(choices, start))
     }
 
+    /// A string `pattern` matches, before the first token of the output.
+    pub(crate) fn pattern(vocab: Arc<TokenVocab>, pattern: Arc<Pattern>) -> Self {
+        let start = pattern.start();
+        Self::at(vocab, Position::Pattern(pattern, start))
+    }
+
     fn at(vocab: Arc<TokenVocab>, at: Position) -> Self {
         let mut c = Self {
             vocab,
@@ -262,6 +287,7 @@ impl Constraint {
             }
             Some(Position::Json(s)) => self.vocab.cached_allowed(*s),
             Some(Position::Choice(c, s)) => Arc::new(self.vocab.allowed(&**c, *s)),
+            Some(Position::Pattern(p, s)) => p.cached(*s, || self.vocab.allowed(&**p, *s)),
         }
     }
 
@@ -394,6 +420,47 @@ mod tests {
             let text = String::from_utf8(out).unwrap();
             assert!(labels.contains(&text.as_str()), "{text:?}");
         }
+    }
+
+    #[test]
+    fn sampled_patterns_match() {
+        let bytes = vocab();
+        let vocab = Arc::new(TokenVocab::new(&bytes, &[EOS]));
+        let pattern = Arc::new(Pattern::new(r"[0-9]{3}-[a-z]+(é|!)?").unwrap());
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut ended = 0;
+        for seed in 0..100 {
+            let params = SamplingParams {
+                temperature: 1.0,
+                seed,
+                ..Default::default()
+            };
+            let mut s = Sampler::new(params, &[]).with_pattern(vocab.clone(), pattern.clone());
+            let mut out = Vec::new();
+            for step in 0..64 {
+                let logits: Vec<f32> = (0..bytes.len())
+                    .map(|id| {
+                        let end = if id == 0 { step as f32 / 4.0 } else { 0.0 };
+                        rng.random_range(-3.0f32..3.0) + end
+                    })
+                    .collect();
+                let t = s.sample(&logits);
+                if t.id == EOS {
+                    let text = String::from_utf8(out.clone()).unwrap();
+                    let (digits, rest) = text.split_at(3);
+                    let letters = rest[1..].trim_end_matches(['é', '!']);
+                    assert!(digits.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+                    assert!(rest.starts_with('-'), "{text:?}");
+                    assert!(!letters.is_empty(), "{text:?}");
+                    assert!(letters.bytes().all(|b| b.is_ascii_lowercase()), "{text:?}");
+                    assert!(rest[1..].len() - letters.len() <= "é".len(), "{text:?}");
+                    ended += 1;
+                    break;
+                }
+                out.extend_from_slice(bytes[t.id as usize].as_deref().unwrap());
+            }
+        }
+        assert!(ended > 80, "only {ended} of 100 ended");
     }
 
     /// Sampling over random logits under the constraint: whatever the model "wants", every

@@ -75,6 +75,7 @@ mod json;
 mod logprobs;
 mod math;
 mod params;
+mod pattern;
 mod pipeline;
 
 use std::sync::Arc;
@@ -89,6 +90,7 @@ pub use params::{
 
 pub use choice::{Choices, MAX_CHOICES};
 pub use constraint::TokenVocab;
+pub use pattern::Pattern;
 
 use constraint::Constraint;
 use logprobs::LogSoftmax;
@@ -159,7 +161,14 @@ impl Sampler {
         self
     }
 
-    /// Whether the output is constrained (JSON mode, a choice).
+    /// Constrains the output to a string `pattern` matches (vLLM's `guided_regex`), as
+    /// [`Sampler::with_json`] does to a JSON object.
+    pub fn with_pattern(mut self, vocab: Arc<TokenVocab>, pattern: Arc<Pattern>) -> Self {
+        self.constraint = Some(Constraint::pattern(vocab, pattern));
+        self
+    }
+
+    /// Whether the output is constrained (JSON mode, a choice, a pattern).
     pub fn is_constrained(&self) -> bool {
         self.constraint.is_some()
     }

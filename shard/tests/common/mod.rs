@@ -341,6 +341,7 @@ pub fn sequence(
         generated_len: 0,
         json_object: false,
         one_of: Vec::new(),
+        pattern: String::new(),
     }
 }
 
