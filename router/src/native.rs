@@ -17,7 +17,7 @@ use crate::error::{ApiError, NativeJson};
 use crate::infer::{
     FinishReason, InferError, InferResponse, InferStreamResponse, PrefillToken, Token,
 };
-use crate::openai::output_pattern;
+use crate::openai::{check_pattern, output_pattern};
 use crate::server::AppState;
 use crate::sse::{json_event, sse};
 use crate::validation::{GenerateInput, Prompt, RequestParameters, ValidationError};
@@ -271,6 +271,7 @@ pub(crate) async fn generate(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let (input, details, full_text) = req.into_input()?;
+    check_pattern("grammar", &input.parameters.pattern).await?;
     let valid = state
         .validation()
         .validate(input)
@@ -312,6 +313,7 @@ pub(crate) async fn generate_stream(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let (input, _details, full_text) = req.into_input()?;
+    check_pattern("grammar", &input.parameters.pattern).await?;
     let valid = state
         .validation()
         .validate(input)

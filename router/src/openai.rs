@@ -141,18 +141,34 @@ impl OutputConstraints {
     }
 }
 
-/// An output pattern: a non-empty regular expression the shard can compile.
+/// An output pattern's text: a non-empty string ([`check_pattern`] compiles it).
 pub(crate) fn output_pattern(
     param: &'static str,
     v: &serde_json::Value,
 ) -> Result<String, ValidationError> {
-    let invalid = |message: String| ValidationError::Pattern { param, message };
-    let pattern = v
-        .as_str()
+    v.as_str()
         .filter(|p| !p.is_empty())
-        .ok_or_else(|| invalid("must be a non-empty regular expression".into()))?;
-    tessera_formats::compile_output_pattern(pattern).map_err(invalid)?;
-    Ok(pattern.to_owned())
+        .map(str::to_owned)
+        .ok_or_else(|| ValidationError::Pattern {
+            param,
+            message: "must be a non-empty regular expression".into(),
+        })
+}
+
+/// Compiles `pattern` as the shard will, off the async runtime (a pattern near the size cap
+/// takes a few hundred milliseconds), so that one the shard could not honour is refused here.
+pub(crate) async fn check_pattern(
+    param: &'static str,
+    pattern: &str,
+) -> Result<(), ValidationError> {
+    if pattern.is_empty() {
+        return Ok(());
+    }
+    let owned = pattern.to_owned();
+    tokio::task::spawn_blocking(move || tessera_formats::compile_output_pattern(&owned).map(drop))
+        .await
+        .unwrap_or_else(|e| Err(format!("the pattern check failed: {e}")))
+        .map_err(|message| ValidationError::Pattern { param, message })
 }
 
 /// `guided_choice`: 1 to [`MAX_GUIDED_CHOICES`] non-empty strings.
@@ -752,6 +768,7 @@ pub(crate) async fn chat_completions(
     check_model(&state, &req.model)?;
     let received = Instant::now();
     let constrained = req.constraints.constrained()?;
+    check_pattern("guided_regex", &constrained.pattern).await?;
     check_tools(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
@@ -931,6 +948,7 @@ async fn plan_completions(
         });
     }
     let constrained = req.constraints.constrained()?;
+    check_pattern("guided_regex", &constrained.pattern).await?;
     let top = req.logprobs.unwrap_or(0);
     validate_openai_sampling(None, Some(("logprobs", top, 5)))?;
     let n = req.sampling.n.unwrap_or(1);

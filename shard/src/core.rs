@@ -92,6 +92,9 @@ struct Draft {
 /// drawn from (`None` when greedy).
 type DraftProposal = (Vec<u32>, Option<Vec<Vec<f32>>>);
 
+/// Compiled output patterns an engine keeps.
+const CACHED_PATTERNS: usize = 16;
+
 /// The model, its cache, and every live sequence.
 pub struct Engine {
     model: Model,
@@ -101,6 +104,9 @@ pub struct Engine {
     speculation: Option<SpeculationConfig>,
     draft: Option<Draft>,
     vocab: Option<Arc<TokenVocab>>,
+    /// Recently compiled output patterns, by text: the `n` samples of a request, and requests
+    /// that repeat a pattern, compile it (and walk its sets) once.
+    patterns: HashMap<String, Arc<Pattern>>,
 }
 
 impl Engine {
@@ -115,6 +121,7 @@ impl Engine {
             speculation: None,
             draft: None,
             vocab: None,
+            patterns: HashMap::new(),
         })
     }
 
@@ -375,8 +382,18 @@ impl Engine {
                     let choices = Choices::new(&seq.one_of).map_err(invalid)?;
                     sampler.with_choices(vocab, Arc::new(choices))
                 } else {
-                    let pattern = Pattern::new(&seq.pattern).map_err(invalid)?;
-                    sampler.with_pattern(vocab, Arc::new(pattern))
+                    let pattern = match self.patterns.get(&seq.pattern) {
+                        Some(p) => p.clone(),
+                        None => {
+                            let p = Arc::new(Pattern::new(&seq.pattern).map_err(invalid)?);
+                            if self.patterns.len() >= CACHED_PATTERNS {
+                                self.patterns.clear();
+                            }
+                            self.patterns.insert(seq.pattern.clone(), p.clone());
+                            p
+                        }
+                    };
+                    sampler.with_pattern(vocab, pattern)
                 };
             }
             for &t in &seq.input_ids[prompt_len..] {
