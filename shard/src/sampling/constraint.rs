@@ -70,7 +70,7 @@ pub struct TokenVocab {
     /// Token `t`'s bytes: `token_bytes[token_start[t]..token_start[t + 1]]`.
     token_start: Vec<u32>,
     token_bytes: Vec<u8>,
-    cache: Mutex<HashMap<JsonState, Arc<Vec<u64>>>>,
+    json_sets: SetCache<JsonState>,
 }
 
 impl std::fmt::Debug for TokenVocab {
@@ -122,7 +122,7 @@ impl TokenVocab {
             ends: Vec::new(),
             token_start: vec![0],
             token_bytes: Vec::new(),
-            cache: Mutex::new(HashMap::new()),
+            json_sets: SetCache::new(CACHED_JSON_STATES),
         };
         for b in bytes {
             vocab
@@ -185,20 +185,10 @@ impl TokenVocab {
         set
     }
 
-    /// [`Self::allowed`] through the cache. The walk runs outside the lock, so sequences
-    /// missing at once may both walk; they compute the same set.
+    /// [`Self::allowed`] for JSON, through the vocabulary's cache.
     fn cached_allowed(&self, state: JsonState) -> Arc<Vec<u64>> {
-        let lock = || self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(hit) = lock().get(&state) {
-            return hit.clone();
-        }
-        let set = Arc::new(self.allowed(&Json, state));
-        let mut cache = lock();
-        if cache.len() >= CACHED_STATES {
-            cache.clear();
-        }
-        cache.insert(state, set.clone());
-        set
+        self.json_sets
+            .get_or_walk(state, || self.allowed(&Json, state))
     }
 
     /// What token `id` adds to the output (empty for tokens that add nothing).
@@ -211,8 +201,41 @@ impl TokenVocab {
     }
 }
 
-/// Sets cached per vocabulary (`vocab / 8` bytes each: 6 KiB for 49k tokens, 6 MiB in all).
-const CACHED_STATES: usize = 1024;
+/// JSON sets cached per vocabulary (`vocab / 8` bytes each: 6 KiB for 49k tokens, 6 MiB in
+/// all).
+const CACHED_JSON_STATES: usize = 1024;
+
+/// Allowed sets by state, shared between threads; emptied when full (states repeat within a
+/// few tokens, so the recent ones come back at once).
+pub(crate) struct SetCache<K> {
+    capacity: usize,
+    sets: Mutex<HashMap<K, Arc<Vec<u64>>>>,
+}
+
+impl<K: std::hash::Hash + Eq + Copy> SetCache<K> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            sets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The set of `state`, or `walk`'s (then kept). The walk runs outside the lock, so
+    /// sequences missing at once may both walk; they compute the same set.
+    pub(crate) fn get_or_walk(&self, state: K, walk: impl FnOnce() -> Vec<u64>) -> Arc<Vec<u64>> {
+        let lock = || self.sets.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(hit) = lock().get(&state) {
+            return hit.clone();
+        }
+        let set = Arc::new(walk());
+        let mut sets = lock();
+        if sets.len() >= self.capacity {
+            sets.clear();
+        }
+        sets.insert(state, set.clone());
+        set
+    }
+}
 
 /// Where a constrained output is.
 #[derive(Clone, Debug)]
@@ -287,7 +310,9 @@ impl Constraint {
             }
             Some(Position::Json(s)) => self.vocab.cached_allowed(*s),
             Some(Position::Choice(c, s)) => Arc::new(self.vocab.allowed(&**c, *s)),
-            Some(Position::Pattern(p, s)) => p.cached(*s, || self.vocab.allowed(&**p, *s)),
+            Some(Position::Pattern(p, s)) => {
+                p.sets().get_or_walk(*s, || self.vocab.allowed(&**p, *s))
+            }
         }
     }
 

@@ -2,7 +2,8 @@
 //! regex grammar), over the DFA `tessera_formats::compile_output_pattern` builds.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+
+use super::constraint::SetCache;
 
 use regex_automata::Anchored;
 use regex_automata::dfa::{Automaton, dense};
@@ -19,8 +20,7 @@ pub struct Pattern {
     /// States from which some continuation ends in a whole match. A DFA reports matches one
     /// byte late, so a state past a match can be neither dead nor live: this set tells.
     live: HashSet<StateID>,
-    /// Allowed sets by state, for the one vocabulary of the engine that uses this pattern.
-    cache: Mutex<HashMap<StateID, Arc<Vec<u64>>>>,
+    sets: SetCache<StateID>,
 }
 
 impl std::fmt::Debug for Pattern {
@@ -43,7 +43,7 @@ impl Pattern {
             dfa,
             start,
             live,
-            cache: Mutex::new(HashMap::new()),
+            sets: SetCache::new(CACHED_STATES),
         })
     }
 
@@ -62,19 +62,9 @@ impl Pattern {
         self.dfa.is_match_state(self.dfa.next_eoi_state(s))
     }
 
-    /// The cached allowed set of state `s`, or `walk`'s (then cached).
-    pub(crate) fn cached(&self, s: StateID, walk: impl FnOnce() -> Vec<u64>) -> Arc<Vec<u64>> {
-        let lock = || self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(hit) = lock().get(&s) {
-            return hit.clone();
-        }
-        let set = Arc::new(walk());
-        let mut cache = lock();
-        if cache.len() >= CACHED_STATES {
-            cache.clear();
-        }
-        cache.insert(s, set.clone());
-        set
+    /// Allowed sets by state, for the one vocabulary of the engine that uses this pattern.
+    pub(crate) fn sets(&self) -> &SetCache<StateID> {
+        &self.sets
     }
 }
 
