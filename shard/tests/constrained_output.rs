@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::{fixture_files, load_fixture, sequence};
-use tessera_formats::{ChatMessage, ModelFiles};
+use tessera_formats::{ChatMessage, ModelFiles, ModelTokenizer};
 use tessera_shard::NewSequence;
 use tessera_shard::sampling::{SamplingParams, TokenVocab};
 use tessera_shard::speculative::{SpeculationConfig, Speculator};
@@ -34,6 +34,45 @@ fn gguf_path() -> Option<PathBuf> {
             eprintln!("skipping: {GGUF} not found ({other:?}); scripts/fetch_smollm2.sh gets it");
             None
         }
+    }
+}
+
+/// SmolLM2 with its tokenizer's bytes, and an engine that can constrain its output.
+struct SmolLm2 {
+    files: ModelFiles,
+    tok: ModelTokenizer,
+    bytes: Vec<Option<Vec<u8>>>,
+    engine: Engine,
+}
+
+impl SmolLm2 {
+    fn load() -> Option<Self> {
+        let files = ModelFiles::open(&gguf_path()?).unwrap();
+        let tok = files.tokenizer().unwrap();
+        let bytes = tok.token_bytes();
+        let vocab = Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids));
+        let engine = Engine::new(Model::load(&files).unwrap(), 256, 16)
+            .unwrap()
+            .with_vocabulary(vocab);
+        Some(Self {
+            files,
+            tok,
+            bytes,
+            engine,
+        })
+    }
+
+    /// `question` as a user turn in the chat template, ready for the assistant's answer.
+    fn chat_prompt(&self, question: &str) -> Vec<u32> {
+        let messages = [ChatMessage::new("user", question)];
+        let text = self
+            .tok
+            .chat_template
+            .as_ref()
+            .unwrap()
+            .render(&messages, true)
+            .unwrap();
+        self.tok.encode(&text, false).unwrap()
     }
 }
 
@@ -108,24 +147,14 @@ fn assert_object(text: &[u8], what: &str) -> serde_json::Value {
 /// SmolLM2 asked for JSON: greedy and sampled outputs end as JSON objects.
 #[test]
 fn smollm2_writes_json_objects() {
-    let Some(path) = gguf_path() else { return };
-    let files = ModelFiles::open(&path).unwrap();
-    let tok = files.tokenizer().unwrap();
-    let bytes = tok.token_bytes();
-    let vocab = Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids));
-    let model = Model::load(&files).unwrap();
-    let mut engine = Engine::new(model, 256, 16).unwrap().with_vocabulary(vocab);
-    let messages = [ChatMessage::new(
-        "user",
-        "Describe a cat as JSON with the keys name, age and color.",
-    )];
-    let text = tok
-        .chat_template
-        .as_ref()
-        .unwrap()
-        .render(&messages, true)
-        .unwrap();
-    let prompt = tok.encode(&text, false).unwrap();
+    let Some(m) = SmolLm2::load() else { return };
+    let prompt = m.chat_prompt("Describe a cat as JSON with the keys name, age and color.");
+    let SmolLm2 {
+        files,
+        tok,
+        bytes,
+        mut engine,
+    } = m;
     let mut params = vec![SamplingParams::default()];
     params.extend((0..4).map(|seed| SamplingParams {
         temperature: 0.8,
@@ -273,25 +302,16 @@ fn tiny_model_json_mode_and_refusal() {
 /// the labels, including one the model would not write by itself.
 #[test]
 fn smollm2_picks_one_of_the_choices() {
-    let Some(path) = gguf_path() else { return };
-    let files = ModelFiles::open(&path).unwrap();
-    let tok = files.tokenizer().unwrap();
-    let bytes = tok.token_bytes();
-    let vocab = Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids));
-    let mut engine = Engine::new(Model::load(&files).unwrap(), 256, 16)
-        .unwrap()
-        .with_vocabulary(vocab);
-    let messages = [ChatMessage::new(
-        "user",
+    let Some(m) = SmolLm2::load() else { return };
+    let prompt = m.chat_prompt(
         "Is this review positive or negative? \"The soup was cold and the waiter was rude.\"",
-    )];
-    let text = tok
-        .chat_template
-        .as_ref()
-        .unwrap()
-        .render(&messages, true)
-        .unwrap();
-    let prompt = tok.encode(&text, false).unwrap();
+    );
+    let SmolLm2 {
+        tok,
+        bytes,
+        mut engine,
+        ..
+    } = m;
     let mut params = vec![SamplingParams::default()];
     params.extend((0..4).map(|seed| SamplingParams {
         temperature: 1.0,
@@ -328,14 +348,7 @@ fn smollm2_picks_one_of_the_choices() {
 /// match (checked by hand, not by the DFA that constrained it).
 #[test]
 fn smollm2_matches_patterns() {
-    let Some(path) = gguf_path() else { return };
-    let files = ModelFiles::open(&path).unwrap();
-    let tok = files.tokenizer().unwrap();
-    let bytes = tok.token_bytes();
-    let vocab = Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids));
-    let mut engine = Engine::new(Model::load(&files).unwrap(), 256, 16)
-        .unwrap()
-        .with_vocabulary(vocab);
+    let Some(mut m) = SmolLm2::load() else { return };
     let mut params = vec![SamplingParams::default()];
     params.extend((0..3).map(|seed| SamplingParams {
         temperature: 1.0,
@@ -363,19 +376,12 @@ fn smollm2_matches_patterns() {
         ),
     ];
     for (question, pattern, ok) in cases {
-        let messages = [ChatMessage::new("user", question)];
-        let text = tok
-            .chat_template
-            .as_ref()
-            .unwrap()
-            .render(&messages, true)
-            .unwrap();
-        let prompt = tok.encode(&text, false).unwrap();
+        let prompt = m.chat_prompt(question);
         let outs = generate_constrained(
-            &mut engine,
+            &mut m.engine,
             |s| s.pattern = pattern.into(),
-            &bytes,
-            &tok.eos_token_ids,
+            &m.bytes,
+            &m.tok.eos_token_ids,
             &prompt,
             &params,
             16,
