@@ -21,7 +21,16 @@ pub fn compile_output_pattern(pattern: &str) -> Result<dense::DFA<Vec<u32>>, Str
                 .determinize_size_limit(Some(MAX_PATTERN_DFA_BYTES)),
         )
         .build(pattern)
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            // The top error says only which stage failed; its sources say what to fix.
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                message = format!("{message}: {s}");
+                source = s.source();
+            }
+            message
+        })
 }
 
 #[cfg(test)]
@@ -56,7 +65,8 @@ mod tests {
 
     #[test]
     fn refuses_bad_and_huge_patterns() {
-        assert!(compile_output_pattern("(").is_err());
+        let unclosed = compile_output_pattern("(").unwrap_err();
+        assert!(unclosed.contains("unclosed group"), "{unclosed}");
         assert!(compile_output_pattern(r"\w{200}\w{200}[a-z]{1000}").is_err());
     }
 }
