@@ -9,8 +9,8 @@
 //! `guided_choice` makes it one of a list of strings, `guided_regex` a string a regular
 //! expression matches; other constrained output (`json_schema`, `tools`, `guided_json`,
 //! `guided_grammar`) is not implemented, so asking for it is refused rather than answered with
-//! unconstrained text. Errors use OpenAI's shape; invalid
-//! requests answer 400 (see [`crate::error`]).
+//! unconstrained text. Errors use OpenAI's shape; invalid requests answer 400 (see
+//! [`crate::error`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -87,6 +87,14 @@ struct Constrained {
     json_object: bool,
     one_of: Vec<String>,
     pattern: String,
+}
+
+impl Constrained {
+    fn apply_to(self, parameters: &mut RequestParameters) {
+        parameters.json_object = self.json_object;
+        parameters.one_of = self.one_of;
+        parameters.pattern = self.pattern;
+    }
 }
 
 impl OutputConstraints {
@@ -345,7 +353,7 @@ pub struct ChatCompletionRequest {
     /// Sampling fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
-    /// Constrained output (refused).
+    /// Constrained output: JSON mode, `guided_choice`, `guided_regex` (the rest is refused).
     #[serde(flatten)]
     pub constraints: OutputConstraints,
 }
@@ -384,7 +392,7 @@ pub struct CompletionRequest {
     /// Sampling fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
-    /// Constrained output (refused).
+    /// Constrained output: JSON mode, `guided_choice`, `guided_regex` (the rest is refused).
     #[serde(flatten)]
     pub constraints: OutputConstraints,
 }
@@ -794,9 +802,7 @@ pub(crate) async fn chat_completions(
         if logprobs { top } else { 0 },
         false,
     )?;
-    parameters.json_object = constrained.json_object;
-    parameters.one_of = constrained.one_of;
-    parameters.pattern = constrained.pattern;
+    constrained.apply_to(&mut parameters);
     let input = GenerateInput {
         prompt: Prompt::Text {
             text: prompt,
@@ -976,9 +982,7 @@ async fn plan_completions(
         top,
         echo && req.logprobs.is_some(),
     )?;
-    parameters.json_object = constrained.json_object;
-    parameters.one_of = constrained.one_of;
-    parameters.pattern = constrained.pattern;
+    constrained.apply_to(&mut parameters);
     let mut plan = CompletionPlan {
         requests: Vec::new(),
         prompts: Vec::new(),

@@ -332,13 +332,50 @@ impl Engine {
         Ok(())
     }
 
+    /// `sampler` held to the output constraint `seq` asks for, if any, or why it cannot be.
+    fn constrained(&mut self, sampler: Sampler, seq: &NewSequence) -> Result<Sampler, String> {
+        let asked = [
+            seq.json_object,
+            !seq.one_of.is_empty(),
+            !seq.pattern.is_empty(),
+        ];
+        match asked.iter().filter(|&&a| a).count() {
+            0 => return Ok(sampler),
+            1 => {}
+            _ => return Err("JSON mode, a choice and a pattern exclude each other".into()),
+        }
+        let vocab = self.vocab.clone().ok_or(
+            "constrained output needs the model's tokenizer, which this shard has not loaded",
+        )?;
+        Ok(if seq.json_object {
+            sampler.with_json(vocab)
+        } else if !seq.one_of.is_empty() {
+            sampler.with_choices(vocab, Arc::new(Choices::new(&seq.one_of)?))
+        } else {
+            sampler.with_pattern(vocab, self.pattern(&seq.pattern)?)
+        })
+    }
+
+    /// `text` compiled, from the engine's recent patterns when it is one of them.
+    fn pattern(&mut self, text: &str) -> Result<Arc<Pattern>, String> {
+        if let Some(p) = self.patterns.get(text) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(Pattern::new(text)?);
+        if self.patterns.len() >= CACHED_PATTERNS {
+            self.patterns.clear();
+        }
+        self.patterns.insert(text.to_owned(), p.clone());
+        Ok(p)
+    }
+
     fn admit(
         &mut self,
         new: Vec<NewSequence>,
         ids: &mut Vec<u64>,
         limits: &mut HashMap<u64, usize>,
     ) -> Result<(), EngineError> {
-        for seq in new {
+        for mut seq in new {
             seq.params
                 .validate_for_vocab(self.model.config().vocab_size)
                 .map_err(|e| EngineError::InvalidBatch(format!("request {}: {e}", seq.id)))?;
@@ -355,47 +392,10 @@ impl Engine {
                 )));
             }
             let prompt_len = seq.input_ids.len() - seq.generated_len.min(seq.input_ids.len());
-            let mut sampler = Sampler::new(seq.params, &seq.input_ids[..prompt_len]);
-            let asked = [
-                seq.json_object,
-                !seq.one_of.is_empty(),
-                !seq.pattern.is_empty(),
-            ];
-            if asked.contains(&true) {
-                let invalid =
-                    |what: String| EngineError::InvalidBatch(format!("request {}: {what}", seq.id));
-                if asked.iter().filter(|&&a| a).count() > 1 {
-                    return Err(invalid(
-                        "JSON mode, a choice and a pattern exclude each other".into(),
-                    ));
-                }
-                let vocab = self.vocab.clone().ok_or_else(|| {
-                    invalid(
-                        "constrained output needs the model's tokenizer, which this shard has \
-                         not loaded"
-                            .into(),
-                    )
-                })?;
-                sampler = if seq.json_object {
-                    sampler.with_json(vocab)
-                } else if !seq.one_of.is_empty() {
-                    let choices = Choices::new(&seq.one_of).map_err(invalid)?;
-                    sampler.with_choices(vocab, Arc::new(choices))
-                } else {
-                    let pattern = match self.patterns.get(&seq.pattern) {
-                        Some(p) => p.clone(),
-                        None => {
-                            let p = Arc::new(Pattern::new(&seq.pattern).map_err(invalid)?);
-                            if self.patterns.len() >= CACHED_PATTERNS {
-                                self.patterns.clear();
-                            }
-                            self.patterns.insert(seq.pattern.clone(), p.clone());
-                            p
-                        }
-                    };
-                    sampler.with_pattern(vocab, pattern)
-                };
-            }
+            let params = std::mem::take(&mut seq.params);
+            let mut sampler = self
+                .constrained(Sampler::new(params, &seq.input_ids[..prompt_len]), &seq)
+                .map_err(|what| EngineError::InvalidBatch(format!("request {}: {what}", seq.id)))?;
             for &t in &seq.input_ids[prompt_len..] {
                 sampler.record(t);
             }

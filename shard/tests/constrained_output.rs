@@ -133,6 +133,18 @@ fn generate_constrained(
     out
 }
 
+/// Greedy decoding, then `seeds` sampled runs at `temperature` (seeds 0, 1, ...).
+fn greedy_and_sampled(seeds: u64, temperature: f32) -> Vec<SamplingParams> {
+    let sampled = (0..seeds).map(|seed| SamplingParams {
+        temperature,
+        seed,
+        ..Default::default()
+    });
+    std::iter::once(SamplingParams::default())
+        .chain(sampled)
+        .collect()
+}
+
 fn json(s: &mut NewSequence) {
     s.json_object = true;
 }
@@ -155,12 +167,7 @@ fn smollm2_writes_json_objects() {
         bytes,
         mut engine,
     } = m;
-    let mut params = vec![SamplingParams::default()];
-    params.extend((0..4).map(|seed| SamplingParams {
-        temperature: 0.8,
-        seed,
-        ..Default::default()
-    }));
+    let params = greedy_and_sampled(4, 0.8);
     let outs = generate_constrained(
         &mut engine,
         json,
@@ -312,12 +319,7 @@ fn smollm2_picks_one_of_the_choices() {
         mut engine,
         ..
     } = m;
-    let mut params = vec![SamplingParams::default()];
-    params.extend((0..4).map(|seed| SamplingParams {
-        temperature: 1.0,
-        seed,
-        ..Default::default()
-    }));
+    let params = greedy_and_sampled(4, 1.0);
     for labels in [
         vec!["positive", "negative"],
         vec!["Sentiment: mixed", "Sentiment: negative!", "NEUTRAL"],
@@ -349,12 +351,7 @@ fn smollm2_picks_one_of_the_choices() {
 #[test]
 fn smollm2_matches_patterns() {
     let Some(mut m) = SmolLm2::load() else { return };
-    let mut params = vec![SamplingParams::default()];
-    params.extend((0..3).map(|seed| SamplingParams {
-        temperature: 1.0,
-        seed,
-        ..Default::default()
-    }));
+    let params = greedy_and_sampled(3, 1.0);
     /// A question, the pattern its answer is held to, and a hand-written check of a match.
     type Case = (&'static str, &'static str, fn(&str) -> bool);
     let cases: [Case; 2] = [

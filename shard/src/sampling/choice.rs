@@ -1,5 +1,7 @@
 //! A byte-level recognizer of one string out of a list (vLLM's `guided_choice`).
 
+use super::constraint::ByteLanguage;
+
 /// Most choices: the live ones are a bit set in the state.
 pub const MAX_CHOICES: usize = 64;
 
@@ -23,9 +25,13 @@ impl Choices {
             choices.iter().map(|c| c.as_bytes().to_vec()).collect(),
         ))
     }
+}
+
+impl ByteLanguage for Choices {
+    type State = ChoiceState;
 
     /// Before the first byte.
-    pub(crate) fn start(&self) -> ChoiceState {
+    fn start(&self) -> ChoiceState {
         ChoiceState {
             seen: 0,
             live: if self.0.len() == MAX_CHOICES {
@@ -37,7 +43,7 @@ impl Choices {
     }
 
     /// The state after byte `b`, or `None` if no choice continues with it.
-    pub(crate) fn advance(&self, s: ChoiceState, b: u8) -> Option<ChoiceState> {
+    fn advance(&self, s: ChoiceState, b: u8) -> Option<ChoiceState> {
         let at = usize::from(s.seen);
         let live = self
             .0
@@ -52,7 +58,7 @@ impl Choices {
     }
 
     /// Whether the bytes so far are one of the choices.
-    pub(crate) fn is_complete(&self, s: ChoiceState) -> bool {
+    fn is_complete(&self, s: ChoiceState) -> bool {
         self.0
             .iter()
             .enumerate()

@@ -18,42 +18,37 @@ use super::pattern::Pattern;
 use regex_automata::util::primitives::StateID;
 
 /// A language over bytes: where the output is, and whether it may end there.
-trait ByteLanguage {
+pub(crate) trait ByteLanguage {
     type State: Copy;
+
+    /// Before the first byte.
+    fn start(&self) -> Self::State;
+
+    /// The state after byte `b`, or `None` if no string of the language continues with it.
     fn advance(&self, s: Self::State, b: u8) -> Option<Self::State>;
+
+    /// Whether the bytes so far are a whole string of the language.
     fn is_complete(&self, s: Self::State) -> bool;
+
+    /// The state after `bytes`, or `None` if they leave the language.
+    fn feed(&self, s: Self::State, bytes: &[u8]) -> Option<Self::State> {
+        bytes.iter().try_fold(s, |s, &b| self.advance(s, b))
+    }
 }
 
-/// One JSON object.
+/// One JSON object (the recognizer's state carries everything).
 struct Json;
 
 impl ByteLanguage for Json {
     type State = JsonState;
+    fn start(&self) -> JsonState {
+        JsonState::new()
+    }
     fn advance(&self, s: JsonState, b: u8) -> Option<JsonState> {
         s.advance(b)
     }
     fn is_complete(&self, s: JsonState) -> bool {
         s.is_complete()
-    }
-}
-
-impl ByteLanguage for Pattern {
-    type State = StateID;
-    fn advance(&self, s: StateID, b: u8) -> Option<StateID> {
-        Pattern::advance(self, s, b)
-    }
-    fn is_complete(&self, s: StateID) -> bool {
-        Pattern::is_complete(self, s)
-    }
-}
-
-impl ByteLanguage for Choices {
-    type State = ChoiceState;
-    fn advance(&self, s: ChoiceState, b: u8) -> Option<ChoiceState> {
-        Choices::advance(self, s, b)
-    }
-    fn is_complete(&self, s: ChoiceState) -> bool {
-        Choices::is_complete(self, s)
     }
 }
 
@@ -70,6 +65,8 @@ pub struct TokenVocab {
     /// Token `t`'s bytes: `token_bytes[token_start[t]..token_start[t + 1]]`.
     token_start: Vec<u32>,
     token_bytes: Vec<u8>,
+    /// Only the end-of-generation tokens.
+    ends_only: Arc<Vec<u64>>,
     json_sets: SetCache<JsonState>,
 }
 
@@ -109,19 +106,25 @@ impl TokenVocab {
             }
             ends[node].push(id as u32);
         }
+        let eos: Vec<u32> = eos
+            .iter()
+            .copied()
+            .filter(|&e| (e as usize) < bytes.len())
+            .collect();
+        let mut ends_only = vec![0u64; bytes.len().div_ceil(64)];
+        for &e in &eos {
+            ends_only[e as usize / 64] |= 1 << (e % 64);
+        }
         let mut vocab = Self {
             size: bytes.len(),
-            eos: eos
-                .iter()
-                .copied()
-                .filter(|&e| (e as usize) < bytes.len())
-                .collect(),
+            eos,
             child_start: vec![0],
             edges: Vec::new(),
             end_start: vec![0],
             ends: Vec::new(),
             token_start: vec![0],
             token_bytes: Vec::new(),
+            ends_only: Arc::new(ends_only),
             json_sets: SetCache::new(CACHED_JSON_STATES),
         };
         for b in bytes {
@@ -137,16 +140,6 @@ impl TokenVocab {
             vocab.end_start.push(vocab.ends.len() as u32);
         }
         vocab
-    }
-
-    /// The number of token ids.
-    pub fn len(&self) -> usize {
-        self.size
-    }
-
-    /// Whether the vocabulary has no tokens.
-    pub fn is_empty(&self) -> bool {
-        self.size == 0
     }
 
     /// The tokens that may follow `state` of `language`, as a bit set of `len()` bits: those
@@ -178,17 +171,11 @@ impl TokenVocab {
             }
         }
         if language.is_complete(state) || !any {
-            for &id in &self.eos {
-                set[id as usize / 64] |= 1 << (id % 64);
+            for (w, e) in set.iter_mut().zip(self.ends_only.iter()) {
+                *w |= e;
             }
         }
         set
-    }
-
-    /// [`Self::allowed`] for JSON, through the vocabulary's cache.
-    fn cached_allowed(&self, state: JsonState) -> Arc<Vec<u64>> {
-        self.json_sets
-            .get_or_walk(state, || self.allowed(&Json, state))
     }
 
     /// What token `id` adds to the output (empty for tokens that add nothing).
@@ -247,16 +234,25 @@ enum Position {
 
 impl Position {
     fn feed(self, bytes: &[u8]) -> Option<Self> {
-        match self {
-            Position::Json(s) => s.feed(bytes).map(Position::Json),
+        Some(match self {
+            Position::Json(s) => Position::Json(Json.feed(s, bytes)?),
             Position::Choice(c, s) => {
-                let s = bytes.iter().try_fold(s, |s, &b| c.advance(s, b))?;
-                Some(Position::Choice(c, s))
+                let s = c.feed(s, bytes)?;
+                Position::Choice(c, s)
             }
             Position::Pattern(p, s) => {
-                let s = bytes.iter().try_fold(s, |s, &b| p.advance(s, b))?;
-                Some(Position::Pattern(p, s))
+                let s = p.feed(s, bytes)?;
+                Position::Pattern(p, s)
             }
+        })
+    }
+
+    /// The tokens that may come next from here, over `vocab`.
+    fn allowed(&self, vocab: &TokenVocab) -> Arc<Vec<u64>> {
+        match self {
+            Position::Json(s) => vocab.json_sets.get_or_walk(*s, || vocab.allowed(&Json, *s)),
+            Position::Choice(c, s) => Arc::new(vocab.allowed(&**c, *s)),
+            Position::Pattern(p, s) => p.sets().get_or_walk(*s, || vocab.allowed(&**p, *s)),
         }
     }
 }
@@ -274,7 +270,7 @@ pub(crate) struct Constraint {
 impl Constraint {
     /// JSON mode, before the first token of the output.
     pub(crate) fn json(vocab: Arc<TokenVocab>) -> Self {
-        Self::at(vocab, Position::Json(JsonState::new()))
+        Self::at(vocab, Position::Json(Json.start()))
     }
 
     /// One of `choices`, before the first token of the output.
@@ -290,29 +286,10 @@ impl Constraint {
     }
 
     fn at(vocab: Arc<TokenVocab>, at: Position) -> Self {
-        let mut c = Self {
-            vocab,
+        Self {
+            allowed: at.allowed(&vocab),
             at: Some(at),
-            allowed: Arc::new(Vec::new()),
-        };
-        c.allowed = c.allowed_now();
-        c
-    }
-
-    fn allowed_now(&self) -> Arc<Vec<u64>> {
-        match &self.at {
-            None => {
-                let mut only_end = vec![0u64; self.vocab.size.div_ceil(64)];
-                for &e in &self.vocab.eos {
-                    only_end[e as usize / 64] |= 1 << (e % 64);
-                }
-                Arc::new(only_end)
-            }
-            Some(Position::Json(s)) => self.vocab.cached_allowed(*s),
-            Some(Position::Choice(c, s)) => Arc::new(self.vocab.allowed(&**c, *s)),
-            Some(Position::Pattern(p, s)) => {
-                p.sets().get_or_walk(*s, || self.vocab.allowed(&**p, *s))
-            }
+            vocab,
         }
     }
 
@@ -347,7 +324,10 @@ impl Constraint {
             .take()
             .filter(|_| !bytes.is_empty())
             .and_then(|at| at.feed(bytes));
-        self.allowed = self.allowed_now();
+        self.allowed = match &self.at {
+            Some(at) => at.allowed(&self.vocab),
+            None => self.vocab.ends_only.clone(),
+        };
     }
 }
 

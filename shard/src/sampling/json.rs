@@ -97,12 +97,6 @@ enum Number {
 
 const WORDS: [&[u8]; 3] = [b"true", b"false", b"null"];
 
-impl Default for JsonState {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl JsonState {
     /// Before the first byte of a JSON object.
     pub(crate) fn new() -> Self {
@@ -122,7 +116,8 @@ impl JsonState {
     }
 
     /// The state after `bytes`, or `None` if they cannot continue a JSON object.
-    pub(crate) fn feed(self, bytes: &[u8]) -> Option<Self> {
+    #[cfg(test)]
+    fn feed(self, bytes: &[u8]) -> Option<Self> {
         bytes.iter().try_fold(self, |s, &b| s.advance(b))
     }
 

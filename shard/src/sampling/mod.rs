@@ -6,9 +6,10 @@
 //!
 //! # Order of operations
 //!
-//! JSON mode ([`Sampler::with_json`]) first sets every token that cannot continue the
-//! output's JSON object to `-inf` (see `constraint`). Then logit space, on a copy of the row
-//! (skipped when none of them is on):
+//! Constrained output ([`Sampler::with_json`], [`Sampler::with_choices`],
+//! [`Sampler::with_pattern`]) first sets every token that cannot continue the output to `-inf`
+//! (see `constraint`). Then logit space, on a copy of the row (skipped when none of them is
+//! on):
 //! 1. `logit_bias`: `x[id] += bias` (ids outside the vocabulary are ignored; repeated ids
 //!    add up).
 //! 2. `repetition_penalty` (Hugging Face): for each distinct token of prompt + generated
@@ -118,7 +119,7 @@ pub struct Sampler {
     /// The step whose stream `rng` is positioned in, if any.
     rng_step: Option<u64>,
     scratch: Scratch,
-    /// Constrained output (JSON mode, a choice): the tokens that may come next.
+    /// Constrained output (JSON mode, a choice, a pattern): the tokens that may come next.
     constraint: Option<Constraint>,
     /// The row with disallowed tokens at `-inf`, under a constraint.
     masked: Vec<f32>,
@@ -149,22 +150,24 @@ impl Sampler {
     /// Constrains the output to one JSON object over `vocab` (JSON mode): tokens that cannot
     /// continue it are at `-inf` before any other processing, and end-of-generation tokens
     /// are allowed only once it is complete. Attach before recording replayed tokens.
-    pub fn with_json(mut self, vocab: Arc<TokenVocab>) -> Self {
-        self.constraint = Some(Constraint::json(vocab));
-        self
+    pub fn with_json(self, vocab: Arc<TokenVocab>) -> Self {
+        self.with_constraint(Constraint::json(vocab))
     }
 
     /// Constrains the output to one of `choices` (vLLM's `guided_choice`), as
     /// [`Sampler::with_json`] does to a JSON object.
-    pub fn with_choices(mut self, vocab: Arc<TokenVocab>, choices: Arc<Choices>) -> Self {
-        self.constraint = Some(Constraint::choice(vocab, choices));
-        self
+    pub fn with_choices(self, vocab: Arc<TokenVocab>, choices: Arc<Choices>) -> Self {
+        self.with_constraint(Constraint::choice(vocab, choices))
     }
 
     /// Constrains the output to a string `pattern` matches (vLLM's `guided_regex`), as
     /// [`Sampler::with_json`] does to a JSON object.
-    pub fn with_pattern(mut self, vocab: Arc<TokenVocab>, pattern: Arc<Pattern>) -> Self {
-        self.constraint = Some(Constraint::pattern(vocab, pattern));
+    pub fn with_pattern(self, vocab: Arc<TokenVocab>, pattern: Arc<Pattern>) -> Self {
+        self.with_constraint(Constraint::pattern(vocab, pattern))
+    }
+
+    fn with_constraint(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
         self
     }
 
@@ -205,13 +208,7 @@ impl Sampler {
 
     /// Processes `logits` and draws the next token without recording it.
     pub fn choose(&mut self, logits: &[f32]) -> u32 {
-        let logits = match &self.constraint {
-            Some(c) => {
-                c.mask_into(logits, &mut self.masked);
-                &self.masked
-            }
-            None => logits,
-        };
+        let logits = masked(self.constraint.as_ref(), logits, &mut self.masked);
         match pipeline::process(&self.plan, &self.history, logits, &mut self.scratch) {
             Outcome::Token(id) => id,
             Outcome::Weights { total } => {
@@ -260,14 +257,8 @@ impl Sampler {
     /// probability per vocabulary token summing to 1 (one-hot on the argmax when greedy;
     /// empty for an empty row).
     pub fn processed_probs(&self, logits: &[f32]) -> Vec<f32> {
-        let mut masked = Vec::new();
-        let logits = match &self.constraint {
-            Some(c) => {
-                c.mask_into(logits, &mut masked);
-                &masked
-            }
-            None => logits,
-        };
+        let mut buffer = Vec::new();
+        let logits = masked(self.constraint.as_ref(), logits, &mut buffer);
         let mut scratch = Scratch::default();
         let mut probs = vec![0.0f32; logits.len()];
         match pipeline::process(&self.plan, &self.history, logits, &mut scratch) {
@@ -322,6 +313,21 @@ impl Sampler {
             }
         }
         last
+    }
+}
+
+/// `logits` as the constraint (if any) lets them be: disallowed tokens at `-inf`, in `buffer`.
+fn masked<'a>(
+    constraint: Option<&Constraint>,
+    logits: &'a [f32],
+    buffer: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    match constraint {
+        Some(c) => {
+            c.mask_into(logits, buffer);
+            buffer
+        }
+        None => logits,
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::constraint::SetCache;
+use super::constraint::{ByteLanguage, SetCache};
 
 use regex_automata::Anchored;
 use regex_automata::dfa::{Automaton, dense};
@@ -47,24 +47,29 @@ impl Pattern {
         })
     }
 
-    pub(crate) fn start(&self) -> StateID {
+    /// Allowed sets by state, for the one vocabulary of the engine that uses this pattern.
+    pub(crate) fn sets(&self) -> &SetCache<StateID> {
+        &self.sets
+    }
+}
+
+impl ByteLanguage for Pattern {
+    type State = StateID;
+
+    /// Before the first byte: the anchored start.
+    fn start(&self) -> StateID {
         self.start
     }
 
     /// The state after byte `b`, or `None` once no string of the language starts so.
-    pub(crate) fn advance(&self, s: StateID, b: u8) -> Option<StateID> {
+    fn advance(&self, s: StateID, b: u8) -> Option<StateID> {
         let next = self.dfa.next_state(s, b);
         self.live.contains(&next).then_some(next)
     }
 
     /// Whether the bytes so far are a whole string of the language.
-    pub(crate) fn is_complete(&self, s: StateID) -> bool {
+    fn is_complete(&self, s: StateID) -> bool {
         self.dfa.is_match_state(self.dfa.next_eoi_state(s))
-    }
-
-    /// Allowed sets by state, for the one vocabulary of the engine that uses this pattern.
-    pub(crate) fn sets(&self) -> &SetCache<StateID> {
-        &self.sets
     }
 }
 
