@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use futures::Stream;
 use serde::Serialize;
+use tessera_params::{OutputConstraint, SamplingParams, StoppingParams};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::metrics as m;
@@ -32,79 +33,16 @@ pub struct ValidGenerateRequest {
     pub inputs: String,
     /// Prompt token ids (with special tokens as the model wants them).
     pub input_ids: Vec<u32>,
-    /// Sampling parameters.
-    pub parameters: ValidParameters,
+    /// How the next token is chosen (a seed is always set when sampling).
+    pub parameters: SamplingParams,
     /// When to stop.
-    pub stopping: ValidStoppingParameters,
+    pub stopping: StoppingParams,
+    /// The shape the output must take, if the client asked for one.
+    pub constraint: Option<OutputConstraint>,
     /// Whether the client wants the prompt tokens' logprobs ([`InferStreamResponse::Prefill`]).
     pub decoder_input_details: bool,
     /// Whether special tokens are left out of the generated text.
     pub skip_special_tokens: bool,
-}
-
-/// Validated sampling parameters. Neutral values switch a processor off.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ValidParameters {
-    /// Softmax temperature; `0.0` means greedy decoding.
-    pub temperature: f32,
-    /// Keep the `top_k` most likely tokens; `0` is off.
-    pub top_k: u32,
-    /// Nucleus sampling mass in `(0, 1]`; `1.0` is off.
-    pub top_p: f32,
-    /// Typical sampling mass in `(0, 1]`; `1.0` is off.
-    pub typical_p: f32,
-    /// Minimum probability relative to the most likely token, in `[0, 1]`; `0.0` is off.
-    pub min_p: f32,
-    /// Multiplicative repetition penalty (> 0); `1.0` is off.
-    pub repetition_penalty: f32,
-    /// Additive penalty per occurrence of a token in the output, in `[-2, 2]`; `0.0` is off.
-    pub frequency_penalty: f32,
-    /// Additive penalty for any token present in the output, in `[-2, 2]`; `0.0` is off.
-    pub presence_penalty: f32,
-    /// Biases added to the logits of these token ids, each in `[-100, 100]`.
-    pub logit_bias: Vec<(u32, f32)>,
-    /// Sampling seed. Always set when sampling (the router draws one if the client did not).
-    pub seed: Option<u64>,
-    /// How many most likely alternatives to report per generated token.
-    pub top_n_tokens: u32,
-    /// JSON mode: the shard keeps the output one JSON object.
-    pub json_object: bool,
-    /// The shard keeps the output one of these strings (empty: no constraint).
-    pub one_of: Vec<String>,
-    /// The shard keeps the output a string this regular expression matches (empty: none).
-    pub pattern: String,
-}
-
-impl Default for ValidParameters {
-    fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            typical_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            logit_bias: Vec::new(),
-            seed: None,
-            top_n_tokens: 0,
-            json_object: false,
-            one_of: Vec::new(),
-            pattern: String::new(),
-        }
-    }
-}
-
-/// Validated stopping criteria.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidStoppingParameters {
-    /// Generate at most this many tokens (input + this fits in `max_total_tokens`).
-    pub max_new_tokens: u32,
-    /// Stop when the generated text contains one of these (trimmed from the output).
-    pub stop_sequences: Vec<String>,
-    /// Keep generating past the model's end-of-sequence tokens.
-    pub ignore_eos: bool,
 }
 
 /// What the batcher receives for each request.
@@ -449,12 +387,13 @@ mod tests {
         ValidGenerateRequest {
             inputs: "hi".into(),
             input_ids: vec![1, 2],
-            parameters: ValidParameters::default(),
-            stopping: ValidStoppingParameters {
+            parameters: SamplingParams::default(),
+            stopping: StoppingParams {
                 max_new_tokens: 4,
                 stop_sequences: vec![],
                 ignore_eos: false,
             },
+            constraint: None,
             decoder_input_details: false,
             skip_special_tokens: true,
         }

@@ -39,8 +39,7 @@ pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
 pub use crate::error::{ApiError, OpenAiError};
 pub use crate::infer::{
     Entry, FinishReason, GeneratedText, Infer, InferError, InferResponse, InferStream,
-    InferStreamResponse, PrefillToken, Token, ValidGenerateRequest, ValidParameters,
-    ValidStoppingParameters,
+    InferStreamResponse, PrefillToken, Token, ValidGenerateRequest,
 };
 pub use crate::metrics::{build_recorder, install_recorder, names as metric_names};
 pub use crate::server::{
@@ -50,6 +49,7 @@ pub use crate::stop::{StopMatch, StopSequenceMatcher};
 pub use crate::validation::{
     GenerateInput, Prompt, RequestParameters, Validation, ValidationConfig, ValidationError,
 };
+pub use tessera_params::{OutputConstraint, SamplingParams, StoppingParams};
 
 /// Wire types of the native (TGI-compatible) API.
 pub mod native_api {

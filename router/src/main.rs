@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_formats::ModelFiles;
-use tessera_proto::v1 as pb;
 use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::ShardedClient;
+use tessera_router::client::WarmupRequest;
 use tessera_router::telemetry::TelemetryConfig;
 use tessera_router::{AppState, Infer, ModelInfo, ValidationConfig, install_recorder, serve};
 
@@ -170,7 +170,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(args.max_concurrent_requests)
         .max(1);
     let warmup = client
-        .warmup(pb::WarmupRequest {
+        .warmup(WarmupRequest {
             max_input_tokens: limits.max_input_tokens as u32,
             max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
             max_total_tokens: limits.max_total_tokens as u32,

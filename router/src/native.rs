@@ -11,6 +11,7 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use tessera_params::OutputConstraint;
 use tracing::Instrument;
 
 use crate::error::{ApiError, NativeJson};
@@ -92,9 +93,11 @@ impl GenerateRequest {
                 reason: "only 1 is supported; use `n` on /v1/completions for several samples",
             });
         }
-        let pattern = match &p.grammar {
-            None => String::new(),
-            Some(g) if g.kind == "regex" => output_pattern("grammar", &g.value)?,
+        let constraint = match &p.grammar {
+            None => None,
+            Some(g) if g.kind == "regex" => Some(OutputConstraint::Pattern(output_pattern(
+                "grammar", &g.value,
+            )?)),
             Some(_) => {
                 return Err(ValidationError::Unsupported {
                     param: "grammar",
@@ -139,9 +142,7 @@ impl GenerateRequest {
                 ignore_eos: p.ignore_eos,
                 decoder_input_details: p.decoder_input_details,
                 skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
-                json_object: false,
-                one_of: Vec::new(),
-                pattern,
+                constraint,
             },
             truncate: p.truncate,
         };
@@ -271,7 +272,7 @@ pub(crate) async fn generate(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let (input, details, full_text) = req.into_input()?;
-    check_pattern("grammar", &input.parameters.pattern).await?;
+    check_pattern("grammar", input.parameters.constraint.as_ref()).await?;
     let valid = state
         .validation()
         .validate(input)
@@ -313,7 +314,7 @@ pub(crate) async fn generate_stream(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let (input, _details, full_text) = req.into_input()?;
-    check_pattern("grammar", &input.parameters.pattern).await?;
+    check_pattern("grammar", input.parameters.constraint.as_ref()).await?;
     let valid = state
         .validation()
         .validate(input)

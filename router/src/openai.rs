@@ -23,6 +23,7 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tessera_formats::ChatMessage;
+use tessera_params::OutputConstraint;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
@@ -81,25 +82,9 @@ pub struct OutputConstraints {
 /// Most `guided_choice` strings (the shard keeps the live ones as bits of a `u64`).
 const MAX_GUIDED_CHOICES: usize = 64;
 
-/// What a request constrains its output to.
-#[derive(Debug, Default)]
-struct Constrained {
-    json_object: bool,
-    one_of: Vec<String>,
-    pattern: String,
-}
-
-impl Constrained {
-    fn apply_to(self, parameters: &mut RequestParameters) {
-        parameters.json_object = self.json_object;
-        parameters.one_of = self.one_of;
-        parameters.pattern = self.pattern;
-    }
-}
-
 impl OutputConstraints {
     /// What the request asks for; an error for what is not implemented or malformed.
-    fn constrained(&self) -> Result<Constrained, ValidationError> {
+    fn constrained(&self) -> Result<Option<OutputConstraint>, ValidationError> {
         let json_object = match self.response_format.as_ref().map(|f| f.kind.as_str()) {
             None | Some("text") => false,
             Some("json_object") => true,
@@ -141,10 +126,14 @@ impl OutputConstraints {
                 reason: "JSON mode, `guided_choice` and `guided_regex` exclude each other",
             });
         }
-        Ok(Constrained {
-            json_object,
-            one_of,
-            pattern,
+        Ok(if json_object {
+            Some(OutputConstraint::JsonObject)
+        } else if !one_of.is_empty() {
+            Some(OutputConstraint::OneOf(one_of))
+        } else if !pattern.is_empty() {
+            Some(OutputConstraint::Pattern(pattern))
+        } else {
+            None
         })
     }
 }
@@ -163,15 +152,16 @@ pub(crate) fn output_pattern(
         })
 }
 
-/// Compiles `pattern` as the shard will, off the async runtime (a pattern near the size cap
-/// takes a few hundred milliseconds), so that one the shard could not honour is refused here.
+/// Compiles a pattern constraint as the shard will, off the async runtime (a pattern near the
+/// size cap takes a few hundred milliseconds), so that one the shard could not honour is
+/// refused here.
 pub(crate) async fn check_pattern(
     param: &'static str,
-    pattern: &str,
+    constraint: Option<&OutputConstraint>,
 ) -> Result<(), ValidationError> {
-    if pattern.is_empty() {
+    let Some(OutputConstraint::Pattern(pattern)) = constraint else {
         return Ok(());
-    }
+    };
     let owned = pattern.to_owned();
     tokio::task::spawn_blocking(move || tessera_formats::compile_output_pattern(&owned).map(drop))
         .await
@@ -282,9 +272,7 @@ impl SamplingFields {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             decoder_input_details,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
-            json_object: false,
-            one_of: Vec::new(),
-            pattern: String::new(),
+            constraint: None,
         })
     }
 
@@ -775,8 +763,8 @@ pub(crate) async fn chat_completions(
 ) -> Result<Response, OpenAiError> {
     check_model(&state, &req.model)?;
     let received = Instant::now();
-    let constrained = req.constraints.constrained()?;
-    check_pattern("guided_regex", &constrained.pattern).await?;
+    let constraint = req.constraints.constrained()?;
+    check_pattern("guided_regex", constraint.as_ref()).await?;
     check_tools(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
@@ -802,7 +790,7 @@ pub(crate) async fn chat_completions(
         if logprobs { top } else { 0 },
         false,
     )?;
-    constrained.apply_to(&mut parameters);
+    parameters.constraint = constraint;
     let input = GenerateInput {
         prompt: Prompt::Text {
             text: prompt,
@@ -953,8 +941,8 @@ async fn plan_completions(
             reason: "insertion is not implemented",
         });
     }
-    let constrained = req.constraints.constrained()?;
-    check_pattern("guided_regex", &constrained.pattern).await?;
+    let constraint = req.constraints.constrained()?;
+    check_pattern("guided_regex", constraint.as_ref()).await?;
     let top = req.logprobs.unwrap_or(0);
     validate_openai_sampling(None, Some(("logprobs", top, 5)))?;
     let n = req.sampling.n.unwrap_or(1);
@@ -982,7 +970,7 @@ async fn plan_completions(
         top,
         echo && req.logprobs.is_some(),
     )?;
-    constrained.apply_to(&mut parameters);
+    parameters.constraint = constraint;
     let mut plan = CompletionPlan {
         requests: Vec::new(),
         prompts: Vec::new(),

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use tessera_formats::{ChatMessage, ModelTokenizer};
 
-use crate::infer::{ValidGenerateRequest, ValidParameters, ValidStoppingParameters};
+use crate::infer::ValidGenerateRequest;
+use tessera_params::{OutputConstraint, SamplingParams, StoppingParams};
 
 /// Limits requests are checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,12 +93,8 @@ pub struct RequestParameters {
     pub decoder_input_details: bool,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: bool,
-    /// JSON mode: the output is one JSON object.
-    pub json_object: bool,
-    /// The output is one of these strings (empty: no constraint).
-    pub one_of: Vec<String>,
-    /// The output matches this regular expression (empty: no constraint; checked when set).
-    pub pattern: String,
+    /// The shape the output must take (a pattern is checked when set).
+    pub constraint: Option<OutputConstraint>,
 }
 
 impl Default for RequestParameters {
@@ -120,9 +117,7 @@ impl Default for RequestParameters {
             ignore_eos: false,
             decoder_input_details: false,
             skip_special_tokens: true,
-            json_object: false,
-            one_of: Vec::new(),
-            pattern: String::new(),
+            constraint: None,
         }
     }
 }
@@ -389,11 +384,13 @@ impl Validation {
         let stopping = self.validate_stopping(&parameters, input)?;
         let decoder_input_details = parameters.decoder_input_details;
         let skip_special_tokens = parameters.skip_special_tokens;
+        let constraint = parameters.constraint.clone();
         Ok(ValidGenerateRequest {
             inputs,
             input_ids,
             parameters: self.validate_parameters(parameters)?,
             stopping,
+            constraint,
             decoder_input_details,
             skip_special_tokens,
         })
@@ -403,7 +400,7 @@ impl Validation {
         &self,
         p: &RequestParameters,
         input: usize,
-    ) -> Result<ValidStoppingParameters, ValidationError> {
+    ) -> Result<StoppingParams, ValidationError> {
         let cfg = &self.config;
         let room = u32::try_from(cfg.max_total_tokens.saturating_sub(input)).unwrap_or(u32::MAX);
         let max_new_tokens = match p.max_new_tokens {
@@ -428,17 +425,14 @@ impl Validation {
         if p.stop.iter().any(String::is_empty) {
             return Err(ValidationError::EmptyStopSequence);
         }
-        Ok(ValidStoppingParameters {
+        Ok(StoppingParams {
             max_new_tokens,
             stop_sequences: p.stop.clone(),
             ignore_eos: p.ignore_eos,
         })
     }
 
-    fn validate_parameters(
-        &self,
-        p: RequestParameters,
-    ) -> Result<ValidParameters, ValidationError> {
+    fn validate_parameters(&self, p: RequestParameters) -> Result<SamplingParams, ValidationError> {
         check_f32("temperature", p.temperature, ">= 0", |t| t >= 0.0)?;
         check_f32("top_p", p.top_p, "in (0, 1]", |v| v > 0.0 && v <= 1.0)?;
         check_f32("typical_p", p.typical_p, "in (0, 1]", |v| {
@@ -490,7 +484,7 @@ impl Validation {
             None if temperature > 0.0 => Some(random_u64()),
             None => None,
         };
-        Ok(ValidParameters {
+        Ok(SamplingParams {
             temperature,
             top_k,
             top_p: p.top_p.unwrap_or(1.0),
@@ -502,9 +496,6 @@ impl Validation {
             logit_bias,
             seed,
             top_n_tokens,
-            json_object: p.json_object,
-            one_of: p.one_of.clone(),
-            pattern: p.pattern.clone(),
         })
     }
 
@@ -839,7 +830,7 @@ mod tests {
     #[test]
     fn valid_parameters_and_sampling() {
         let r = validate(RequestParameters::default()).unwrap();
-        assert_eq!(r.parameters, ValidParameters::default());
+        assert_eq!(r.parameters, SamplingParams::default());
         assert!(r.skip_special_tokens);
         let r = validate(RequestParameters {
             do_sample: true,

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tessera_formats::ModelTokenizer;
 use tessera_router::{
     AppState, Entry, FinishReason, GeneratedText, Infer, InferError, InferStreamResponse,
-    ModelInfo, PrefillToken, Token, ValidationConfig, app,
+    ModelInfo, OutputConstraint, PrefillToken, Token, ValidationConfig, app,
 };
 use tokio::sync::mpsc;
 use tower::ServiceExt;
@@ -789,7 +789,7 @@ async fn constraint_fields_that_ask_for_nothing_are_accepted() {
         "guided_json": null, "messages": [{"role": "user", "content": "Hi"}]});
     let (resp, entries) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a"]).await;
     assert_eq!(resp.status(), StatusCode::OK);
-    assert!(!entries[0].request.parameters.json_object);
+    assert_eq!(entries[0].request.constraint, None);
     let body = json!({"model": MODEL, "max_tokens": 2, "tool_choice": "auto", "tools": [],
         "messages": [{"role": "user", "content": "Hi"}]});
     let (resp, _) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a"]).await;
@@ -810,12 +810,19 @@ async fn constraints_reach_the_shard() {
     )
     .await;
     assert_eq!(resp.status(), StatusCode::OK);
-    assert!(entries[0].request.parameters.json_object);
+    assert_eq!(
+        entries[0].request.constraint,
+        Some(OutputConstraint::JsonObject)
+    );
     let body = json!({"model": MODEL, "max_tokens": 2, "prompt": "x", "n": 2,
         "response_format": {"type": "json_object"}});
     let (resp, entries) = run(&app, &mut rx, post("/v1/completions", body), 2, &["{}"]).await;
     assert_eq!(resp.status(), StatusCode::OK);
-    assert!(entries.iter().all(|e| e.request.parameters.json_object));
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.request.constraint == Some(OutputConstraint::JsonObject))
+    );
     let body = json!({"model": MODEL, "max_tokens": 2, "guided_choice": ["yes", "no"],
         "messages": [{"role": "user", "content": "Hi"}]});
     let (resp, entries) = run(
@@ -827,17 +834,25 @@ async fn constraints_reach_the_shard() {
     )
     .await;
     assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(entries[0].request.parameters.one_of, ["yes", "no"]);
-    assert!(!entries[0].request.parameters.json_object);
+    assert_eq!(
+        entries[0].request.constraint,
+        Some(OutputConstraint::OneOf(vec!["yes".into(), "no".into()]))
+    );
     let body = json!({"model": MODEL, "max_tokens": 2, "prompt": "x", "guided_regex": "[a-z]+"});
     let (resp, entries) = run(&app, &mut rx, post("/v1/completions", body), 1, &["ab"]).await;
     assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(entries[0].request.parameters.pattern, "[a-z]+");
+    assert_eq!(
+        entries[0].request.constraint,
+        Some(OutputConstraint::Pattern("[a-z]+".into()))
+    );
     let body = json!({"inputs": "x", "parameters": {"max_new_tokens": 2,
         "grammar": {"type": "regex", "value": "\\d+"}}});
     let (resp, entries) = run(&app, &mut rx, post("/generate", body), 1, &["12"]).await;
     assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(entries[0].request.parameters.pattern, "\\d+");
+    assert_eq!(
+        entries[0].request.constraint,
+        Some(OutputConstraint::Pattern("\\d+".into()))
+    );
 }
 
 #[tokio::test]

@@ -12,9 +12,9 @@ use futures::future::join_all;
 use metrics_support::{Scrape, documented, exported, fixture, start_shard};
 use serde_json::{Value, json};
 use tessera_formats::ModelFiles;
-use tessera_proto::v1 as pb;
 use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::ShardedClient;
+use tessera_router::client::WarmupRequest;
 use tessera_router::{AppState, Infer, ValidationConfig, app, install_recorder};
 
 const MAX_NEW: u32 = 6;
@@ -33,7 +33,7 @@ async fn start(dir: &std::path::Path) -> Server {
     let socket = start_shard(&dir.join("shard"), None).await;
     let client = ShardedClient::connect(&socket).await.expect("connect");
     let warmup = client
-        .warmup(pb::WarmupRequest {
+        .warmup(WarmupRequest {
             max_input_tokens: 200,
             max_batch_prefill_tokens: 256,
             max_total_tokens: 256,

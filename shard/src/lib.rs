@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod comm;
+mod convert;
 mod core;
 mod error;
 mod kv_cache;
@@ -22,7 +23,7 @@ pub mod service;
 pub mod speculative;
 pub mod telemetry;
 
-pub use core::{Engine, NewSequence, StepOutput, StepTimings};
+pub use core::{Engine, NewSequence, RunningUpdate, StepOutput, StepPlan, StepResult, StepTimings};
 pub use error::EngineError;
 pub use kv_cache::{KvCache, KvDtype};
 #[cfg(feature = "cuda")]

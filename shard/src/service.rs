@@ -1,5 +1,5 @@
 //! The gRPC face of the shard: wire types in, [`Engine`] calls on a blocking thread, wire
-//! types out. All proto↔domain conversions live here.
+//! types out. The conversions between the two live in `convert.rs`.
 
 use std::sync::Arc;
 
@@ -9,8 +9,8 @@ use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
 use crate::EngineError;
-use crate::core::{Engine, NewSequence, StepOutput, StepTimings};
-use crate::sampling::{SampledToken, SamplingParams};
+use crate::convert;
+use crate::core::Engine;
 
 /// Facts about this shard that `Info` and `ServiceDiscovery` report.
 #[derive(Debug, Clone)]
@@ -80,86 +80,6 @@ fn to_status(e: EngineError) -> Status {
     }
 }
 
-fn sequence(r: pb::Request) -> NewSequence {
-    let p = r.parameters.unwrap_or_default();
-    NewSequence {
-        id: r.id,
-        input_ids: r.input_ids,
-        params: SamplingParams {
-            temperature: p.temperature,
-            top_k: p.top_k,
-            top_p: p.top_p,
-            typical_p: p.typical_p,
-            min_p: p.min_p,
-            repetition_penalty: p.repetition_penalty,
-            frequency_penalty: p.frequency_penalty,
-            presence_penalty: p.presence_penalty,
-            logit_bias: p
-                .logit_bias
-                .into_iter()
-                .map(|b| (b.token_id, b.bias))
-                .collect(),
-            seed: p.seed,
-            top_n_logprobs: r.top_n_tokens,
-        },
-        prefill_logprobs: r.prefill_logprobs,
-        blocks: r.blocks,
-        cache_len: r.cache_len as usize,
-        chunk_len: (r.chunk_len > 0).then_some(r.chunk_len as usize),
-        generated_len: r.generated_len as usize,
-        json_object: p.json_object,
-        one_of: p.one_of,
-        pattern: p.pattern,
-    }
-}
-
-fn tokens(pairs: impl IntoIterator<Item = (u32, f32)>) -> pb::Tokens {
-    let (ids, logprobs) = pairs.into_iter().unzip();
-    pb::Tokens { ids, logprobs }
-}
-
-fn generation(o: StepOutput) -> pb::Generation {
-    let top_tokens = o
-        .tokens
-        .iter()
-        .map(|t: &SampledToken| tokens(t.top_logprobs.iter().copied()))
-        .collect();
-    pb::Generation {
-        request_id: o.request_id,
-        prefill_tokens: o.prefill.map(tokens),
-        tokens: Some(tokens(o.tokens.iter().map(|t| (t.id, t.logprob)))),
-        top_tokens,
-        proposed: o.proposed as u32,
-    }
-}
-
-fn timings(t: StepTimings) -> pb::Timings {
-    pb::Timings {
-        forward_ns: t.forward_ns,
-        decode_ns: t.decode_ns,
-        total_ns: t.total_ns,
-    }
-}
-
-fn updates(u: Vec<pb::BlockUpdate>) -> Vec<(u64, Vec<u32>)> {
-    u.into_iter().map(|u| (u.request_id, u.blocks)).collect()
-}
-
-fn limits(l: Vec<pb::ChunkLimit>) -> Vec<(u64, usize)> {
-    l.into_iter()
-        .map(|l| (l.request_id, l.max_tokens as usize))
-        .collect()
-}
-
-type StepResult = (Vec<StepOutput>, Vec<u64>, StepTimings);
-
-fn cached(batch_id: u64, ids: Vec<u64>) -> Option<pb::CachedBatch> {
-    (!ids.is_empty()).then_some(pb::CachedBatch {
-        id: batch_id,
-        request_ids: ids,
-    })
-}
-
 #[tonic::async_trait]
 impl TextGenerationService for ShardService {
     async fn info(
@@ -196,34 +116,6 @@ impl TextGenerationService for ShardService {
     ) -> Result<Response<pb::ServiceDiscoveryResponse>, Status> {
         Ok(Response::new(pb::ServiceDiscoveryResponse {
             urls: self.info.socket_paths.clone(),
-        }))
-    }
-
-    async fn clear_cache(
-        &self,
-        request: Request<pb::ClearCacheRequest>,
-    ) -> Result<Response<pb::ClearCacheResponse>, Status> {
-        let id = request.into_inner().id;
-        self.engine.lock().await.clear(id);
-        Ok(Response::new(pb::ClearCacheResponse {}))
-    }
-
-    async fn filter_batch(
-        &self,
-        request: Request<pb::FilterBatchRequest>,
-    ) -> Result<Response<pb::FilterBatchResponse>, Status> {
-        let r = request.into_inner();
-        let kept = self
-            .engine
-            .lock()
-            .await
-            .filter(r.batch_id, &r.request_ids)
-            .map_err(to_status)?;
-        Ok(Response::new(pb::FilterBatchResponse {
-            batch: Some(pb::CachedBatch {
-                id: r.batch_id,
-                request_ids: kept,
-            }),
         }))
     }
 
@@ -266,45 +158,12 @@ impl TextGenerationService for ShardService {
         }))
     }
 
-    async fn prefill(
+    async fn step(
         &self,
-        request: Request<pb::PrefillRequest>,
-    ) -> Result<Response<pb::PrefillResponse>, Status> {
-        let r = request.into_inner();
-        let batch = r
-            .batch
-            .ok_or_else(|| Status::invalid_argument("prefill needs a batch"))?;
-        let batch_id = batch.id;
-        let new: Vec<NewSequence> = batch.requests.into_iter().map(sequence).collect();
-        let cached_id = r.cached_batch.map(|c| c.id);
-        let block_updates = updates(r.block_updates);
-        let chunk_limits = limits(r.chunk_limits);
-        let (outputs, ids, t): StepResult = self
-            .with_engine(move |e| e.prefill(batch_id, new, cached_id, block_updates, chunk_limits))
-            .await?;
-        Ok(Response::new(pb::PrefillResponse {
-            generations: outputs.into_iter().map(generation).collect(),
-            batch: cached(batch_id, ids),
-            timings: Some(timings(t)),
-        }))
-    }
-
-    async fn decode(
-        &self,
-        request: Request<pb::DecodeRequest>,
-    ) -> Result<Response<pb::DecodeResponse>, Status> {
-        let r = request.into_inner();
-        let batch_ids: Vec<u64> = r.batches.iter().map(|b| b.id).collect();
-        let first = batch_ids.first().copied().unwrap_or_default();
-        let block_updates = updates(r.block_updates);
-        let chunk_limits = limits(r.chunk_limits);
-        let (outputs, ids, t): StepResult = self
-            .with_engine(move |e| e.decode(&batch_ids, block_updates, chunk_limits))
-            .await?;
-        Ok(Response::new(pb::DecodeResponse {
-            generations: outputs.into_iter().map(generation).collect(),
-            batch: cached(first, ids),
-            timings: Some(timings(t)),
-        }))
+        request: Request<pb::StepRequest>,
+    ) -> Result<Response<pb::StepResponse>, Status> {
+        let plan = convert::step_plan(request.into_inner())?;
+        let result = self.with_engine(move |e| e.step(plan)).await?;
+        Ok(Response::new(convert::step_response(result)))
     }
 }

@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use common::{fixture_files, load_fixture, sequence};
 use tessera_formats::{ChatMessage, ModelFiles, ModelTokenizer};
-use tessera_shard::NewSequence;
-use tessera_shard::sampling::{SamplingParams, TokenVocab};
+use tessera_shard::sampling::{OutputConstraint, SamplingParams, TokenVocab};
 use tessera_shard::speculative::{SpeculationConfig, Speculator};
 use tessera_shard::{Engine, EngineError, Model};
+use tessera_shard::{NewSequence, StepPlan};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -101,7 +101,12 @@ fn generate_constrained(
         .collect();
     let mut out = vec![(Vec::new(), false); params.len()];
     let mut taken = vec![0usize; params.len()];
-    let (mut gens, _, _) = engine.prefill(0, seqs, None, vec![], vec![]).unwrap();
+    let new = StepPlan {
+        new: seqs,
+        ..StepPlan::default()
+    };
+    let mut gens = engine.step(new).unwrap().outputs;
+    let mut live: Vec<u64> = (0..params.len() as u64).collect();
     loop {
         for g in gens {
             let i = g.request_id as usize;
@@ -123,13 +128,15 @@ fn generate_constrained(
             .filter(|&i| !out[i].1 && taken[i] < steps)
             .map(|i| i as u64)
             .collect();
+        let mut step = StepPlan::decode(keep.iter().copied());
+        step.leaving = live.into_iter().filter(|id| !keep.contains(id)).collect();
         if keep.is_empty() {
+            engine.step(step).unwrap();
             break;
         }
-        engine.filter(0, &keep).unwrap();
-        (gens, _, _) = engine.decode(&[0], vec![], vec![]).unwrap();
+        live = keep;
+        gens = engine.step(step).unwrap().outputs;
     }
-    engine.clear(None);
     out
 }
 
@@ -137,7 +144,7 @@ fn generate_constrained(
 fn greedy_and_sampled(seeds: u64, temperature: f32) -> Vec<SamplingParams> {
     let sampled = (0..seeds).map(|seed| SamplingParams {
         temperature,
-        seed,
+        seed: Some(seed),
         ..Default::default()
     });
     std::iter::once(SamplingParams::default())
@@ -146,7 +153,7 @@ fn greedy_and_sampled(seeds: u64, temperature: f32) -> Vec<SamplingParams> {
 }
 
 fn json(s: &mut NewSequence) {
-    s.json_object = true;
+    s.constraint = Some(OutputConstraint::JsonObject);
 }
 
 fn assert_object(text: &[u8], what: &str) -> serde_json::Value {
@@ -231,13 +238,17 @@ fn smollm2_writes_json_objects() {
     let mut resumed = prompt.clone();
     resumed.extend_from_slice(&ids[..cut]);
     let mut seq = sequence(9, &resumed, SamplingParams::default(), 1..20);
-    seq.json_object = true;
+    seq.constraint = Some(OutputConstraint::JsonObject);
     seq.generated_len = cut;
     let mut text: Vec<u8> = ids[..cut]
         .iter()
         .flat_map(|&id| bytes[id as usize].clone().unwrap())
         .collect();
-    let (mut gens, _, _) = engine.prefill(1, vec![seq], None, vec![], vec![]).unwrap();
+    let new = StepPlan {
+        new: vec![seq],
+        ..StepPlan::default()
+    };
+    let mut gens = engine.step(new).unwrap().outputs;
     'resume: for _ in 0..160 {
         for t in gens.iter().flat_map(|g| &g.tokens) {
             if tok.eos_token_ids.contains(&t.id) {
@@ -245,28 +256,25 @@ fn smollm2_writes_json_objects() {
             }
             text.extend_from_slice(bytes[t.id as usize].as_deref().unwrap());
         }
-        (gens, _, _) = engine.decode(&[1], vec![], vec![]).unwrap();
+        gens = engine.step(StepPlan::decode([9])).unwrap().outputs;
     }
     assert_eq!(text, *greedy, "resumed greedy");
 }
 
 /// A random tiny model in JSON mode: every output that ends is an object; an engine without
 /// the tokenizer's bytes refuses constraints instead of ignoring them, as it refuses a bad
-/// list of choices or two constraints at once.
+/// list of choices (two constraints at once cannot be expressed).
 #[test]
 fn tiny_model_json_mode_and_refusal() {
     let (model, _) = load_fixture("tiny-llama");
     let tok = fixture_files("tiny-llama").tokenizer().unwrap();
     let mut bare = Engine::new(model, 64, 16).unwrap();
     let mut seq = sequence(0, &[1, 2, 3], SamplingParams::default(), 1..3);
-    seq.json_object = true;
-    let refused = |engine: &mut Engine, seq: NewSequence, why: &str| match engine.prefill(
-        0,
-        vec![seq],
-        None,
-        vec![],
-        vec![],
-    ) {
+    seq.constraint = Some(OutputConstraint::JsonObject);
+    let refused = |engine: &mut Engine, seq: NewSequence, why: &str| match engine.step(StepPlan {
+        new: vec![seq],
+        ..StepPlan::default()
+    }) {
         Err(EngineError::InvalidBatch(m)) => assert!(m.contains(why), "{m}"),
         other => panic!("expected a refusal ({why}), got {other:?}"),
     };
@@ -274,15 +282,12 @@ fn tiny_model_json_mode_and_refusal() {
     let bytes = tok.token_bytes();
     let mut engine = bare.with_vocabulary(Arc::new(TokenVocab::new(&bytes, &tok.eos_token_ids)));
     let mut seq = sequence(0, &[1, 2, 3], SamplingParams::default(), 1..3);
-    seq.one_of = vec!["a".into(), String::new()];
-    refused(&mut engine, seq.clone(), "empty");
-    seq.one_of = vec!["a".into()];
-    seq.json_object = true;
-    refused(&mut engine, seq, "exclude");
+    seq.constraint = Some(OutputConstraint::OneOf(vec!["a".into(), String::new()]));
+    refused(&mut engine, seq, "empty");
     let params: Vec<SamplingParams> = (0..3)
         .map(|seed| SamplingParams {
             temperature: 1.0,
-            seed,
+            seed: Some(seed),
             ..Default::default()
         })
         .collect();
@@ -327,7 +332,7 @@ fn smollm2_picks_one_of_the_choices() {
         let one_of: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
         let outs = generate_constrained(
             &mut engine,
-            |s| s.one_of = one_of.clone(),
+            |s| s.constraint = Some(OutputConstraint::OneOf(one_of.clone())),
             &bytes,
             &tok.eos_token_ids,
             &prompt,
@@ -376,7 +381,7 @@ fn smollm2_matches_patterns() {
         let prompt = m.chat_prompt(question);
         let outs = generate_constrained(
             &mut m.engine,
-            |s| s.pattern = pattern.into(),
+            |s| s.constraint = Some(OutputConstraint::Pattern(pattern.into())),
             &m.bytes,
             &m.tok.eos_token_ids,
             &prompt,

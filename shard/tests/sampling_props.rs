@@ -60,7 +60,7 @@ fn sampled_params() -> impl Strategy<Value = SamplingParams> {
                 repetition_penalty: rep,
                 frequency_penalty: freq,
                 presence_penalty: pres,
-                seed,
+                seed: Some(seed),
                 ..Default::default()
             },
         )
@@ -224,8 +224,8 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let params = SamplingParams {
-            temperature, top_k, top_p, min_p, typical_p, repetition_penalty, seed,
-            top_n_logprobs: 5,
+            temperature, top_k, top_p, min_p, typical_p, repetition_penalty, seed: Some(seed),
+            top_n_tokens: 5,
             ..Default::default()
         };
         let mut sampler = Sampler::new(params, &[1, 2]);

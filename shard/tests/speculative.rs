@@ -139,7 +139,7 @@ fn sampling_keeps_the_model_distribution() {
                 .iter()
                 .map(|&seed| SamplingParams {
                     temperature: 0.8,
-                    seed,
+                    seed: Some(seed),
                     ..Default::default()
                 })
                 .collect();

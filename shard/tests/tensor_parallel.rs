@@ -18,7 +18,7 @@ use common::{Outcome, Schedule, max_abs_diff, repo_root, run};
 use tessera_formats::ModelFiles;
 use tessera_shard::comm::{Communicator, ShmComm, ShmConfig};
 use tessera_shard::sampling::SamplingParams;
-use tessera_shard::{Engine, EngineError, Model, NewSequence, WeightLayout};
+use tessera_shard::{Engine, EngineError, Model, NewSequence, StepPlan, WeightLayout};
 
 /// A segment path no other test (or test process) uses.
 fn segment() -> PathBuf {
@@ -226,8 +226,8 @@ fn sequence(id: u64, prompt: &[u32], blocks: Vec<u32>) -> NewSequence {
         params: SamplingParams {
             temperature: 0.9,
             top_p: 0.95,
-            seed: 1000 + id,
-            top_n_logprobs: 3,
+            seed: Some(1000 + id),
+            top_n_tokens: 3,
             ..SamplingParams::default()
         },
         prefill_logprobs: id.is_multiple_of(4),
@@ -235,9 +235,7 @@ fn sequence(id: u64, prompt: &[u32], blocks: Vec<u32>) -> NewSequence {
         cache_len: 0,
         chunk_len: None,
         generated_len: 0,
-        json_object: false,
-        one_of: Vec::new(),
-        pattern: String::new(),
+        constraint: None,
     }
 }
 
@@ -269,12 +267,15 @@ fn sampling_picks_the_same_tokens_on_every_rank() {
                 })
                 .collect();
             let mut log = Vec::new();
-            let (out, _, _) = engine
-                .prefill(1, new, None, Vec::new(), Vec::new())
-                .unwrap();
+            let ids = 0..prompts.len() as u64;
+            let plan = StepPlan {
+                new,
+                ..StepPlan::default()
+            };
+            let out = engine.step(plan).unwrap().outputs;
             log.push(format!("{out:?}"));
             for _ in 0..12 {
-                let (out, _, _) = engine.decode(&[1], Vec::new(), Vec::new()).unwrap();
+                let out = engine.step(StepPlan::decode(ids.clone())).unwrap().outputs;
                 log.push(format!("{out:?}"));
             }
             log

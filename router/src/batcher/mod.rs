@@ -1,10 +1,10 @@
 //! The batching loop: continuous batching over the shards.
 //!
-//! One task owns the waiting queue, the running batch and the KV block pool. Each iteration
-//! admits what fits from the queue and runs one step: a `Prefill` of the newcomers that
-//! carries the running batch's next decode in the same forward pass, or a plain `Decode`.
-//! Generated tokens are turned into client events; finished or cancelled requests leave the
-//! batch (`FilterBatch`) and give their blocks back before the next step.
+//! One task owns the waiting queue, the running requests and the KV block pool. Each
+//! iteration admits what fits from the queue and sends the scheduler's plan to the shards as
+//! one `Step`: newcomers whole, running requests as deltas, and the ids that left since the
+//! last step. Generated tokens are turned into client events; finished or cancelled requests
+//! give their blocks back at once and leave the shards' table with the next step.
 
 mod blocks;
 #[cfg(test)]
@@ -21,17 +21,17 @@ use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
 use tessera_formats::ModelTokenizer;
-use tessera_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::client::{ClientError, ShardedClient};
-use crate::infer::{Entry, InferError, ValidParameters};
+use crate::client::{ClientError, Generation, NewRequest, ShardStep, ShardedClient, StepAnswer};
+use crate::infer::{Entry, InferError};
 use crate::metrics::names;
 use crate::server::HealthCheck;
 pub use scheduler::SchedulerLimits;
-use scheduler::{NewWork, Scheduler, StepPlan};
-use stream::{OutputStream, SampledToken, SpecialTokens};
+pub(crate) use scheduler::{NewWork, RunningWork};
+use scheduler::{Scheduler, StepPlan};
+use stream::{OutputStream, SpecialTokens};
 
 /// Everything the batcher needs to run.
 pub struct BatcherConfig {
@@ -140,11 +140,9 @@ struct Batcher {
     special: Arc<SpecialTokens>,
     scheduler: Scheduler,
     live: HashMap<u64, Live>,
-    /// The shards' cached batch and the requests it holds.
-    batch_id: Option<u64>,
-    shard_ids: Vec<u64>,
+    /// Requests the shards may still hold that ended since the last step.
+    finished: Vec<u64>,
     next_request_id: u64,
-    next_batch_id: u64,
     health: Arc<Health>,
 }
 
@@ -156,10 +154,8 @@ impl Batcher {
             tokenizer: config.tokenizer,
             scheduler: Scheduler::new(config.limits, config.num_blocks, config.block_size),
             live: HashMap::new(),
-            batch_id: None,
-            shard_ids: Vec::new(),
+            finished: Vec::new(),
             next_request_id: 0,
-            next_batch_id: 0,
             health,
         }
     }
@@ -228,27 +224,9 @@ impl Batcher {
 
     fn finish(&mut self, id: u64) {
         self.live.remove(&id);
-        self.scheduler.remove(id);
-    }
-
-    /// Makes the shards' cached batch hold exactly the requests the scheduler has there.
-    async fn sync_batch(&mut self) -> Result<(), ClientError> {
-        let wanted = self.scheduler.on_shard();
-        if wanted == self.shard_ids {
-            return Ok(());
+        if self.scheduler.remove(id) {
+            self.finished.push(id);
         }
-        let Some(batch_id) = self.batch_id else {
-            self.shard_ids = wanted;
-            return Ok(());
-        };
-        if wanted.is_empty() {
-            self.batch_id = None;
-            self.shard_ids.clear();
-            return self.client.clear_cache(Some(batch_id)).await;
-        }
-        self.client.filter_batch(batch_id, wanted.clone()).await?;
-        self.shard_ids = wanted;
-        Ok(())
     }
 
     async fn step(&mut self) {
@@ -257,10 +235,6 @@ impl Batcher {
             counter!(names::PREEMPTIONS).increment(plan.preempted.len() as u64);
         }
         crate::metrics::record_prefix_cache(plan.prefix_queried_tokens, plan.prefix_hit_tokens);
-        if let Err(e) = self.sync_batch().await {
-            self.fail_all(e).await;
-            return;
-        }
         if plan.is_empty() {
             if self.scheduler.num_running() == 0 {
                 // Nothing runs and the oldest request still does not fit: it never will.
@@ -269,7 +243,7 @@ impl Batcher {
             return;
         }
         crate::metrics::record_step(
-            plan.new.len() + plan.cached.iter().filter(|c| c.1 > 0).count(),
+            plan.new.len() + plan.running.len(),
             plan.prefill_tokens,
             plan.decode_tokens,
         );
@@ -282,7 +256,7 @@ impl Batcher {
         let span = crate::telemetry::step_span(
             method,
             (plan.new.iter().map(|w| w.id))
-                .chain(plan.cached.iter().filter(|c| c.1 > 0).map(|c| c.0))
+                .chain(plan.running.iter().map(|r| r.id))
                 .filter_map(|id| self.live.get(&id))
                 .map(|l| &l.entry.span),
         );
@@ -291,24 +265,26 @@ impl Batcher {
         self.health.step_running(false);
         counter!(names::BATCH_INFERENCE, "method" => method).increment(1);
         match result {
-            Ok((generations, timings)) => {
+            Ok(StepAnswer {
+                generations,
+                timings,
+            }) => {
                 self.health.record(true);
                 self.scheduler.complete(&plan);
-                self.shard_ids = self.scheduler.on_shard();
                 histogram!(names::BATCH_INFERENCE_DURATION, "method" => method)
                     .record(started.elapsed().as_secs_f64());
                 if let Some(t) = timings {
                     histogram!(names::BATCH_FORWARD_DURATION, "method" => method)
                         .record(Duration::from_nanos(t.forward_ns).as_secs_f64());
                     histogram!(names::BATCH_SAMPLING_DURATION, "method" => method)
-                        .record(Duration::from_nanos(t.decode_ns).as_secs_f64());
+                        .record(Duration::from_nanos(t.sampling_ns).as_secs_f64());
                 }
                 self.deliver(generations);
             }
             Err(e) => {
                 counter!(names::BATCH_INFERENCE_FAILURE, "method" => method).increment(1);
                 self.health.record(false);
-                self.fail_all(e).await;
+                self.fail_all(e);
             }
         }
     }
@@ -330,150 +306,62 @@ impl Batcher {
         }
     }
 
-    async fn execute(
-        &mut self,
-        plan: &StepPlan,
-    ) -> Result<(Vec<pb::Generation>, Option<pb::Timings>), ClientError> {
-        let chunk_limits: Vec<pb::ChunkLimit> = plan
-            .cached
-            .iter()
-            .map(|&(request_id, n)| pb::ChunkLimit {
-                request_id,
-                max_tokens: n as u32,
-            })
-            .collect();
-        let block_updates: Vec<pb::BlockUpdate> = plan
-            .block_updates
-            .iter()
-            .map(|(request_id, blocks)| pb::BlockUpdate {
-                request_id: *request_id,
-                blocks: blocks.clone(),
-            })
-            .collect();
-        if plan.new.is_empty() {
-            let Some(id) = self.batch_id else {
-                return Err(ClientError::Shard("no cached batch to decode".into()));
-            };
-            let r = self
-                .client
-                .decode(pb::DecodeRequest {
-                    batches: vec![pb::CachedBatch {
-                        id,
-                        request_ids: self.shard_ids.clone(),
-                    }],
-                    block_updates,
-                    chunk_limits,
-                })
-                .await?;
-            return Ok((r.generations, r.timings));
-        }
-        let batch_id = self.next_batch_id;
-        self.next_batch_id += 1;
-        let requests = plan.new.iter().map(|w| self.request(w)).collect();
-        let cached_batch = self
-            .batch_id
-            .filter(|_| !self.shard_ids.is_empty())
-            .map(|id| pb::CachedBatch {
-                id,
-                request_ids: self.shard_ids.clone(),
-            });
+    /// Sends the plan to the shards, with the ids that left since the last step.
+    async fn execute(&mut self, plan: &StepPlan) -> Result<StepAnswer, ClientError> {
+        let mut new = Vec::with_capacity(plan.new.len());
         for w in &plan.new {
-            if let Some(l) = self.live.get_mut(&w.id) {
-                if l.output.first_prefill() {
-                    crate::metrics::record_dequeued(&l.entry);
-                }
-                l.wants_prefill_logprobs = false;
+            let Some(l) = self.live.get_mut(&w.id) else {
+                continue;
+            };
+            if l.output.first_prefill() {
+                crate::metrics::record_dequeued(&l.entry);
             }
+            let prefill_logprobs = std::mem::take(&mut l.wants_prefill_logprobs);
+            new.push((w, prefill_logprobs));
         }
-        let r = self
-            .client
-            .prefill(pb::PrefillRequest {
-                batch: Some(pb::Batch {
-                    id: batch_id,
-                    requests,
-                }),
-                cached_batch,
-                block_updates,
-                chunk_limits,
-            })
-            .await?;
-        self.batch_id = Some(batch_id);
-        Ok((r.generations, r.timings))
-    }
-
-    fn request(&self, w: &NewWork) -> pb::Request {
-        let live = self.live.get(&w.id);
-        let default = ValidParameters::default();
-        let p = live.map_or(&default, |l| &l.entry.request.parameters);
-        pb::Request {
-            id: w.id,
-            input_ids: w.input_ids.clone(),
-            parameters: Some(pb::NextTokenChooserParameters {
-                temperature: p.temperature,
-                top_k: p.top_k,
-                top_p: p.top_p,
-                typical_p: p.typical_p,
-                min_p: p.min_p,
-                repetition_penalty: p.repetition_penalty,
-                frequency_penalty: p.frequency_penalty,
-                presence_penalty: p.presence_penalty,
-                logit_bias: p
-                    .logit_bias
-                    .iter()
-                    .map(|&(token_id, bias)| pb::LogitBias { token_id, bias })
-                    .collect(),
-                seed: p.seed.unwrap_or(0),
-                json_object: p.json_object,
-                one_of: p.one_of.clone(),
-                pattern: p.pattern.clone(),
-            }),
-            top_n_tokens: p.top_n_tokens,
-            prefill_logprobs: live.is_some_and(|l| l.wants_prefill_logprobs),
-            blocks: w.blocks.clone(),
-            cache_len: w.cache_len as u32,
-            chunk_len: w.chunk_len as u32,
-            generated_len: w.generated_len as u32,
-        }
+        let finished = std::mem::take(&mut self.finished);
+        let step = ShardStep {
+            new: new
+                .into_iter()
+                .filter_map(|(w, prefill_logprobs)| {
+                    let request = &self.live.get(&w.id)?.entry.request;
+                    Some(NewRequest {
+                        work: w,
+                        sampling: &request.parameters,
+                        constraint: request.constraint.as_ref(),
+                        prefill_logprobs,
+                    })
+                })
+                .collect(),
+            running: &plan.running,
+            finished: &finished,
+            preempted: &plan.preempted,
+        };
+        self.client.step(&step).await
     }
 
     /// Sends each generation to its client; finished requests leave.
-    fn deliver(&mut self, generations: Vec<pb::Generation>) {
+    fn deliver(&mut self, generations: Vec<Generation>) {
         for g in generations {
             let id = g.request_id;
             let Some(live) = self.live.get_mut(&id) else {
                 continue;
             };
             let mut done = false;
-            if let Some(prefill) = &g.prefill_tokens {
-                let event = live.output.prefill_event(&prefill.ids, &prefill.logprobs);
+            if let Some(prefill) = &g.prefill {
+                let event = live.output.prefill_event(prefill);
                 done |= live.entry.response_tx.send(Ok(event)).is_err();
             }
-            let tokens = g.tokens.unwrap_or_default();
             if g.proposed > 0 {
-                let accepted = tokens.ids.len().saturating_sub(1);
-                crate::metrics::record_speculation(g.proposed as usize, accepted);
+                let accepted = g.tokens.len().saturating_sub(1);
+                crate::metrics::record_speculation(g.proposed, accepted);
             }
-            for (i, (&token, &logprob)) in tokens.ids.iter().zip(&tokens.logprobs).enumerate() {
+            for token in g.tokens {
                 if done {
                     break;
                 }
-                self.scheduler.append(id, token);
-                let top = g
-                    .top_tokens
-                    .get(i)
-                    .map(|t| {
-                        t.ids
-                            .iter()
-                            .copied()
-                            .zip(t.logprobs.iter().copied())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                match live.output.push(SampledToken {
-                    id: token,
-                    logprob,
-                    top,
-                }) {
+                self.scheduler.append(id, token.id);
+                match live.output.push(token) {
                     Ok((event, end)) => {
                         if live.entry.response_tx.send(Ok(event)).is_err() {
                             counter!(names::REQUEST_FAILURE, "err" => "cancelled").increment(1);
@@ -493,8 +381,9 @@ impl Batcher {
         }
     }
 
-    /// A shard call failed: every request gets the error, and the shards' state is dropped.
-    async fn fail_all(&mut self, error: ClientError) {
+    /// A shard call failed: every request gets the error, and leaves the shards' table with
+    /// the next step (a failed step empties it already; this covers a rank that did not fail).
+    fn fail_all(&mut self, error: ClientError) {
         tracing::error!(%error, "shard call failed; failing every request");
         for (_, l) in self.live.drain() {
             let sent = l
@@ -506,9 +395,6 @@ impl Batcher {
                 crate::metrics::record_failure("cancelled");
             }
         }
-        self.scheduler.reset();
-        self.batch_id = None;
-        self.shard_ids.clear();
-        let _ = self.client.clear_cache(None).await;
+        self.finished.extend(self.scheduler.reset());
     }
 }

@@ -70,14 +70,22 @@ pub(crate) struct NewWork {
     pub(crate) generated_len: usize,
 }
 
+/// A request the shards hold that computes tokens in this step: what changed for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunningWork {
+    pub(crate) id: u64,
+    /// Blocks given since the shards last heard of it.
+    pub(crate) new_blocks: Vec<u32>,
+    pub(crate) chunk_len: usize,
+}
+
 /// What to run in one step.
 #[derive(Debug, Default)]
 pub(crate) struct StepPlan {
     pub(crate) new: Vec<NewWork>,
-    /// Every request already on the shards, with the tokens to compute (0: skip).
-    pub(crate) cached: Vec<(u64, usize)>,
-    pub(crate) block_updates: Vec<(u64, Vec<u32>)>,
-    /// Requests the shards hold but that were preempted: filter them out first.
+    /// Requests already on the shards that compute tokens, oldest first; the others wait.
+    pub(crate) running: Vec<RunningWork>,
+    /// Requests the shards hold but that were preempted: they drop them first.
     pub(crate) preempted: Vec<u64>,
     pub(crate) prefill_tokens: usize,
     pub(crate) decode_tokens: usize,
@@ -87,7 +95,7 @@ pub(crate) struct StepPlan {
 
 impl StepPlan {
     pub(crate) fn is_empty(&self) -> bool {
-        self.new.is_empty() && self.cached.iter().all(|&(_, n)| n == 0)
+        self.new.is_empty() && self.running.is_empty()
     }
 }
 
@@ -165,15 +173,6 @@ impl Scheduler {
         seq.on_shard
     }
 
-    /// Requests the shards hold, oldest first.
-    pub(crate) fn on_shard(&self) -> Vec<u64> {
-        self.running
-            .iter()
-            .copied()
-            .filter(|id| self.seqs[id].on_shard)
-            .collect()
-    }
-
     /// Whether the request is waiting (not running).
     pub(crate) fn is_waiting(&self, id: u64) -> bool {
         self.waiting.contains(&id)
@@ -245,12 +244,13 @@ impl Scheduler {
                     plan.prefill_tokens += n;
                 }
             }
-            if seq.on_shard {
-                plan.cached.push((id, n));
-                if seq.blocks.len() != seq.blocks_sent {
-                    plan.block_updates.push((id, seq.blocks.clone()));
-                }
-            } else if n > 0 {
+            if seq.on_shard && n > 0 {
+                plan.running.push(RunningWork {
+                    id,
+                    new_blocks: seq.blocks[seq.blocks_sent..].to_vec(),
+                    chunk_len: n,
+                });
+            } else if !seq.on_shard && n > 0 {
                 plan.new.push(NewWork {
                     id,
                     input_ids: seq.tokens.clone(),
@@ -369,7 +369,7 @@ impl Scheduler {
             .new
             .iter()
             .map(|w| (w.id, w.chunk_len))
-            .chain(plan.cached.iter().copied());
+            .chain(plan.running.iter().map(|r| (r.id, r.chunk_len)));
         let bs = self.pool.block_size();
         for (id, n) in done {
             let Some(seq) = self.seqs.get_mut(&id) else {

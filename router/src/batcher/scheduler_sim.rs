@@ -36,11 +36,12 @@ impl Executor {
         for id in &plan.preempted {
             self.seqs.remove(id);
         }
-        for (id, blocks) in &plan.block_updates {
+        for r in &plan.running {
             self.seqs
-                .get_mut(id)
+                .get_mut(&r.id)
                 .expect("update for a cached request")
-                .1 = blocks.clone();
+                .1
+                .extend(&r.new_blocks);
         }
         for w in &plan.new {
             assert!(
@@ -55,7 +56,7 @@ impl Executor {
             .new
             .iter()
             .map(|w| (w.id, w.chunk_len))
-            .chain(plan.cached.iter().copied())
+            .chain(plan.running.iter().map(|r| (r.id, r.chunk_len)))
             .collect();
         let mut out = Vec::new();
         for (id, n) in work {

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tessera_formats::ModelTokenizer;
 
+use crate::client::SampledToken;
 use crate::detokenizer::IncrementalDecoder;
 use crate::infer::{
     FinishReason, GeneratedText, InferError, InferStreamResponse, PrefillToken, Token,
@@ -38,14 +39,6 @@ impl SpecialTokens {
             special,
         }
     }
-}
-
-/// A generated token as the shards report it.
-#[derive(Debug, Clone)]
-pub(crate) struct SampledToken {
-    pub(crate) id: u32,
-    pub(crate) logprob: f32,
-    pub(crate) top: Vec<(u32, f32)>,
 }
 
 pub(crate) struct OutputStream {
@@ -104,12 +97,12 @@ impl OutputStream {
     }
 
     /// The prompt tokens with their logprobs, as the client sees them.
-    pub(crate) fn prefill_event(&self, ids: &[u32], logprobs: &[f32]) -> InferStreamResponse {
+    pub(crate) fn prefill_event(&self, tokens: &[(u32, f32)]) -> InferStreamResponse {
         InferStreamResponse::Prefill(
-            ids.iter()
-                .zip(logprobs)
+            tokens
+                .iter()
                 .enumerate()
-                .map(|(i, (&id, &lp))| PrefillToken {
+                .map(|(i, &(id, lp))| PrefillToken {
                     id,
                     text: self.token_text(id),
                     logprob: (i > 0 && !lp.is_nan()).then_some(lp),

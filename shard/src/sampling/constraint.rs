@@ -406,7 +406,7 @@ mod tests {
         for seed in 0..100 {
             let params = SamplingParams {
                 temperature: 1.0,
-                seed,
+                seed: Some(seed),
                 ..Default::default()
             };
             let mut s = Sampler::new(params, &[]).with_choices(vocab.clone(), choices.clone());
@@ -437,7 +437,7 @@ mod tests {
         for seed in 0..100 {
             let params = SamplingParams {
                 temperature: 1.0,
-                seed,
+                seed: Some(seed),
                 ..Default::default()
             };
             let mut s = Sampler::new(params, &[]).with_pattern(vocab.clone(), pattern.clone());
@@ -479,7 +479,7 @@ mod tests {
         for seed in 0..200 {
             let params = SamplingParams {
                 temperature: 1.0,
-                seed,
+                seed: Some(seed),
                 ..Default::default()
             };
             let mut s = Sampler::new(params, &[]).with_json(vocab.clone());

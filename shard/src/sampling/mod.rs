@@ -63,7 +63,7 @@
 //! ```
 //! use tessera_shard::sampling::{Sampler, SamplingParams};
 //!
-//! let params = SamplingParams { temperature: 0.8, top_p: 0.9, seed: 7, ..Default::default() };
+//! let params = SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(7), ..Default::default() };
 //! params.validate().unwrap();
 //! let mut sampler = Sampler::new(params, &[1, 2, 3]);
 //! let token = sampler.sample(&[0.1, 2.0, -1.0, 0.5]);
@@ -75,7 +75,6 @@ mod constraint;
 mod json;
 mod logprobs;
 mod math;
-mod params;
 mod pattern;
 mod pipeline;
 
@@ -84,9 +83,9 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-pub use params::{
-    MAX_ABS_FREQUENCY_PRESENCE, MAX_ABS_LOGIT_BIAS, MAX_TOP_N_LOGPROBS, SamplingError,
-    SamplingParams,
+pub use tessera_params::{
+    MAX_ABS_FREQUENCY_PRESENCE, MAX_ABS_LOGIT_BIAS, MAX_TOP_N_LOGPROBS, OutputConstraint,
+    SamplingError, SamplingParams,
 };
 
 pub use choice::{Choices, MAX_CHOICES};
@@ -104,7 +103,7 @@ pub struct SampledToken {
     pub id: u32,
     /// Its log-probability under the raw logits.
     pub logprob: f32,
-    /// The `top_n_logprobs` most likely tokens as `(id, logprob)`, best first, ties by id.
+    /// The `top_n_tokens` most likely tokens as `(id, logprob)`, best first, ties by id.
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
@@ -135,7 +134,7 @@ impl Sampler {
             history.seen.extend(prompt_ids.iter().copied());
         }
         Self {
-            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            rng: ChaCha8Rng::seed_from_u64(params.seed.unwrap_or(0)),
             params,
             plan,
             history,
@@ -218,14 +217,14 @@ impl Sampler {
         }
     }
 
-    /// Reports token `id` with its log-probability and the `top_n_logprobs` alternatives,
+    /// Reports token `id` with its log-probability and the `top_n_tokens` alternatives,
     /// all from the log-softmax of the raw `logits`. An `id` outside `logits` gets `-inf`.
     pub fn report(&self, logits: &[f32], id: u32) -> SampledToken {
         let ls = LogSoftmax::new(logits);
         let logprob = logits
             .get(id as usize)
             .map_or(f32::NEG_INFINITY, |&x| ls.of(x));
-        let top_logprobs = logprobs::top_n(logits, self.plan.top_n_logprobs)
+        let top_logprobs = logprobs::top_n(logits, self.plan.top_n_tokens)
             .into_iter()
             .map(|(id, x)| (id, ls.of(x)))
             .collect();

@@ -9,7 +9,7 @@ use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 
 use super::math::exp;
-use super::params::{MAX_TOP_N_LOGPROBS, SamplingParams};
+use tessera_params::{MAX_TOP_N_LOGPROBS, SamplingParams};
 
 /// Above this `top_k`, the k-th largest logit is found with `select_nth_unstable` on a copy
 /// instead of a small sorted buffer.
@@ -32,7 +32,7 @@ pub(super) struct Plan {
     frequency: f32,
     presence: f32,
     bias: Vec<(u32, f32)>,
-    pub(super) top_n_logprobs: usize,
+    pub(super) top_n_tokens: usize,
 }
 
 impl Plan {
@@ -57,7 +57,7 @@ impl Plan {
                 .copied()
                 .filter(|(_, b)| b.is_finite() && *b != 0.0)
                 .collect(),
-            top_n_logprobs: p.top_n_logprobs.min(MAX_TOP_N_LOGPROBS) as usize,
+            top_n_tokens: p.top_n_tokens.min(MAX_TOP_N_LOGPROBS) as usize,
         }
     }
 

@@ -248,7 +248,7 @@ fn logprobs_are_raw_log_softmax() {
             p.temperature = 0.3;
             p.repetition_penalty = 1.7;
             p.logit_bias = vec![(4, 10.0)];
-            p.top_n_logprobs = 3;
+            p.top_n_tokens = 3;
         }),
         &[1],
     );
@@ -268,7 +268,7 @@ fn logprobs_sum_to_one_and_top_n_is_capped() {
     let logits: Vec<f32> = (0..1000)
         .map(|_| rng.random::<f32>() * 20.0 - 10.0)
         .collect();
-    let mut s = Sampler::new(sampling(|p| p.top_n_logprobs = 1000), &[]);
+    let mut s = Sampler::new(sampling(|p| p.top_n_tokens = 1000), &[]);
     let top = s.sample(&logits).top_logprobs;
     assert_eq!(top.len(), MAX_TOP_N_LOGPROBS as usize);
     assert!(top.windows(2).all(|w| w[0].1 >= w[1].1));
@@ -283,7 +283,7 @@ fn logprobs_sum_to_one_and_top_n_is_capped() {
 
 fn run(seed: u64, steps: usize, other: Option<&mut Sampler>) -> Vec<u32> {
     let params = sampling(|p| {
-        p.seed = seed;
+        p.seed = Some(seed);
         p.top_p = 0.95;
         p.frequency_penalty = 0.3;
     });
@@ -305,7 +305,7 @@ fn run(seed: u64, steps: usize, other: Option<&mut Sampler>) -> Vec<u32> {
 fn seeded_draws_are_reproducible_and_batch_independent() {
     let a = run(42, 200, None);
     assert_eq!(a, run(42, 200, None));
-    let mut neighbour = Sampler::new(sampling(|p| p.seed = 42), &[]);
+    let mut neighbour = Sampler::new(sampling(|p| p.seed = Some(42)), &[]);
     assert_eq!(a, run(42, 200, Some(&mut neighbour)));
     assert_ne!(a, run(43, 200, None));
 }
@@ -313,7 +313,7 @@ fn seeded_draws_are_reproducible_and_batch_independent() {
 #[test]
 fn replay_after_preemption_continues_identically() {
     let params = sampling(|p| {
-        p.seed = 5;
+        p.seed = Some(5);
         p.top_k = 20;
         p.presence_penalty = 0.5;
         p.repetition_penalty = 1.3;
@@ -335,8 +335,8 @@ fn replay_after_preemption_continues_identically() {
 
 #[test]
 fn uniform_continues_within_a_step_and_restarts_per_step() {
-    let mut a = Sampler::new(sampling(|p| p.seed = 8), &[]);
-    let mut b = Sampler::new(sampling(|p| p.seed = 8), &[]);
+    let mut a = Sampler::new(sampling(|p| p.seed = Some(8)), &[]);
+    let mut b = Sampler::new(sampling(|p| p.seed = Some(8)), &[]);
     let (a0, a1) = (a.uniform(), a.uniform());
     assert_ne!(a0, a1);
     assert_eq!(b.uniform(), a0);
@@ -373,7 +373,7 @@ fn sampling_matches_the_distribution() {
     // 3 degrees of freedom: P(chi2 > 16.27) = 0.001. Deterministic for the fixed seed.
     let probs = [0.4, 0.3, 0.2, 0.1];
     let logits = ln_probs(&probs);
-    let mut s = Sampler::new(sampling(|p| p.seed = 1234), &[]);
+    let mut s = Sampler::new(sampling(|p| p.seed = Some(1234)), &[]);
     let mut counts = [0u64; 4];
     for _ in 0..40_000 {
         counts[s.sample(&logits).id as usize] += 1;
@@ -387,7 +387,7 @@ fn sampling_matches_processed_probs_with_truncation() {
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     let logits: Vec<f32> = (0..12).map(|_| rng.random::<f32>() * 3.0).collect();
     let params = sampling(|p| {
-        p.seed = 77;
+        p.seed = Some(77);
         p.temperature = 0.7;
         p.top_k = 8;
         p.top_p = 0.9;
@@ -415,7 +415,7 @@ fn sampling_matches_processed_probs_with_truncation() {
 
 #[test]
 fn draw_weighted_follows_weights() {
-    let mut s = Sampler::new(sampling(|p| p.seed = 3), &[]);
+    let mut s = Sampler::new(sampling(|p| p.seed = Some(3)), &[]);
     assert_eq!(s.draw_weighted(&[0.0, -1.0, f32::NAN]), None);
     assert_eq!(s.draw_weighted(&[]), None);
     assert_eq!(s.draw_weighted(&[0.0, 2.0, 0.0]), Some(1));
@@ -599,8 +599,8 @@ fn random_params(rng: &mut ChaCha8Rng, n: usize) -> SamplingParams {
         } else {
             vec![]
         },
-        seed: rng.random(),
-        top_n_logprobs: rng.random_range(0..=MAX_TOP_N_LOGPROBS),
+        seed: Some(rng.random()),
+        top_n_tokens: rng.random_range(0..=MAX_TOP_N_LOGPROBS),
     }
 }
 
@@ -654,10 +654,7 @@ fn random_cases_match_reference_and_stay_in_bounds() {
         }
         let t = s.sample(&logits);
         assert!(got[t.id as usize] > 0.0);
-        assert_eq!(
-            t.top_logprobs.len(),
-            (params.top_n_logprobs as usize).min(n)
-        );
+        assert_eq!(t.top_logprobs.len(), (params.top_n_tokens as usize).min(n));
     }
 }
 
@@ -710,7 +707,7 @@ fn non_finite_logits_never_panic() {
         p.top_k = 3;
         p.repetition_penalty = 1.2;
         p.frequency_penalty = 1.0;
-        p.top_n_logprobs = 5;
+        p.top_n_tokens = 5;
     });
     let mut s = Sampler::new(params.clone(), &[0, 1, 2, 100]);
     for _ in 0..50 {
@@ -756,7 +753,7 @@ fn unvalidated_params_never_panic() {
         sampling(|p| p.frequency_penalty = f32::INFINITY),
         sampling(|p| p.presence_penalty = f32::NAN),
         sampling(|p| p.logit_bias = vec![(u32::MAX, 1.0), (0, f32::NAN), (1, f32::NEG_INFINITY)]),
-        sampling(|p| p.top_n_logprobs = u32::MAX),
+        sampling(|p| p.top_n_tokens = u32::MAX),
         sampling(|p| p.top_k = u32::MAX),
     ];
     let logits = [0.3f32, 2.0, -1.0, 0.0];

@@ -111,7 +111,7 @@ mod tests {
             for seed in 0..n {
                 let params = SamplingParams {
                     temperature: 1.0,
-                    seed,
+                    seed: Some(seed),
                     ..Default::default()
                 };
                 let mut s = Sampler::new(params, &[]);
@@ -148,7 +148,7 @@ mod tests {
         for seed in 0..n {
             let params = SamplingParams {
                 temperature: 1.0,
-                seed,
+                seed: Some(seed),
                 ..Default::default()
             };
             let mut s = Sampler::new(params, &[]);

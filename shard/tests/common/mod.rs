@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::WeightFormat;
 use tessera_shard::sampling::{Sampler, SamplingParams};
-use tessera_shard::{Engine, KvCache, LogitsWanted, Model, NewSequence, SequenceChunk};
+use tessera_shard::{Engine, KvCache, LogitsWanted, Model, NewSequence, SequenceChunk, StepPlan};
 
 /// The repository: `$TESSERA_REPO_ROOT` when set (test executables built on one machine and
 /// run from another checkout, as `scripts/gpu-pack.sh` does), else where this was built.
@@ -339,9 +339,7 @@ pub fn sequence(
         cache_len: 0,
         chunk_len: None,
         generated_len: 0,
-        json_object: false,
-        one_of: Vec::new(),
-        pattern: String::new(),
+        constraint: None,
     }
 }
 
@@ -365,13 +363,17 @@ pub fn generate(
         .collect();
     let mut out = vec![Vec::new(); prompts.len()];
     let (mut proposed, mut accepted) = (0, 0);
-    let (gens, _, _) = engine.prefill(0, seqs, None, vec![], vec![]).unwrap();
-    for g in gens {
+    let ids = 0..prompts.len() as u64;
+    let new = StepPlan {
+        new: seqs,
+        ..StepPlan::default()
+    };
+    for g in engine.step(new).unwrap().outputs {
         out[g.request_id as usize].extend(g.tokens.iter().map(|t| t.id));
     }
     while out.iter().any(|o| o.len() < steps) {
-        let (gens, _, _) = engine.decode(&[0], vec![], vec![]).unwrap();
-        for g in gens {
+        let step = engine.step(StepPlan::decode(ids.clone())).unwrap();
+        for g in step.outputs {
             proposed += g.proposed;
             accepted += g.tokens.len() - 1;
             out[g.request_id as usize].extend(g.tokens.iter().map(|t| t.id));
@@ -380,7 +382,11 @@ pub fn generate(
     for o in &mut out {
         o.truncate(steps);
     }
-    engine.clear(None);
+    let leaving = StepPlan {
+        leaving: ids.collect(),
+        ..StepPlan::default()
+    };
+    engine.step(leaving).unwrap();
     (out, (proposed, accepted))
 }
 

@@ -1,12 +1,77 @@
 //! The sharded gRPC client: every call goes to all shards at once (they run the same step
-//! in lockstep) and rank 0's answer is the one returned.
+//! in lockstep) and rank 0's answer is the one returned. Wire types stay in here
+//! (`convert.rs`); the rest of the router speaks [`ShardStep`] and [`StepAnswer`].
+
+mod convert;
 
 use futures::future::try_join_all;
 use hyper_util::rt::TokioIo;
+use tessera_params::{OutputConstraint, SamplingParams};
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::text_generation_service_client::TextGenerationServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::batcher::{NewWork, RunningWork};
+pub use pb::{InfoResponse as ShardFacts, WarmupRequest, WarmupResponse};
+
+/// One scheduler step as the shards receive it.
+#[derive(Debug)]
+pub(crate) struct ShardStep<'a> {
+    /// Requests that join the shards' table, with their parameters.
+    pub(crate) new: Vec<NewRequest<'a>>,
+    /// Requests the shards hold that compute tokens in this step.
+    pub(crate) running: &'a [RunningWork],
+    /// Requests that ended since the last step.
+    pub(crate) finished: &'a [u64],
+    /// Requests preempted by this step's plan.
+    pub(crate) preempted: &'a [u64],
+}
+
+/// A request that joins the shards' table.
+#[derive(Debug)]
+pub(crate) struct NewRequest<'a> {
+    pub(crate) work: &'a NewWork,
+    pub(crate) sampling: &'a SamplingParams,
+    pub(crate) constraint: Option<&'a OutputConstraint>,
+    /// Report the prompt tokens' logprobs (only on a request's first computation).
+    pub(crate) prefill_logprobs: bool,
+}
+
+/// What the shards answered to a step.
+#[derive(Debug, Default)]
+pub(crate) struct StepAnswer {
+    pub(crate) generations: Vec<Generation>,
+    pub(crate) timings: Option<StepTimings>,
+}
+
+/// Where a step's time went on the shard.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepTimings {
+    pub(crate) forward_ns: u64,
+    pub(crate) sampling_ns: u64,
+}
+
+/// What one request produced in a step.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    pub(crate) request_id: u64,
+    /// `(token, logprob)` of every prompt token (the first logprob is NaN), when asked.
+    pub(crate) prefill: Option<Vec<(u32, f32)>>,
+    /// The new tokens (several under speculation; none while a prompt is being chunked).
+    pub(crate) tokens: Vec<SampledToken>,
+    /// Tokens the speculator proposed (the accepted ones are `tokens` minus one).
+    pub(crate) proposed: usize,
+}
+
+/// A generated token as the shards report it.
+#[derive(Debug, Clone)]
+pub(crate) struct SampledToken {
+    pub(crate) id: u32,
+    pub(crate) logprob: f32,
+    /// Its most likely alternatives, when asked.
+    pub(crate) top: Vec<(u32, f32)>,
+}
 
 /// Why a call to the shards failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -100,7 +165,7 @@ impl ShardedClient {
     }
 
     /// Model and engine facts.
-    pub async fn info(&self) -> Result<pb::InfoResponse, ClientError> {
+    pub async fn info(&self) -> Result<ShardFacts, ClientError> {
         Ok(broadcast!(self, info, pb::InfoRequest {}))
     }
 
@@ -111,46 +176,13 @@ impl ShardedClient {
     }
 
     /// Sizes the KV cache and runs a warm-up pass.
-    pub async fn warmup(
-        &self,
-        request: pb::WarmupRequest,
-    ) -> Result<pb::WarmupResponse, ClientError> {
+    pub async fn warmup(&self, request: WarmupRequest) -> Result<WarmupResponse, ClientError> {
         Ok(broadcast!(self, warmup, request))
     }
 
-    /// Drops one cached batch, or all.
-    pub async fn clear_cache(&self, id: Option<u64>) -> Result<(), ClientError> {
-        broadcast!(self, clear_cache, pb::ClearCacheRequest { id });
-        Ok(())
-    }
-
-    /// Keeps only `request_ids` of a cached batch.
-    pub async fn filter_batch(
-        &self,
-        batch_id: u64,
-        request_ids: Vec<u64>,
-    ) -> Result<(), ClientError> {
-        let request = pb::FilterBatchRequest {
-            batch_id,
-            request_ids,
-        };
-        broadcast!(self, filter_batch, request);
-        Ok(())
-    }
-
-    /// Prefills `batch` (merged with `cached` in the same pass).
-    pub async fn prefill(
-        &self,
-        request: pb::PrefillRequest,
-    ) -> Result<pb::PrefillResponse, ClientError> {
-        Ok(broadcast!(self, prefill, request))
-    }
-
-    /// One decode step of the cached batches.
-    pub async fn decode(
-        &self,
-        request: pb::DecodeRequest,
-    ) -> Result<pb::DecodeResponse, ClientError> {
-        Ok(broadcast!(self, decode, request))
+    /// Runs one step on every shard.
+    pub(crate) async fn step(&self, step: &ShardStep<'_>) -> Result<StepAnswer, ClientError> {
+        let request = convert::step_request(step);
+        Ok(convert::step_answer(broadcast!(self, step, request)))
     }
 }

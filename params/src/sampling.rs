@@ -1,9 +1,9 @@
-//! Per-request sampling parameters and their validation.
+//! How one sequence chooses its next token, and the ranges its parameters must lie in.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// The most alternatives a request may ask for in [`SamplingParams::top_n_logprobs`].
+/// The most alternatives a request may ask for in [`SamplingParams::top_n_tokens`].
 pub const MAX_TOP_N_LOGPROBS: u32 = 20;
 
 /// The largest magnitude of one [`SamplingParams::logit_bias`] entry (OpenAI's bound).
@@ -43,11 +43,12 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Additive biases `(token id, bias)` applied to the raw logits; repeated ids add up.
     pub logit_bias: Vec<(u32, f32)>,
-    /// Seed of this sequence's random stream.
-    pub seed: u64,
+    /// Seed of this sequence's random stream; `None` only when decoding greedily without a
+    /// seed from the client (the router draws one for every sampled request).
+    pub seed: Option<u64>,
     /// How many most likely alternatives to report with each token (at most
     /// [`MAX_TOP_N_LOGPROBS`]).
-    pub top_n_logprobs: u32,
+    pub top_n_tokens: u32,
 }
 
 impl Default for SamplingParams {
@@ -62,8 +63,8 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             logit_bias: Vec::new(),
-            seed: 0,
-            top_n_logprobs: 0,
+            seed: None,
+            top_n_tokens: 0,
         }
     }
 }
@@ -110,7 +111,7 @@ pub enum SamplingError {
         /// The model's vocabulary size.
         vocab_size: usize,
     },
-    /// `top_n_logprobs` is above [`MAX_TOP_N_LOGPROBS`].
+    /// `top_n_tokens` is above [`MAX_TOP_N_LOGPROBS`].
     #[error("top_n_logprobs must be <= 20, got {0}")]
     TopNLogprobs(u32),
 }
@@ -149,8 +150,8 @@ impl SamplingParams {
         {
             return Err(SamplingError::LogitBias { token, bias });
         }
-        if self.top_n_logprobs > MAX_TOP_N_LOGPROBS {
-            return Err(SamplingError::TopNLogprobs(self.top_n_logprobs));
+        if self.top_n_tokens > MAX_TOP_N_LOGPROBS {
+            return Err(SamplingError::TopNLogprobs(self.top_n_tokens));
         }
         Ok(())
     }
@@ -207,8 +208,8 @@ mod tests {
             frequency_penalty: -2.0,
             presence_penalty: 2.0,
             logit_bias: vec![(5, -100.0), (6, 100.0)],
-            seed: u64::MAX,
-            top_n_logprobs: 20,
+            seed: Some(u64::MAX),
+            top_n_tokens: 20,
         };
         assert_eq!(p.validate(), Ok(()));
         assert_eq!(p.validate_for_vocab(7), Ok(()));
@@ -251,7 +252,7 @@ mod tests {
                 "[-100, 100]",
             ),
             (
-                err_of(|p| p.top_n_logprobs = 21),
+                err_of(|p| p.top_n_tokens = 21),
                 "top_n_logprobs must be <= 20",
             ),
         ];

@@ -1,0 +1,29 @@
+//! What shape the output must take, when the client asks for one.
+
+use serde::{Deserialize, Serialize};
+
+/// An output constraint: at most one per request, since the kinds exclude each other. The
+/// shard masks, at every step, the tokens that cannot continue a valid output, and allows the
+/// end of generation only once the output is complete.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputConstraint {
+    /// JSON mode: the output is one JSON object.
+    JsonObject,
+    /// The output is exactly one of these strings (vLLM's `guided_choice`).
+    OneOf(Vec<String>),
+    /// The output is a whole match of this regular expression (vLLM's `guided_regex`, TGI's
+    /// regex grammar).
+    Pattern(String),
+}
+
+impl OutputConstraint {
+    /// The constraint's kind, as error messages and metrics name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::JsonObject => "json_object",
+            Self::OneOf(_) => "one_of",
+            Self::Pattern(_) => "pattern",
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Router ↔ wire: a step and its requests' parameters into `tessera.v1` messages, the shards'
+//! answers back into the router's types. The only place in the router that builds or reads
+//! step messages.
+
+use tessera_params::{OutputConstraint, SamplingParams};
+use tessera_proto::v1 as pb;
+
+use super::{Generation, NewRequest, SampledToken, ShardStep, StepAnswer, StepTimings};
+
+pub(super) fn step_request(step: &ShardStep<'_>) -> pb::StepRequest {
+    pb::StepRequest {
+        new_requests: step.new.iter().map(new_request).collect(),
+        running: step
+            .running
+            .iter()
+            .map(|r| pb::RunningRequest {
+                id: r.id,
+                new_blocks: r.new_blocks.clone(),
+                chunk_len: r.chunk_len as u32,
+            })
+            .collect(),
+        finished: step.finished.to_vec(),
+        preempted: step.preempted.to_vec(),
+    }
+}
+
+fn new_request(r: &NewRequest<'_>) -> pb::NewRequest {
+    let w = r.work;
+    pb::NewRequest {
+        id: w.id,
+        input_ids: w.input_ids.clone(),
+        sampling: Some(sampling(r.sampling)),
+        constraint: r.constraint.map(constraint),
+        prefill_logprobs: r.prefill_logprobs,
+        blocks: w.blocks.clone(),
+        cache_len: w.cache_len as u32,
+        chunk_len: w.chunk_len as u32,
+        generated_len: w.generated_len as u32,
+    }
+}
+
+fn sampling(p: &SamplingParams) -> pb::SamplingParameters {
+    pb::SamplingParameters {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        typical_p: p.typical_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        frequency_penalty: p.frequency_penalty,
+        presence_penalty: p.presence_penalty,
+        logit_bias: p
+            .logit_bias
+            .iter()
+            .map(|&(token_id, bias)| pb::LogitBias { token_id, bias })
+            .collect(),
+        seed: p.seed,
+        top_n_tokens: p.top_n_tokens,
+    }
+}
+
+fn constraint(c: &OutputConstraint) -> pb::OutputConstraint {
+    use pb::output_constraint::Kind;
+    let kind = match c {
+        OutputConstraint::JsonObject => Kind::JsonObject(pb::JsonObject {}),
+        OutputConstraint::OneOf(choices) => Kind::OneOf(pb::Choices {
+            choices: choices.clone(),
+        }),
+        OutputConstraint::Pattern(p) => Kind::Pattern(p.clone()),
+    };
+    pb::OutputConstraint { kind: Some(kind) }
+}
+
+pub(super) fn step_answer(r: pb::StepResponse) -> StepAnswer {
+    StepAnswer {
+        generations: r.generations.into_iter().map(generation).collect(),
+        timings: r.timings.map(|t| StepTimings {
+            forward_ns: t.forward_ns,
+            sampling_ns: t.sampling_ns,
+        }),
+    }
+}
+
+fn generation(g: pb::Generation) -> Generation {
+    let tokens = g.tokens.unwrap_or_default();
+    let mut top = g.top_tokens.into_iter();
+    Generation {
+        request_id: g.request_id,
+        prefill: g
+            .prefill_tokens
+            .map(|p| p.ids.into_iter().zip(p.logprobs).collect()),
+        tokens: tokens
+            .ids
+            .into_iter()
+            .zip(tokens.logprobs)
+            .map(|(id, logprob)| SampledToken {
+                id,
+                logprob,
+                top: top
+                    .next()
+                    .map(|t| t.ids.into_iter().zip(t.logprobs).collect())
+                    .unwrap_or_default(),
+            })
+            .collect(),
+        proposed: g.proposed as usize,
+    }
+}

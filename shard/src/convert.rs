@@ -1,0 +1,112 @@
+//! Wire ↔ engine: the step request into a [`StepPlan`], the engine's outputs into the step
+//! response. The only place on the shard that reads or builds `tessera.v1` step messages.
+
+use tessera_params::{OutputConstraint, SamplingParams};
+use tessera_proto::v1 as pb;
+use tonic::Status;
+
+use crate::core::{NewSequence, RunningUpdate, StepOutput, StepPlan, StepResult};
+
+/// The plan of a step request. A request without sampling parameters is malformed.
+pub(crate) fn step_plan(r: pb::StepRequest) -> Result<StepPlan, Status> {
+    let new = r
+        .new_requests
+        .into_iter()
+        .map(new_sequence)
+        .collect::<Result<_, _>>()?;
+    let running = r
+        .running
+        .into_iter()
+        .map(|u| RunningUpdate {
+            id: u.id,
+            new_blocks: u.new_blocks,
+            chunk_len: u.chunk_len as usize,
+        })
+        .collect();
+    let mut leaving = r.finished;
+    leaving.extend(r.preempted);
+    Ok(StepPlan {
+        new,
+        running,
+        leaving,
+    })
+}
+
+fn new_sequence(r: pb::NewRequest) -> Result<NewSequence, Status> {
+    let sampling = r.sampling.ok_or_else(|| {
+        Status::invalid_argument(format!("request {}: no sampling parameters", r.id))
+    })?;
+    Ok(NewSequence {
+        id: r.id,
+        input_ids: r.input_ids,
+        params: sampling_params(sampling),
+        constraint: r.constraint.and_then(|c| c.kind).map(constraint),
+        prefill_logprobs: r.prefill_logprobs,
+        blocks: r.blocks,
+        cache_len: r.cache_len as usize,
+        chunk_len: (r.chunk_len > 0).then_some(r.chunk_len as usize),
+        generated_len: r.generated_len as usize,
+    })
+}
+
+fn sampling_params(p: pb::SamplingParameters) -> SamplingParams {
+    SamplingParams {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        typical_p: p.typical_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        frequency_penalty: p.frequency_penalty,
+        presence_penalty: p.presence_penalty,
+        logit_bias: p
+            .logit_bias
+            .into_iter()
+            .map(|b| (b.token_id, b.bias))
+            .collect(),
+        seed: p.seed,
+        top_n_tokens: p.top_n_tokens,
+    }
+}
+
+fn constraint(kind: pb::output_constraint::Kind) -> OutputConstraint {
+    use pb::output_constraint::Kind;
+    match kind {
+        Kind::JsonObject(pb::JsonObject {}) => OutputConstraint::JsonObject,
+        Kind::OneOf(c) => OutputConstraint::OneOf(c.choices),
+        Kind::Pattern(p) => OutputConstraint::Pattern(p),
+    }
+}
+
+/// The response to a step.
+pub(crate) fn step_response(r: StepResult) -> pb::StepResponse {
+    let t = r.timings;
+    pb::StepResponse {
+        generations: r.outputs.into_iter().map(generation).collect(),
+        timings: Some(pb::Timings {
+            forward_ns: t.forward_ns,
+            sampling_ns: t.sampling_ns,
+            total_ns: t.total_ns,
+        }),
+    }
+}
+
+fn tokens(pairs: impl IntoIterator<Item = (u32, f32)>) -> pb::Tokens {
+    let (ids, logprobs) = pairs.into_iter().unzip();
+    pb::Tokens { ids, logprobs }
+}
+
+fn generation(o: StepOutput) -> pb::Generation {
+    let top_tokens = o
+        .tokens
+        .iter()
+        .map(|t| tokens(t.top_logprobs.iter().copied()))
+        .collect();
+    pb::Generation {
+        request_id: o.request_id,
+        prefill_tokens: o.prefill.map(tokens),
+        tokens: Some(tokens(o.tokens.iter().map(|t| (t.id, t.logprob)))),
+        top_tokens,
+        proposed: o.proposed as u32,
+    }
+}

@@ -1,0 +1,105 @@
+//! How a new sequence joins the table: the invariants the router's plan must keep, and its
+//! sampler, held to its output constraint.
+
+use std::sync::Arc;
+
+use tessera_params::OutputConstraint;
+
+use super::{Engine, NewSequence, Sequence};
+use crate::EngineError;
+use crate::sampling::{Choices, Pattern, Sampler};
+
+/// Compiled output patterns an engine keeps.
+const CACHED_PATTERNS: usize = 16;
+
+impl Engine {
+    /// Adds `seq` to the table. Its parameters were validated by the router; what is checked
+    /// here is what the engine needs to stay in bounds (token ids, cached lengths, ids).
+    pub(super) fn admit(&mut self, seq: NewSequence) -> Result<(), EngineError> {
+        let refuse =
+            |what: String| EngineError::InvalidBatch(format!("request {}: {what}", seq.id));
+        let vocab_size = self.model.config().vocab_size;
+        if let Some(&(token, _)) = seq
+            .params
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= vocab_size)
+        {
+            return Err(refuse(format!(
+                "logit_bias token {token} must be < vocabulary size {vocab_size}"
+            )));
+        }
+        if seq.cache_len >= seq.input_ids.len() {
+            return Err(refuse(format!(
+                "needs at least one token beyond the {} cached ones",
+                seq.cache_len
+            )));
+        }
+        if self.sequences.contains_key(&seq.id) {
+            return Err(EngineError::InvalidBatch(format!(
+                "request {} already exists",
+                seq.id
+            )));
+        }
+        if seq.prefill_logprobs && seq.cache_len > 0 {
+            return Err(refuse(
+                "prompt logprobs need the whole prompt computed (cache_len must be 0)".into(),
+            ));
+        }
+        let prompt_len = seq.input_ids.len() - seq.generated_len.min(seq.input_ids.len());
+        let sampler = Sampler::new(seq.params.clone(), &seq.input_ids[..prompt_len]);
+        let mut sampler = self
+            .constrained(sampler, seq.constraint.as_ref())
+            .map_err(refuse)?;
+        for &t in &seq.input_ids[prompt_len..] {
+            sampler.record(t);
+        }
+        self.sequences.insert(
+            seq.id,
+            Sequence {
+                tokens: seq.input_ids,
+                computed: seq.cache_len,
+                blocks: seq.blocks,
+                sampler,
+                prefill: seq.prefill_logprobs.then(Vec::new),
+                prompt_len,
+                draft_computed: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// `sampler` held to `constraint`, if any, or why it cannot be.
+    fn constrained(
+        &mut self,
+        sampler: Sampler,
+        constraint: Option<&OutputConstraint>,
+    ) -> Result<Sampler, String> {
+        let Some(constraint) = constraint else {
+            return Ok(sampler);
+        };
+        let vocab = self.vocab.clone().ok_or(
+            "constrained output needs the model's tokenizer, which this shard has not loaded",
+        )?;
+        Ok(match constraint {
+            OutputConstraint::JsonObject => sampler.with_json(vocab),
+            OutputConstraint::OneOf(choices) => {
+                sampler.with_choices(vocab, Arc::new(Choices::new(choices)?))
+            }
+            OutputConstraint::Pattern(text) => sampler.with_pattern(vocab, self.pattern(text)?),
+        })
+    }
+
+    /// `text` compiled, from the engine's recent patterns when it is one of them.
+    fn pattern(&mut self, text: &str) -> Result<Arc<Pattern>, String> {
+        if let Some(p) = self.patterns.get(text) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(Pattern::new(text)?);
+        if self.patterns.len() >= CACHED_PATTERNS {
+            self.patterns.clear();
+        }
+        self.patterns.insert(text.to_owned(), p.clone());
+        Ok(p)
+    }
+}

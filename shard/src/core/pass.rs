@@ -1,0 +1,216 @@
+//! One forward pass over the scheduled chunks, then sampling: plain draws for sequences that
+//! complete, verification for those that carried a speculator's proposals, prompt logprobs
+//! for those that asked.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::draft::{DraftProposal, is_decoding};
+use super::{Engine, Sequence, StepOutput, StepResult, StepTimings, nanos};
+use crate::EngineError;
+use crate::model::{ForwardOutput, LogitsWanted, SequenceChunk};
+use crate::sampling::SampledToken;
+use crate::speculative::{Speculator, propose_ngram, verify};
+
+/// One sequence's input to the pass.
+struct Chunk {
+    id: u64,
+    /// Position of the first input token.
+    start: usize,
+    /// Pending tokens of the chunk, followed by the speculator's proposals.
+    input: Vec<u32>,
+    /// How many of `input` are proposals.
+    proposed: usize,
+}
+
+impl Chunk {
+    /// Tokens of the sequence itself (without proposals).
+    fn len(&self) -> usize {
+        self.input.len() - self.proposed
+    }
+}
+
+impl Engine {
+    /// Runs the pass over `work` (`(id, tokens)` to compute, in order).
+    pub(super) fn run_pass(&mut self, work: &[(u64, usize)]) -> Result<StepResult, EngineError> {
+        if work.is_empty() {
+            return Ok(StepResult::default());
+        }
+        let start = Instant::now();
+        let mut drafted = self.propose_with_draft(work)?;
+        let chunks = self.chunks(work, &drafted)?;
+        let views: Vec<SequenceChunk<'_>> = chunks
+            .iter()
+            .map(|c| {
+                let seq = &self.sequences[&c.id];
+                let completes = c.start + c.len() == seq.tokens.len();
+                SequenceChunk {
+                    tokens: &c.input,
+                    start_position: c.start,
+                    block_table: &seq.blocks,
+                    logits: match (completes, seq.prefill.is_some() || c.proposed > 0) {
+                        (_, true) => LogitsWanted::All,
+                        (true, false) => LogitsWanted::Last,
+                        (false, false) => LogitsWanted::None,
+                    },
+                }
+            })
+            .collect();
+        let out = self.model.forward(&views, &mut self.cache)?;
+        let wanted: Vec<LogitsWanted> = views.iter().map(|c| c.logits).collect();
+        let forward_done = Instant::now();
+        let mut drawn = self.draw_plain(&chunks, &out);
+        let mut outputs = Vec::with_capacity(chunks.len());
+        for (ci, chunk) in chunks.into_iter().enumerate() {
+            let Some(seq) = self.sequences.get_mut(&chunk.id) else {
+                continue;
+            };
+            let mut output = StepOutput {
+                request_id: chunk.id,
+                prefill: None,
+                tokens: Vec::new(),
+                proposed: chunk.proposed,
+            };
+            seq.computed = chunk.start + chunk.len();
+            if wanted[ci] == LogitsWanted::All {
+                output.prefill = prompt_logprobs(seq, &chunk, &out, ci);
+            }
+            if chunk.proposed > 0 {
+                let rows: Vec<&[f32]> = (0..=chunk.proposed).map(|i| out.row(ci, i)).collect();
+                let draft_probs = drafted.remove(&chunk.id).and_then(|(_, q)| q);
+                output.tokens = accept_verified(seq, &chunk, &rows, draft_probs.as_deref());
+            } else if let Some(token) = drawn.remove(&chunk.id) {
+                seq.tokens.push(token.id);
+                output.tokens.push(token);
+            }
+            outputs.push(output);
+        }
+        let end = Instant::now();
+        Ok(StepResult {
+            outputs,
+            timings: StepTimings {
+                forward_ns: nanos(start, forward_done),
+                sampling_ns: nanos(forward_done, end),
+                total_ns: nanos(start, end),
+            },
+        })
+    }
+
+    /// Each scheduled sequence's input: its pending tokens up to the chunk's length, and for
+    /// a decoding sequence the speculator's proposals where the router gave blocks for them.
+    fn chunks(
+        &self,
+        work: &[(u64, usize)],
+        drafted: &HashMap<u64, DraftProposal>,
+    ) -> Result<Vec<Chunk>, EngineError> {
+        let bs = self.cache.block_size();
+        let mut chunks = Vec::with_capacity(work.len());
+        for &(id, n) in work {
+            let seq = self
+                .sequences
+                .get(&id)
+                .ok_or_else(|| EngineError::InvalidBatch(format!("request {id} is not running")))?;
+            let pending = seq.tokens.len() - seq.computed;
+            let len = n.min(pending);
+            if len == 0 {
+                continue;
+            }
+            let mut input = seq.tokens[seq.computed..seq.computed + len].to_vec();
+            let mut proposed = 0;
+            if let Some(spec) = self.speculation
+                && is_decoding(seq)
+            {
+                let room = (seq.blocks.len() * bs).saturating_sub(seq.tokens.len());
+                let proposals = match spec.speculator {
+                    Speculator::Ngram => propose_ngram(&seq.tokens, spec.depth.min(room)),
+                    Speculator::Draft => {
+                        drafted.get(&id).map(|(p, _)| p.clone()).unwrap_or_default()
+                    }
+                };
+                proposed = proposals.len();
+                input.extend(proposals);
+            }
+            chunks.push(Chunk {
+                id,
+                start: seq.computed,
+                input,
+                proposed,
+            });
+        }
+        Ok(chunks)
+    }
+
+    /// Plain next-token draws (no proposals to verify), each a few passes over the
+    /// vocabulary with the sequence's own sampler: on rayon's threads, one sequence each.
+    fn draw_plain(&mut self, chunks: &[Chunk], out: &ForwardOutput) -> HashMap<u64, SampledToken> {
+        let plain: HashMap<u64, usize> = chunks
+            .iter()
+            .enumerate()
+            .filter(|(ci, c)| {
+                c.proposed == 0
+                    && out.last(*ci).is_some()
+                    && self
+                        .sequences
+                        .get(&c.id)
+                        .is_some_and(|seq| c.start + c.input.len() == seq.tokens.len())
+            })
+            .map(|(ci, c)| (c.id, ci))
+            .collect();
+        self.sequences
+            .par_iter_mut()
+            .filter_map(|(id, seq)| {
+                let ci = *plain.get(id)?;
+                Some((*id, seq.sampler.sample(out.last(ci)?)))
+            })
+            .collect()
+    }
+}
+
+/// Gathers the logprobs of the prompt tokens this chunk's logits score (the token at
+/// position `p` is scored by the logits at `p - 1`); returns them all once the prompt is
+/// computed.
+fn prompt_logprobs(
+    seq: &mut Sequence,
+    chunk: &Chunk,
+    out: &ForwardOutput,
+    ci: usize,
+) -> Option<Vec<(u32, f32)>> {
+    let prefill = seq.prefill.as_mut()?;
+    if chunk.start == 0 {
+        prefill.push((seq.tokens[0], f32::NAN));
+    }
+    for i in 0..chunk.len() {
+        let p = chunk.start + i + 1;
+        if p < seq.prompt_len {
+            let t = seq.tokens[p];
+            prefill.push((t, seq.sampler.report(out.row(ci, i), t).logprob));
+        }
+    }
+    if seq.computed >= seq.prompt_len {
+        seq.prefill.take()
+    } else {
+        None
+    }
+}
+
+/// Verifies the chunk's proposals against their logits rows, keeps the accepted ones'
+/// K/V, and returns the tokens the step produced.
+fn accept_verified(
+    seq: &mut Sequence,
+    chunk: &Chunk,
+    rows: &[&[f32]],
+    draft_probs: Option<&[Vec<f32>]>,
+) -> Vec<SampledToken> {
+    let verdict = verify(&mut seq.sampler, rows, &chunk.input[1..], draft_probs);
+    // The draft's K/V are valid up to the accepted proposals it wrote.
+    let depth = chunk.input.len() - 1;
+    seq.draft_computed = seq
+        .draft_computed
+        .min(chunk.start + 1 + verdict.accepted.min(depth - 1));
+    // K/V of accepted proposals are valid; those after them are overwritten later.
+    seq.computed += verdict.accepted;
+    seq.tokens.extend(verdict.tokens.iter().map(|t| t.id));
+    verdict.tokens
+}
