@@ -10,7 +10,7 @@
 //!    ├─ queue             from queueing to the first prefill
 //!    └─ prefill / decode  each batch step the request is the oldest member of; the other
 //!       │                 members' `infer` spans are linked (at most MAX_STEP_LINKS)
-//!       └─ shard.Prefill  in each shard process: the context travels as `traceparent` in
+//!       └─ shard.Step     in each shard process: the context travels as `traceparent` in
 //!                         the gRPC metadata ([`grpc_request`])
 //! ```
 
