@@ -1,4 +1,4 @@
-//! The bodies of Tessera's fuzz targets (issue 11), one function per target, so that the
+//! The bodies of Tessera's fuzz targets, one function per target, so that the
 //! libFuzzer binaries in `fuzz_targets/` stay one line each and the same code can be
 //! replayed over the committed corpora.
 //!

@@ -7,7 +7,7 @@
 //   Top-p is then applied on the host to these k candidates (after softmax over the full row's
 //   normaliser, which `log_softmax` provides), so no full-vocabulary sort is needed on the device.
 //   k is small (≤ 256): each of the k rounds is one block-wide max over the elements that
-//   rank below the previous pick, which for a 128k vocabulary costs a few microseconds.
+//   rank below the previous pick, which is cheap next to a sort of the whole vocabulary.
 //
 // One thread block (1024 threads) per row; rows are logits `[rows, vocab]`.
 #include "common.cuh"

@@ -1,4 +1,4 @@
-//! Property tests of the sampler (issue 11): over random logits and random valid
+//! Property tests of the sampler: over random logits and random valid
 //! parameters, the processed distribution sums to one, top-k / top-p / min-p keep exactly
 //! the tokens their definitions allow, every drawn token has positive probability, and a
 //! seed fixes the draws.

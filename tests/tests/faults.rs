@@ -1,4 +1,4 @@
-//! Fault injection (issue 11): each fault has a defined outcome, and a test that shows it.
+//! Fault injection: each fault has a defined outcome, and a test that shows it.
 //!
 //! | fault | defined outcome |
 //! |---|---|
@@ -174,12 +174,8 @@ async fn shard_sigstop_then_sigcont() {
 
 /// `/health` with the shard stalled (SIGSTOP) and no successful step in the last 5 s must
 /// answer 503 within a bounded time (10 s here), so that a load balancer or Kubernetes can
-/// take the replica out; after SIGCONT it answers 200 again.
-///
-/// BUG (found by this test): today it hangs. `Health::check` (router/src/batcher/mod.rs)
-/// awaits `ShardedClient::health` (router/src/client.rs) without a timeout, and the stalled
-/// shard never answers. Fix: a timeout (a few seconds) around the health RPC, counted as
-/// unhealthy.
+/// take the replica out (the router bounds its health RPC, so a shard that never answers
+/// counts as unhealthy); after SIGCONT it answers 200 again.
 #[tokio::test]
 async fn health_is_bounded_while_shard_stalled() {
     within(

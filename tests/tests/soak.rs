@@ -1,6 +1,5 @@
-//! Soak test (issue 11): about two thousand mixed requests against one tiny-llama server on
-//! 127.0.0.1, bounded in time (the whole test stops by itself within 4 minutes; it takes
-//! well under 2 on two cores).
+//! Soak test: about two thousand mixed requests against one tiny-llama server on 127.0.0.1,
+//! bounded in time (the whole test stops by itself within 4 minutes).
 //!
 //! Traffic, from a seeded generator (a refused worker backs off 10–40 ms), with more workers (`WORKERS`) than
 //! `--max-concurrent-requests` (`LIMIT`): non-streaming `/generate` and

@@ -1,4 +1,4 @@
-//! Property tests of the KV block pool and its prefix cache (issue 11): random sequences
+//! Property tests of the KV block pool and its prefix cache: random sequences
 //! of operations, as the scheduler issues them, checked against a plain model.
 //!
 //! Operations: admit a sequence (look up its cached prefix, allocate the rest, register its
