@@ -1,5 +1,6 @@
 //! The command's flow: compare, or prepare requests, warm up, run (or sweep), report.
 
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -18,13 +19,7 @@ const DEFAULT_OUTPUT_LEN: u32 = 128;
 
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     if let [a, b] = args.compare.as_slice() {
-        let ra = BenchReport::load(a)?;
-        let rb = BenchReport::load(b)?;
-        print!(
-            "{}",
-            render_compare(&ra, &rb, &a.display().to_string(), &b.display().to_string())
-        );
-        return Ok(());
+        return compare(a, b);
     }
     if !(args.timeout > 0.0 && args.timeout.is_finite()) {
         bail!("--timeout must be a positive number of seconds");
@@ -41,26 +36,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         .max()
         .unwrap_or(args.num_requests);
     let client = http_client(Duration::from_secs_f64(args.timeout), max_level.max(1))?;
-    let model = match &args.model {
-        Some(m) => m.clone(),
-        None => discover_model(&client, &args.url, args.api_key.as_deref()).await?,
-    };
-    let extra_body = match &args.extra_body {
-        Some(text) => match serde_json::from_str(text).context("--extra-body")? {
-            serde_json::Value::Object(map) => map,
-            _ => bail!("--extra-body must be a JSON object"),
-        },
-        None => serde_json::Map::new(),
-    };
-    let target = Target {
-        base_url: args.url.clone(),
-        endpoint: args.endpoint,
-        model: model.clone(),
-        api_key: args.api_key.clone(),
-        ignore_eos: args.ignore_eos,
-        temperature: args.temperature,
-        extra_body,
-    };
+    let target = target(&args, &client).await?;
     let plans: Vec<LoadPlan> = if args.sweep.is_empty() {
         vec![plan(&args, args.concurrency)]
     } else {
@@ -74,19 +50,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut runs = Vec::new();
     for plan in &plans {
-        let label = plan_label(plan);
-        let progress = progress_bar(specs.len(), &label, args.no_progress);
-        let out = runner::run(&client, &target, &specs, plan, &progress).await;
-        progress.finish_and_clear();
-        let run = RunReport {
-            label,
-            plan: *plan,
-            metrics: RunMetrics::compute(&out.records, out.duration_s),
-            requests: out.records,
-        };
-        println!("{}", render_run(&run));
-        print_first_errors(&run);
-        runs.push(run);
+        runs.push(run_plan(&client, &target, &specs, plan, args.no_progress).await);
     }
     if runs.len() > 1 {
         print!("{}", render_sweep(&runs));
@@ -94,34 +58,103 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let report = BenchReport {
         tool: format!("tessera-bench {}", env!("CARGO_PKG_VERSION")),
         started_at_unix,
-        config: ReportConfig {
-            url: args.url.clone(),
-            model,
-            endpoint: args.endpoint,
-            num_requests: args.num_requests,
-            input_len: args.dataset.is_none().then_some(args.input_len),
-            output_len: args
-                .output_len
-                .or(args.dataset.is_none().then_some(DEFAULT_OUTPUT_LEN)),
-            range_ratio: args.range_ratio,
-            dataset: args.dataset.as_ref().map(|p| p.display().to_string()),
-            tokenizer: args.tokenizer.as_ref().map(|p| p.display().to_string()),
-            seed: args.seed,
-            warmup: args.warmup,
-            ignore_eos: args.ignore_eos,
-            temperature: args.temperature,
-        },
+        config: report_config(&args, target.model),
         runs,
     };
+    save(&args, &report)?;
+    if report.runs.iter().any(|r| r.metrics.completed == 0) {
+        bail!("no request succeeded in at least one run (see the errors above)");
+    }
+    Ok(())
+}
+
+/// Prints the comparison of two saved reports.
+fn compare(a: &Path, b: &Path) -> anyhow::Result<()> {
+    let ra = BenchReport::load(a)?;
+    let rb = BenchReport::load(b)?;
+    print!(
+        "{}",
+        render_compare(&ra, &rb, &a.display().to_string(), &b.display().to_string())
+    );
+    Ok(())
+}
+
+/// The server, model and request options every request of the run uses.
+async fn target(args: &Args, client: &reqwest::Client) -> anyhow::Result<Target> {
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => discover_model(client, &args.url, args.api_key.as_deref()).await?,
+    };
+    let extra_body = match &args.extra_body {
+        Some(text) => match serde_json::from_str(text).context("--extra-body")? {
+            serde_json::Value::Object(map) => map,
+            _ => bail!("--extra-body must be a JSON object"),
+        },
+        None => serde_json::Map::new(),
+    };
+    Ok(Target {
+        base_url: args.url.clone(),
+        endpoint: args.endpoint,
+        model,
+        api_key: args.api_key.clone(),
+        ignore_eos: args.ignore_eos,
+        temperature: args.temperature,
+        extra_body,
+    })
+}
+
+/// Sends every request under one load plan and prints its report.
+async fn run_plan(
+    client: &reqwest::Client,
+    target: &Target,
+    specs: &[RequestSpec],
+    plan: &LoadPlan,
+    no_progress: bool,
+) -> RunReport {
+    let label = plan_label(plan);
+    let progress = progress_bar(specs.len(), &label, no_progress);
+    let out = runner::run(client, target, specs, plan, &progress).await;
+    progress.finish_and_clear();
+    let run = RunReport {
+        label,
+        plan: *plan,
+        metrics: RunMetrics::compute(&out.records, out.duration_s),
+        requests: out.records,
+    };
+    println!("{}", render_run(&run));
+    print_first_errors(&run);
+    run
+}
+
+/// The options the report records.
+fn report_config(args: &Args, model: String) -> ReportConfig {
+    ReportConfig {
+        url: args.url.clone(),
+        model,
+        endpoint: args.endpoint,
+        num_requests: args.num_requests,
+        input_len: args.dataset.is_none().then_some(args.input_len),
+        output_len: args
+            .output_len
+            .or(args.dataset.is_none().then_some(DEFAULT_OUTPUT_LEN)),
+        range_ratio: args.range_ratio,
+        dataset: args.dataset.as_ref().map(|p| p.display().to_string()),
+        tokenizer: args.tokenizer.as_ref().map(|p| p.display().to_string()),
+        seed: args.seed,
+        warmup: args.warmup,
+        ignore_eos: args.ignore_eos,
+        temperature: args.temperature,
+    }
+}
+
+/// Writes the JSON report and the plot where the flags ask.
+fn save(args: &Args, report: &BenchReport) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         report.save(path)?;
     }
     if let Some(path) = &args.plot {
-        std::fs::write(path, plot::render_svg(&report))
+        std::fs::write(path, plot::render_svg(report))
             .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    if report.runs.iter().any(|r| r.metrics.completed == 0) {
-        bail!("no request succeeded in at least one run (see the errors above)");
     }
     Ok(())
 }

@@ -60,6 +60,62 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// A chart's plotting area on the page and the data range it shows.
+struct Frame {
+    px: f64,
+    py: f64,
+    w: f64,
+    h: f64,
+    xmin: f64,
+    xmax: f64,
+    ymin: f64,
+    ymax: f64,
+}
+
+impl Frame {
+    /// The area at (`px`, `py`) of `w` by `h`, scaled to show every point with the origin,
+    /// plus 5% headroom.
+    fn fit(px: f64, py: f64, w: f64, h: f64, all: &[(f64, f64)]) -> Self {
+        let fold = |f: fn(&(f64, f64)) -> f64| {
+            all.iter()
+                .map(f)
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+                    (a.min(v), b.max(v))
+                })
+        };
+        let (mut xmin, mut xmax) = fold(|p| p.0);
+        let (mut ymin, mut ymax) = fold(|p| p.1);
+        xmin = xmin.min(0.0);
+        ymin = ymin.min(0.0);
+        if xmax <= xmin {
+            xmax = xmin + 1.0;
+        }
+        if ymax <= ymin {
+            ymax = ymin + 1.0;
+        }
+        xmax *= 1.05;
+        ymax *= 1.05;
+        Self {
+            px,
+            py,
+            w,
+            h,
+            xmin,
+            xmax,
+            ymin,
+            ymax,
+        }
+    }
+
+    fn sx(&self, x: f64) -> f64 {
+        self.px + (x - self.xmin) / (self.xmax - self.xmin) * self.w
+    }
+
+    fn sy(&self, y: f64) -> f64 {
+        self.py + self.h - (y - self.ymin) / (self.ymax - self.ymin) * self.h
+    }
+}
+
 /// Draws one chart at (`x0`, `y0`).
 fn panel(
     out: &mut String,
@@ -92,33 +148,22 @@ fn panel(
         );
         return;
     }
-    let fold = |f: fn(&(f64, f64)) -> f64| {
-        all.iter()
-            .map(f)
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
-                (a.min(v), b.max(v))
-            })
-    };
-    let (mut xmin, mut xmax) = fold(|p| p.0);
-    let (mut ymin, mut ymax) = fold(|p| p.1);
-    xmin = xmin.min(0.0);
-    ymin = ymin.min(0.0);
-    if xmax <= xmin {
-        xmax = xmin + 1.0;
+    let frame = Frame::fit(px, py, w, h, &all);
+    axes(out, &frame, x0, xlabel, ylabel);
+    for (i, s) in series.iter().enumerate() {
+        line(out, &frame, i, s);
     }
-    if ymax <= ymin {
-        ymax = ymin + 1.0;
-    }
-    xmax *= 1.05;
-    ymax *= 1.05;
-    let sx = |x: f64| px + (x - xmin) / (xmax - xmin) * w;
-    let sy = |y: f64| py + h - (y - ymin) / (ymax - ymin) * h;
+}
+
+/// The frame, its grid and ticks, and the axis labels.
+fn axes(out: &mut String, frame: &Frame, x0: f64, xlabel: &str, ylabel: &str) {
+    let &Frame { px, py, w, h, .. } = frame;
     let _ = writeln!(
         out,
         r##"<rect x="{px}" y="{py}" width="{w}" height="{h}" fill="none" stroke="#444"/>"##
     );
-    for t in ticks(xmin, xmax) {
-        let x = sx(t);
+    for t in ticks(frame.xmin, frame.xmax) {
+        let x = frame.sx(t);
         let _ = writeln!(
             out,
             r##"<line x1="{x}" y1="{py}" x2="{x}" y2="{}" stroke="#eee"/><text x="{x}" y="{}" font-size="10" text-anchor="middle">{}</text>"##,
@@ -127,8 +172,8 @@ fn panel(
             fmt_tick(t)
         );
     }
-    for t in ticks(ymin, ymax) {
-        let y = sy(t);
+    for t in ticks(frame.ymin, frame.ymax) {
+        let y = frame.sy(t);
         let _ = writeln!(
             out,
             r##"<line x1="{px}" y1="{y}" x2="{}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" font-size="10" text-anchor="end">{}</text>"##,
@@ -154,49 +199,51 @@ fn panel(
         py + h / 2.0,
         escape(ylabel)
     );
-    for (i, s) in series.iter().enumerate() {
-        let path: Vec<String> = s
-            .points
-            .iter()
-            .map(|&(x, y)| format!("{:.2},{:.2}", sx(x), sy(y)))
-            .collect();
-        let _ = writeln!(
-            out,
-            r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="1.6"/>"#,
-            path.join(" "),
-            s.color
-        );
-        if s.markers {
-            for (j, &(x, y)) in s.points.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    r#"<circle cx="{:.2}" cy="{:.2}" r="3" fill="{}"/>"#,
-                    sx(x),
-                    sy(y),
-                    s.color
-                );
-                if let Some(label) = s.point_labels.get(j) {
-                    let _ = writeln!(
-                        out,
-                        r#"<text x="{:.2}" y="{:.2}" font-size="10" fill="{}">{}</text>"#,
-                        sx(x) + 5.0,
-                        sy(y) - 5.0,
-                        s.color,
-                        escape(label)
-                    );
-                }
-            }
-        }
-        if !s.name.is_empty() {
-            let ly = py + 12.0 + 13.0 * i as f64;
+}
+
+/// Series `i`: its polyline, markers with their labels, and its name in the legend.
+fn line(out: &mut String, frame: &Frame, i: usize, s: &Series) {
+    let path: Vec<String> = s
+        .points
+        .iter()
+        .map(|&(x, y)| format!("{:.2},{:.2}", frame.sx(x), frame.sy(y)))
+        .collect();
+    let _ = writeln!(
+        out,
+        r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="1.6"/>"#,
+        path.join(" "),
+        s.color
+    );
+    if s.markers {
+        for (j, &(x, y)) in s.points.iter().enumerate() {
             let _ = writeln!(
                 out,
-                r#"<text x="{}" y="{ly}" font-size="10" text-anchor="end" fill="{}">{}</text>"#,
-                px + w - 4.0,
-                s.color,
-                escape(&s.name)
+                r#"<circle cx="{:.2}" cy="{:.2}" r="3" fill="{}"/>"#,
+                frame.sx(x),
+                frame.sy(y),
+                s.color
             );
+            if let Some(label) = s.point_labels.get(j) {
+                let _ = writeln!(
+                    out,
+                    r#"<text x="{:.2}" y="{:.2}" font-size="10" fill="{}">{}</text>"#,
+                    frame.sx(x) + 5.0,
+                    frame.sy(y) - 5.0,
+                    s.color,
+                    escape(label)
+                );
+            }
         }
+    }
+    if !s.name.is_empty() {
+        let ly = frame.py + 12.0 + 13.0 * i as f64;
+        let _ = writeln!(
+            out,
+            r#"<text x="{}" y="{ly}" font-size="10" text-anchor="end" fill="{}">{}</text>"#,
+            frame.px + frame.w - 4.0,
+            s.color,
+            escape(&s.name)
+        );
     }
 }
 

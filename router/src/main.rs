@@ -135,6 +135,66 @@ fn limits(args: &Args, context: usize) -> anyhow::Result<Limits> {
     })
 }
 
+/// The KV cache the shards allocated, capped by `--max-batch-total-tokens`.
+struct KvCache {
+    num_blocks: usize,
+    block_size: usize,
+    max_batch_total_tokens: usize,
+}
+
+/// Warms the shards up for the largest batch `limits` allow and sizes the KV cache from
+/// what they report.
+async fn warm_up(
+    client: &ShardedClient,
+    args: &Args,
+    limits: &Limits,
+    max_batch_size: usize,
+) -> anyhow::Result<KvCache> {
+    let warmup = client
+        .warmup(WarmupRequest {
+            max_input_tokens: limits.max_input_tokens as u32,
+            max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
+            max_total_tokens: limits.max_total_tokens as u32,
+            max_batch_size: max_batch_size as u32,
+        })
+        .await
+        .context("warming up the shards")?;
+    let block_size = warmup.block_size as usize;
+    let mut num_blocks = warmup.num_blocks as usize;
+    if let Some(cap) = args.max_batch_total_tokens {
+        if cap < limits.max_total_tokens {
+            bail!(
+                "--max-batch-total-tokens ({cap}) must be at least --max-total-tokens ({})",
+                limits.max_total_tokens
+            );
+        }
+        num_blocks = num_blocks.min(cap.div_ceil(block_size) + 1);
+    }
+    let max_batch_total_tokens = (num_blocks - 1) * block_size;
+    tracing::info!(
+        num_blocks,
+        block_size,
+        max_batch_total_tokens,
+        "KV cache sized"
+    );
+    Ok(KvCache {
+        num_blocks,
+        block_size,
+        max_batch_total_tokens,
+    })
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler cannot fail on unix");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -169,39 +229,13 @@ async fn main() -> anyhow::Result<()> {
         .max_batch_size
         .unwrap_or(args.max_concurrent_requests)
         .max(1);
-    let warmup = client
-        .warmup(WarmupRequest {
-            max_input_tokens: limits.max_input_tokens as u32,
-            max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
-            max_total_tokens: limits.max_total_tokens as u32,
-            max_batch_size: max_batch_size as u32,
-        })
-        .await
-        .context("warming up the shards")?;
-    let block_size = warmup.block_size as usize;
-    let mut num_blocks = warmup.num_blocks as usize;
-    if let Some(cap) = args.max_batch_total_tokens {
-        if cap < limits.max_total_tokens {
-            bail!(
-                "--max-batch-total-tokens ({cap}) must be at least --max-total-tokens ({})",
-                limits.max_total_tokens
-            );
-        }
-        num_blocks = num_blocks.min(cap.div_ceil(block_size) + 1);
-    }
-    let max_batch_total_tokens = (num_blocks - 1) * block_size;
-    tracing::info!(
-        num_blocks,
-        block_size,
-        max_batch_total_tokens,
-        "KV cache sized"
-    );
+    let kv = warm_up(&client, &args, &limits, max_batch_size).await?;
 
     let (queue, health) = batcher::spawn(BatcherConfig {
         client,
         tokenizer: tokenizer.clone(),
-        num_blocks,
-        block_size,
+        num_blocks: kv.num_blocks,
+        block_size: kv.block_size,
         limits: SchedulerLimits {
             max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
             max_batch_size,
@@ -226,7 +260,7 @@ async fn main() -> anyhow::Result<()> {
         model_id: args.model_id.display().to_string(),
         model_dtype: info.dtype,
         model_device_type: info.device_type,
-        max_batch_total_tokens: Some(max_batch_total_tokens as u32),
+        max_batch_total_tokens: Some(kv.max_batch_total_tokens as u32),
         max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
         ..Default::default()
     })
@@ -235,15 +269,11 @@ async fn main() -> anyhow::Result<()> {
     .health_check(health)
     .prometheus(prometheus)
     .build();
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing a SIGTERM handler cannot fail on unix");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down");
-    };
-    serve(state, SocketAddr::new(args.hostname, args.port), shutdown).await?;
+    serve(
+        state,
+        SocketAddr::new(args.hostname, args.port),
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

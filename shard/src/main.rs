@@ -128,6 +128,24 @@ async fn main() -> anyhow::Result<()> {
         service_name: args.otlp_service_name.clone(),
         rank: args.rank,
     })?;
+    let speculator = check_args(&args)?;
+    let socket = format!("{}-{}", args.uds_path, args.rank);
+    let (engine, weights_dtype) = load_engine(&args, speculator)?;
+    let info = ShardInfo {
+        dtype: weights_dtype.into(),
+        rank: args.rank,
+        world_size: args.world_size,
+        socket_paths: (0..args.world_size)
+            .map(|r| format!("{}-{r}", args.uds_path))
+            .collect(),
+    };
+    let service = ShardService::new(engine, info, args.kv_cache_memory)
+        .with_memory_fraction(args.memory_fraction);
+    serve(&socket, service).await
+}
+
+/// Refuses flag values that cannot work; returns the speculator `--speculator` names.
+fn check_args(args: &Args) -> anyhow::Result<Speculator> {
     let speculator = Speculator::from_name(&args.speculator).with_context(|| {
         format!(
             "--speculator {:?}: unknown; use ngram or draft",
@@ -150,7 +168,33 @@ async fn main() -> anyhow::Result<()> {
     if args.block_size == 0 {
         bail!("--block-size must be at least 1");
     }
-    let socket = format!("{}-{}", args.uds_path, args.rank);
+    Ok(speculator)
+}
+
+/// The activations' element type for `--dtype` (already checked by [`check_args`]).
+fn activation_dtype(dtype: &str, declared_bf16: bool, on_gpu: bool) -> ActivationDtype {
+    // bf16 activations need `vdpbf16ps` to be fast: elsewhere its portable reference runs,
+    // far slower than f32 activations over the same bf16 weights.
+    let bf16_dot = hardware_bf16(tessera_kernels::cpu::kernels());
+    match dtype {
+        "bfloat16" => {
+            if !bf16_dot && !on_gpu {
+                tracing::warn!(
+                    "--dtype bfloat16: this CPU has no AVX512_BF16, so bf16 products run a \
+                     portable reference, much slower than --dtype auto or float32"
+                );
+            }
+            ActivationDtype::Bfloat16
+        }
+        "auto" if declared_bf16 && (bf16_dot || on_gpu) => ActivationDtype::Bfloat16,
+        _ => ActivationDtype::Float32,
+    }
+}
+
+/// Joins the shard group, loads this rank's slices of the model (and the draft model) on
+/// its device, and builds the engine. Also returns the weights' element type.
+fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &'static str)> {
+    let dtype = args.dtype.trim();
     let files = ModelFiles::open(&args.model_id)?;
     tracing::info!(model = %args.model_id.display(), config = ?files.config, "loading weights");
     let partition = Partition::new(args.rank as usize, args.world_size as usize);
@@ -168,24 +212,9 @@ async fn main() -> anyhow::Result<()> {
         None => KvDtype::auto(&files),
     };
     tracing::info!(kv_dtype = kv_dtype.name(), "KV cache element type");
-    let comm = communicator(&args)?;
+    let comm = communicator(args)?;
     let declared_bf16 = files.config.dtype == Some(tessera_formats::DType::BF16);
-    // bf16 activations need `vdpbf16ps` to be fast: elsewhere its portable reference runs,
-    // ~80x slower than f32 activations over the same bf16 weights.
-    let bf16_dot = hardware_bf16(tessera_kernels::cpu::kernels());
-    let activations = match dtype {
-        "bfloat16" => {
-            if !bf16_dot && !on_gpu {
-                tracing::warn!(
-                    "--dtype bfloat16: this CPU has no AVX512_BF16, so bf16 products run a \
-                     portable reference, much slower than --dtype auto or float32"
-                );
-            }
-            ActivationDtype::Bfloat16
-        }
-        "auto" if declared_bf16 && (bf16_dot || on_gpu) => ActivationDtype::Bfloat16,
-        _ => ActivationDtype::Float32,
-    };
+    let activations = activation_dtype(dtype, declared_bf16, on_gpu);
     tracing::info!(activations = ?activations, "activation element type");
     let layout = if on_gpu {
         // Dequantized once on the way to the GPU: no int8 repacking first.
@@ -218,23 +247,18 @@ async fn main() -> anyhow::Result<()> {
             .with_activation_dtype(activations);
         engine = engine.with_draft(place(draft, on_gpu, args.rank as usize)?)?;
     }
-    let info = ShardInfo {
-        dtype: weights_dtype.into(),
-        rank: args.rank,
-        world_size: args.world_size,
-        socket_paths: (0..args.world_size)
-            .map(|r| format!("{}-{r}", args.uds_path))
-            .collect(),
-    };
-    let service = ShardService::new(engine, info, args.kv_cache_memory)
-        .with_memory_fraction(args.memory_fraction);
+    Ok((engine, weights_dtype))
+}
 
-    match std::fs::remove_file(&socket) {
+/// Serves the router's calls on the unix socket `socket` (replacing a stale one) until
+/// Ctrl-C or SIGTERM, then removes the socket.
+async fn serve(socket: &str, service: ShardService) -> anyhow::Result<()> {
+    match std::fs::remove_file(socket) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("removing stale socket {socket}")),
     }
-    let listener = UnixListener::bind(&socket).with_context(|| format!("binding {socket}"))?;
+    let listener = UnixListener::bind(socket).with_context(|| format!("binding {socket}"))?;
     tracing::info!(%socket, "shard ready");
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -254,7 +278,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
-    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(socket);
     Ok(())
 }
 

@@ -84,8 +84,8 @@ pub fn linear_bf16_dot_with(
 }
 
 /// Whether `kernels`' level has `vdpbf16ps` (AVX512_BF16). Elsewhere the portable reference
-/// reproduces its bits at a few GFLOP/s (measured at the AVX2 level: ~80× slower than f32
-/// activations over the same bf16 weights), so callers should keep f32 activations there.
+/// reproduces its bits value by value, far slower than f32 activations over the same bf16
+/// weights, so callers should keep f32 activations there.
 pub fn hardware_bf16(kernels: &Kernels) -> bool {
     has_vdpbf16ps(kernels.level)
 }
@@ -169,8 +169,8 @@ fn ftz(v: f32) -> f32 {
 }
 
 /// `dst[i] = bf16::from_f32(src[i])` (round to nearest, ties to even; NaN stays a quiet NaN),
-/// written without branches so that the compiler turns it into vector code: `half`'s
-/// per-value conversion branches, and was most of the time of writing a step's K/V.
+/// written without branches so that the compiler turns it into vector code (`half`'s
+/// per-value conversion branches, which would dominate writing a step's K/V).
 pub(crate) fn round_to_bf16(src: &[f32], dst: &mut [bf16]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         let b = s.to_bits();

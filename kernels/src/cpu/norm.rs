@@ -21,10 +21,10 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// Below this many values a norm stays on the calling thread: a batched decode step's rows
-/// take a few microseconds, less than handing half of them to another thread costs.
+/// are done sooner than another thread could take half of them.
 const PARALLEL_MIN: usize = 1 << 16;
 
-/// Fused `residual += x; out = rms_norm(residual)`: one pass where there were two.
+/// Fused `residual += x; out = rms_norm(residual)`: one pass over the rows instead of two.
 pub fn add_rms_norm(residual: &mut [f32], x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     assert_eq!(x.len(), residual.len());

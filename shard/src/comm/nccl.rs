@@ -3,9 +3,9 @@
 //! to the shard sockets (written to a temporary name, then renamed, with rank 0's pid so a
 //! stale file from an earlier run is ignored).
 //!
-//! The engine computes on the host today, so each collective copies its buffer to the
-//! device, runs NCCL there and copies the result back; a device-resident engine would pass
-//! device buffers directly. NCCL's ring all-reduce reduces each chunk once and forwards the
+//! [`Communicator`] takes host buffers, so each collective copies its buffer to the device,
+//! runs NCCL there and copies the result back; passing device buffers would save both
+//! copies. NCCL's ring all-reduce reduces each chunk once and forwards the
 //! result, so every rank receives bit-identical sums.
 //!
 //! libcuda and libnccl are loaded at run time: a build with `cuda` starts on machines

@@ -432,7 +432,40 @@ fn draw_weighted_follows_weights() {
 
 /// A dense, sort-everything rendition of the documented pipeline in `f64`.
 fn reference(params: &SamplingParams, prompt: &[u32], generated: &[u32], raw: &[f32]) -> Vec<f64> {
-    let n = raw.len();
+    let x = reference_logits(params, prompt, generated, raw);
+    let n = x.len();
+    let mut out = vec![0.0; n];
+    if params.is_greedy() {
+        let mut best = 0;
+        for i in 0..n {
+            if x[i] > x[best] {
+                best = i;
+            }
+        }
+        out[best] = 1.0;
+        return out;
+    }
+    let mut v: Vec<f64> = x
+        .iter()
+        .map(|&a| f64::from(a) / f64::from(params.temperature))
+        .collect();
+    let alive = reference_alive(params, &v);
+    for i in 0..n {
+        if !alive[i] {
+            v[i] = f64::NEG_INFINITY;
+        }
+    }
+    softmax_alive(&v, &alive)
+}
+
+/// The reference's logits after the bias and the repetition, frequency and presence
+/// penalties.
+fn reference_logits(
+    params: &SamplingParams,
+    prompt: &[u32],
+    generated: &[u32],
+    raw: &[f32],
+) -> Vec<f32> {
     let mut x: Vec<f32> = raw.to_vec();
     for &(id, b) in &params.logit_bias {
         x[id as usize] += b;
@@ -450,76 +483,74 @@ fn reference(params: &SamplingParams, prompt: &[u32], generated: &[u32], raw: &[
             };
         }
     }
-    for id in 0..n as u32 {
+    for id in 0..raw.len() as u32 {
         let count = generated.iter().filter(|&&g| g == id).count();
         if count > 0 {
             x[id as usize] -= count as f32 * params.frequency_penalty + params.presence_penalty;
         }
     }
-    let mut out = vec![0.0; n];
-    if params.is_greedy() {
-        let mut best = 0;
-        for i in 0..n {
-            if x[i] > x[best] {
-                best = i;
-            }
-        }
-        out[best] = 1.0;
-        return out;
-    }
-    let mut v: Vec<f64> = x
-        .iter()
-        .map(|&a| f64::from(a) / f64::from(params.temperature))
+    x
+}
+
+/// Softmax of `v` over the `alive` tokens (0 for the others).
+fn softmax_alive(v: &[f64], alive: &[bool]) -> Vec<f64> {
+    let n = v.len();
+    let max = (0..n)
+        .filter(|&i| alive[i])
+        .map(|i| v[i])
+        .fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = (0..n)
+        .map(|i| if alive[i] { (v[i] - max).exp() } else { 0.0 })
         .collect();
+    let z: f64 = e.iter().sum();
+    e.iter().map(|a| a / z).collect()
+}
+
+/// Keeps the shortest prefix of `order` whose probability reaches `mass` (at least one
+/// token) and drops the rest; returns the prefix's length.
+fn keep_prefix(order: &[usize], p: &[f64], mass: f64, alive: &mut [bool]) -> usize {
+    let mut before = 0.0;
+    let mut kept = 0;
+    for (rank, &i) in order.iter().enumerate() {
+        if rank > 0 && before >= mass {
+            alive[i] = false;
+        } else {
+            before += p[i];
+            kept = rank + 1;
+        }
+    }
+    kept
+}
+
+/// Which tokens of the scaled logits `v` survive top-k, top-p, min-p and typical-p, applied
+/// in that order.
+fn reference_alive(params: &SamplingParams, v: &[f64]) -> Vec<bool> {
+    let n = v.len();
     let mut alive = vec![true; n];
-    let probs_of = |v: &[f64], alive: &[bool]| -> Vec<f64> {
-        let max = (0..n)
-            .filter(|&i| alive[i])
-            .map(|i| v[i])
-            .fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = (0..n)
-            .map(|i| if alive[i] { (v[i] - max).exp() } else { 0.0 })
-            .collect();
-        let z: f64 = e.iter().sum();
-        e.iter().map(|a| a / z).collect()
-    };
     let k = params.top_k as usize;
     if k > 0 && k < n {
-        let mut sorted = v.clone();
+        let mut sorted = v.to_vec();
         sorted.sort_by(|a, b| b.total_cmp(a));
         let thr = sorted[k - 1];
         for i in 0..n {
             alive[i] &= v[i] >= thr;
         }
     }
-    let keep_prefix = |order: &[usize], p: &[f64], mass: f64, alive: &mut Vec<bool>| -> usize {
-        let mut before = 0.0;
-        let mut kept = 0;
-        for (rank, &i) in order.iter().enumerate() {
-            if rank > 0 && before >= mass {
-                alive[i] = false;
-            } else {
-                before += p[i];
-                kept = rank + 1;
-            }
-        }
-        kept
-    };
     if params.top_p < 1.0 {
-        let p = probs_of(&v, &alive);
+        let p = softmax_alive(v, &alive);
         let mut order: Vec<usize> = (0..n).filter(|&i| alive[i]).collect();
         order.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
         keep_prefix(&order, &p, f64::from(params.top_p), &mut alive);
     }
     if params.min_p > 0.0 {
-        let p = probs_of(&v, &alive);
+        let p = softmax_alive(v, &alive);
         let pmax = p.iter().copied().fold(0.0, f64::max);
         for i in 0..n {
             alive[i] &= p[i] >= f64::from(params.min_p) * pmax * (1.0 - 1e-9);
         }
     }
     if params.typical_p < 1.0 {
-        let p = probs_of(&v, &alive);
+        let p = softmax_alive(v, &alive);
         let h: f64 = -(0..n)
             .filter(|&i| alive[i])
             .map(|i| p[i] * p[i].ln())
@@ -535,12 +566,7 @@ fn reference(params: &SamplingParams, prompt: &[u32], generated: &[u32], raw: &[
             }
         }
     }
-    for i in 0..n {
-        if !alive[i] {
-            v[i] = f64::NEG_INFINITY;
-        }
-    }
-    probs_of(&v, &alive)
+    alive
 }
 
 fn random_params(rng: &mut ChaCha8Rng, n: usize) -> SamplingParams {

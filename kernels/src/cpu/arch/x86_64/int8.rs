@@ -159,8 +159,8 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool>(
 }
 
 /// How many blocks ahead of the arithmetic the tile kernel prefetches: 7.5 KiB of a `Q4_1`
-/// group's stream. Measured on SmolLM2's 30 layers of products back to back, runs of each
-/// distance interleaved: 3 blocks 49.6-50.4 GB/s, 5-6 blocks 50.1-54.1, 10 and more slower.
+/// group's stream, far enough to cover the memory latency, near enough that the lines are
+/// still in cache when the arithmetic reaches them.
 pub(crate) const AHEAD: usize = 6;
 
 /// Nibble line `h` of a tile's block (`lines`: the block's quant lines) as the values of its

@@ -361,7 +361,7 @@ unsafe fn kernel_halves<const CRUMB: bool>(
 const ROWS: usize = 32;
 
 /// The f32 sums of [`kernel_rows`]'s rows, on the stack of the task that calls it for its tiles
-/// (one per call cost a 2 KB `memset` per tile, ~2% of a batch-16 decode step).
+/// (one per call would zero 2 KB per tile).
 struct RowSums([[[__m256; 2]; 1]; ROWS]);
 
 impl Default for RowSums {
@@ -397,8 +397,8 @@ unsafe fn unpack<const CRUMB: bool, const HIGH: usize>(lines: *const u8) -> [Lin
 /// nibbles with a minimum (`!SPLIT`: `Q4_1`, `Q4_K`; with a high-bit line `Q5_K`, `Q5_0`,
 /// `Q5_1`), and the halves (`SPLIT`: `Q6_K`, `Q3_K` with `CRUMB`), whose sums also leave no
 /// registers for a second row. Each block is unpacked once (see [`unpack`]); every row then
-/// multiplies it from the stack. (For `Q8_0` and the tables, two rows over registers are
-/// faster: 370-410 against 300-350 GFLOP/s.)
+/// multiplies it from the stack. (`Q8_0` and the tables unpack cheaply enough that two rows
+/// over registers are faster.)
 ///
 /// # Safety
 /// The tile and rows exist; `out` is writable for the tile's valid columns of every row.
