@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes kernels/tests/data/quant_goldens.txt: random-but-valid ggml blocks for every
+"""Writes blocks/tests/data/quant_goldens.txt: random-but-valid ggml blocks for every
 format Tessera dequantizes, with the values gguf-py's `gguf.quants.dequantize` gives.
 
 Run with an environment that has `gguf` and `numpy`:
@@ -74,7 +74,7 @@ def main():
         assert np.all(np.isfinite(values)), name
         lines.append(f"{name} {raw.tobytes().hex()}")
         lines.append(" ".join(f"{int(v):08x}" for v in values.view(np.uint32)))
-    out = pathlib.Path(__file__).resolve().parent.parent / "kernels/tests/data/quant_goldens.txt"
+    out = pathlib.Path(__file__).resolve().parent.parent / "blocks/tests/data/quant_goldens.txt"
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out} ({out.stat().st_size} bytes)")
 

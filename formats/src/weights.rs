@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use tessera_kernels::cpu::WeightFormat;
+use tessera_blocks::WeightFormat;
 
 use crate::FormatError;
 

@@ -5,4 +5,6 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod quant;
+/// The GGUF/ggml block layouts and their scalar reference dequantizers (`tessera-blocks`),
+/// against which the CPU and GPU dequantizers are tested.
+pub use tessera_blocks as quant;

@@ -28,7 +28,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use tessera_kernels::quant;
+use tessera_blocks as quant;
 
 pub use metadata::MetadataValue;
 pub use reader::TensorInfo;

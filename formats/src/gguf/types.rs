@@ -1,7 +1,6 @@
 //! ggml tensor types as GGUF numbers them.
 
-use tessera_kernels::cpu::WeightFormat;
-use tessera_kernels::quant::QuantFormat;
+use tessera_blocks::{QuantFormat, WeightFormat};
 
 /// A ggml tensor type (`ggml_type`), with the ids GGUF files store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -140,19 +139,7 @@ impl GgmlType {
         match self {
             Self::F16 => Some(WeightFormat::F16),
             Self::BF16 => Some(WeightFormat::Bf16),
-            Self::Q8_0 => Some(WeightFormat::Q8_0),
-            Self::Q4_0 => Some(WeightFormat::Q4_0),
-            Self::Q4_1 => Some(WeightFormat::Q4_1),
-            Self::Q5_0 => Some(WeightFormat::Q5_0),
-            Self::Q5_1 => Some(WeightFormat::Q5_1),
-            Self::Q4K => Some(WeightFormat::Q4K),
-            Self::Q5K => Some(WeightFormat::Q5K),
-            Self::Q6K => Some(WeightFormat::Q6K),
-            Self::Q2K => Some(WeightFormat::Q2K),
-            Self::Q3K => Some(WeightFormat::Q3K),
-            Self::IQ4NL => Some(WeightFormat::IQ4NL),
-            Self::IQ4XS => Some(WeightFormat::IQ4XS),
-            _ => None,
+            _ => self.quant_format().map(WeightFormat::from),
         }
     }
 }

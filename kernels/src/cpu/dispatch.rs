@@ -62,11 +62,22 @@ impl Level {
 /// those elements during the call.
 pub(crate) type GemmFn = unsafe fn(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize);
 
+/// [`GemmFn`] over bfloat16 weights, each widened to f32 in registers: the same bits as
+/// widening `w` first and calling the level's [`GemmFn`].
+///
+/// # Safety
+/// As [`GemmFn`].
+pub(crate) type GemmBf16Fn =
+    unsafe fn(x: &[f32], w: &[half::bf16], k: usize, out: *mut f32, ldo: usize);
+
 /// One level's kernels.
 pub struct Kernels {
     /// The level these functions were compiled for.
     pub level: Level,
     pub(crate) gemm: GemmFn,
+    /// The level's product with bf16 weights widened in registers, where it has one; small
+    /// batches of bf16 matrices take it instead of dequantizing (see `weights::linear`).
+    pub(crate) gemm_bf16: Option<GemmBf16Fn>,
     /// Dot product in the fixed lane order described in the module documentation.
     pub(crate) dot: fn(&[f32], &[f32]) -> f32,
     /// `y += a * x`, element by element.

@@ -116,6 +116,7 @@ fn axpy_portable(a: f32, x: &[f32], y: &mut [f32]) {
 pub(crate) static PORTABLE: Kernels = Kernels {
     level: Level::Portable,
     gemm: gemm_portable,
+    gemm_bf16: None,
     dot: dot_portable,
     axpy: axpy_portable,
     attend: attend_portable,

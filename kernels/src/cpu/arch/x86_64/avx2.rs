@@ -23,6 +23,7 @@ const NR_GEMV: usize = 4;
 pub(crate) static KERNELS: Kernels = Kernels {
     level: Level::Avx2,
     gemm,
+    gemm_bf16: None,
     dot,
     axpy,
     attend,

@@ -22,6 +22,7 @@ const NR_GEMV: usize = 8;
 pub(crate) static KERNELS: Kernels = Kernels {
     level: Level::Avx512,
     gemm,
+    gemm_bf16: Some(gemm_bf16),
     dot,
     axpy,
     attend,
@@ -314,9 +315,9 @@ unsafe fn gemm(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
 /// widened matrix.
 ///
 /// # Safety
-/// As `GemmFn`, and the CPU must have AVX-512 F (the AVX-512 level's table was chosen).
-pub(crate) unsafe fn gemm_bf16(x: &[f32], w: &[bf16], k: usize, out: *mut f32, ldo: usize) {
-    // SAFETY: the caller vouches for avx512f and for `out`.
+/// As `GemmBf16Fn`.
+unsafe fn gemm_bf16(x: &[f32], w: &[bf16], k: usize, out: *mut f32, ldo: usize) {
+    // SAFETY: KERNELS is only handed out when avx512f is detected; the rest is the caller's.
     unsafe { gemm_avx512(x, w, k, out, ldo) }
 }
 

@@ -6,7 +6,8 @@
 
 use half::f16;
 
-use super::q4_k::QK_K;
+use crate::q4_k::QK_K;
+use crate::{BlockFormat, QuantFormat};
 
 /// Values per [`BlockIQ4NL`].
 pub const QK4_NL: usize = 32;
@@ -55,7 +56,7 @@ impl BlockIQ4XS {
 
 /// Nibble `e` (0..32) of a 32-value stretch `qs` laid out as ggml's 32-value blocks: the low
 /// nibble of byte `j` is value `j`, the high nibble value `j + 16`.
-pub(crate) fn index4(qs: &[u8], e: usize) -> u8 {
+pub fn index4(qs: &[u8], e: usize) -> u8 {
     if e < 16 {
         qs[e] & 0x0F
     } else {
@@ -63,14 +64,46 @@ pub(crate) fn index4(qs: &[u8], e: usize) -> u8 {
     }
 }
 
+impl BlockFormat for BlockIQ4NL {
+    const FORMAT: QuantFormat = QuantFormat::IQ4NL;
+    const NAME: &'static str = "IQ4_NL";
+    const BLOCK_ELEMENTS: usize = QK4_NL;
+
+    /// ggml's `dequantize_row_iq4_nl` for one block.
+    #[inline]
+    fn dequantize_block(&self, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), Self::BLOCK_ELEMENTS);
+        let d = self.d.to_f32();
+        for (e, v) in out.iter_mut().enumerate() {
+            *v = d * f32::from(KVALUES_IQ4NL[usize::from(index4(&self.qs, e))]);
+        }
+    }
+}
+
 /// Scalar reference dequantizer, equal to ggml's `dequantize_row_iq4_nl`.
 /// `out.len()` must be `blocks.len() * 32`.
 pub fn dequantize_row_iq4_nl(blocks: &[BlockIQ4NL], out: &mut [f32]) {
-    debug_assert_eq!(out.len(), blocks.len() * QK4_NL);
-    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK4_NL)) {
-        let d = block.d.to_f32();
-        for (e, v) in y.iter_mut().enumerate() {
-            *v = d * f32::from(KVALUES_IQ4NL[usize::from(index4(&block.qs, e))]);
+    BlockIQ4NL::dequantize_row(blocks, out)
+}
+
+impl BlockFormat for BlockIQ4XS {
+    const FORMAT: QuantFormat = QuantFormat::IQ4XS;
+    const NAME: &'static str = "IQ4_XS";
+    const BLOCK_ELEMENTS: usize = QK_K;
+
+    /// ggml's `dequantize_row_iq4_xs` for one block.
+    #[inline]
+    fn dequantize_block(&self, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), Self::BLOCK_ELEMENTS);
+        for (j, (y, qs)) in out
+            .chunks_exact_mut(32)
+            .zip(self.qs.chunks_exact(16))
+            .enumerate()
+        {
+            let dl = self.sub_scale(j);
+            for (e, v) in y.iter_mut().enumerate() {
+                *v = dl * f32::from(KVALUES_IQ4NL[usize::from(index4(qs, e))]);
+            }
         }
     }
 }
@@ -78,17 +111,5 @@ pub fn dequantize_row_iq4_nl(blocks: &[BlockIQ4NL], out: &mut [f32]) {
 /// Scalar reference dequantizer, equal to ggml's `dequantize_row_iq4_xs`.
 /// `out.len()` must be `blocks.len() * 256`.
 pub fn dequantize_row_iq4_xs(blocks: &[BlockIQ4XS], out: &mut [f32]) {
-    debug_assert_eq!(out.len(), blocks.len() * QK_K);
-    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        for (j, (y, qs)) in y
-            .chunks_exact_mut(32)
-            .zip(block.qs.chunks_exact(16))
-            .enumerate()
-        {
-            let dl = block.sub_scale(j);
-            for (e, v) in y.iter_mut().enumerate() {
-                *v = dl * f32::from(KVALUES_IQ4NL[usize::from(index4(qs, e))]);
-            }
-        }
-    }
+    BlockIQ4XS::dequantize_row(blocks, out)
 }

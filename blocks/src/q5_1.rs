@@ -3,7 +3,8 @@
 
 use half::f16;
 
-use super::q5_0::quant5;
+use crate::q5_0::quant5;
+use crate::{BlockFormat, QuantFormat};
 
 /// Values per [`BlockQ5_1`].
 pub const QK5_1: usize = 32;
@@ -24,14 +25,24 @@ pub struct BlockQ5_1 {
 
 const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
 
+impl BlockFormat for BlockQ5_1 {
+    const FORMAT: QuantFormat = QuantFormat::Q5_1;
+    const NAME: &'static str = "Q5_1";
+    const BLOCK_ELEMENTS: usize = QK5_1;
+
+    /// ggml's `dequantize_row_q5_1` for one block.
+    #[inline]
+    fn dequantize_block(&self, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), Self::BLOCK_ELEMENTS);
+        let (d, m) = (self.d.to_f32(), self.m.to_f32());
+        for (e, v) in out.iter_mut().enumerate() {
+            *v = f32::from(quant5(&self.qs, self.qh, e)) * d + m;
+        }
+    }
+}
+
 /// Scalar reference dequantizer, equal to ggml's `dequantize_row_q5_1`.
 /// `out.len()` must be `blocks.len() * 32`.
 pub fn dequantize_row_q5_1(blocks: &[BlockQ5_1], out: &mut [f32]) {
-    debug_assert_eq!(out.len(), blocks.len() * QK5_1);
-    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK5_1)) {
-        let (d, m) = (block.d.to_f32(), block.m.to_f32());
-        for (e, v) in y.iter_mut().enumerate() {
-            *v = f32::from(quant5(&block.qs, block.qh, e)) * d + m;
-        }
-    }
+    BlockQ5_1::dequantize_row(blocks, out)
 }

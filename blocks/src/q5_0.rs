@@ -5,7 +5,8 @@
 
 use half::f16;
 
-use super::iq4::index4;
+use crate::iq4::index4;
+use crate::{BlockFormat, QuantFormat};
 
 /// Values per [`BlockQ5_0`].
 pub const QK5_0: usize = 32;
@@ -25,19 +26,29 @@ pub struct BlockQ5_0 {
 const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
 
 /// Unsigned 5-bit quant `e` (0..32) of a block of nibbles `qs` and high bits `qh`.
-pub(crate) fn quant5(qs: &[u8; 16], qh: [u8; 4], e: usize) -> u8 {
+pub fn quant5(qs: &[u8; 16], qh: [u8; 4], e: usize) -> u8 {
     let high = (u32::from_le_bytes(qh) >> e) & 1;
     index4(qs, e) | (high as u8) << 4
+}
+
+impl BlockFormat for BlockQ5_0 {
+    const FORMAT: QuantFormat = QuantFormat::Q5_0;
+    const NAME: &'static str = "Q5_0";
+    const BLOCK_ELEMENTS: usize = QK5_0;
+
+    /// ggml's `dequantize_row_q5_0` for one block.
+    #[inline]
+    fn dequantize_block(&self, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), Self::BLOCK_ELEMENTS);
+        let d = self.d.to_f32();
+        for (e, v) in out.iter_mut().enumerate() {
+            *v = (i32::from(quant5(&self.qs, self.qh, e)) - 16) as f32 * d;
+        }
+    }
 }
 
 /// Scalar reference dequantizer, equal to ggml's `dequantize_row_q5_0`.
 /// `out.len()` must be `blocks.len() * 32`.
 pub fn dequantize_row_q5_0(blocks: &[BlockQ5_0], out: &mut [f32]) {
-    debug_assert_eq!(out.len(), blocks.len() * QK5_0);
-    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK5_0)) {
-        let d = block.d.to_f32();
-        for (e, v) in y.iter_mut().enumerate() {
-            *v = (i32::from(quant5(&block.qs, block.qh, e)) - 16) as f32 * d;
-        }
-    }
+    BlockQ5_0::dequantize_row(blocks, out)
 }

@@ -3,7 +3,8 @@
 
 use half::f16;
 
-use super::q4_k::QK_K;
+use crate::q4_k::QK_K;
+use crate::{BlockFormat, QuantFormat};
 
 /// One `Q6_K` block as ggml stores it (`block_q6_K`).
 #[repr(C)]
@@ -21,18 +22,22 @@ pub struct BlockQ6K {
 
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 
-/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q6_K`.
-/// `out.len()` must be `blocks.len() * 256`.
-pub fn dequantize_row_q6_k(blocks: &[BlockQ6K], out: &mut [f32]) {
-    debug_assert_eq!(out.len(), blocks.len() * QK_K);
-    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let d = block.d.to_f32();
+impl BlockFormat for BlockQ6K {
+    const FORMAT: QuantFormat = QuantFormat::Q6K;
+    const NAME: &'static str = "Q6_K";
+    const BLOCK_ELEMENTS: usize = QK_K;
+
+    /// ggml's `dequantize_row_q6_K` for one block.
+    #[inline]
+    fn dequantize_block(&self, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), Self::BLOCK_ELEMENTS);
+        let d = self.d.to_f32();
         // Two halves of 128 values, each using 64 bytes of `ql`, 32 of `qh`, 8 scales.
         for half in 0..2 {
-            let ql = &block.ql[64 * half..64 * half + 64];
-            let qh = &block.qh[32 * half..32 * half + 32];
-            let sc = &block.scales[8 * half..8 * half + 8];
-            let y = &mut y[128 * half..128 * half + 128];
+            let ql = &self.ql[64 * half..64 * half + 64];
+            let qh = &self.qh[32 * half..32 * half + 32];
+            let sc = &self.scales[8 * half..8 * half + 8];
+            let y = &mut out[128 * half..128 * half + 128];
             for l in 0..32 {
                 let is = l / 16;
                 let q1 = i32::from((ql[l] & 0x0F) | (qh[l] & 3) << 4) - 32;
@@ -46,4 +51,10 @@ pub fn dequantize_row_q6_k(blocks: &[BlockQ6K], out: &mut [f32]) {
             }
         }
     }
+}
+
+/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q6_K`.
+/// `out.len()` must be `blocks.len() * 256`.
+pub fn dequantize_row_q6_k(blocks: &[BlockQ6K], out: &mut [f32]) {
+    BlockQ6K::dequantize_row(blocks, out)
 }

@@ -3,7 +3,8 @@
 
 use half::f16;
 
-use super::q4_k::QK_K;
+use crate::q4_k::QK_K;
+use crate::{BlockFormat, QuantFormat};
 
 /// One `Q2_K` block as ggml stores it (`block_q2_K`).
 #[repr(C)]
@@ -28,18 +29,28 @@ pub(crate) fn q2_k_quant(qs: &[u8; QK_K / 4], e: usize) -> u8 {
     (qs[32 * half + l] >> (2 * k)) & 3
 }
 
-/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q2_K`.
-/// `out.len()` must be `blocks.len() * 256`.
-pub fn dequantize_row_q2_k(blocks: &[BlockQ2K], out: &mut [f32]) {
-    debug_assert_eq!(out.len(), blocks.len() * QK_K);
-    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let (d, min) = (block.d.to_f32(), block.dmin.to_f32());
-        for (j, y) in y.chunks_exact_mut(16).enumerate() {
-            let sc = block.scales[j];
+impl BlockFormat for BlockQ2K {
+    const FORMAT: QuantFormat = QuantFormat::Q2K;
+    const NAME: &'static str = "Q2_K";
+    const BLOCK_ELEMENTS: usize = QK_K;
+
+    /// ggml's `dequantize_row_q2_K` for one block.
+    #[inline]
+    fn dequantize_block(&self, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), Self::BLOCK_ELEMENTS);
+        let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
+        for (j, y) in out.chunks_exact_mut(16).enumerate() {
+            let sc = self.scales[j];
             let (dl, ml) = (d * f32::from(sc & 0x0F), min * f32::from(sc >> 4));
             for (l, v) in y.iter_mut().enumerate() {
-                *v = dl * f32::from(q2_k_quant(&block.qs, 16 * j + l)) - ml;
+                *v = dl * f32::from(q2_k_quant(&self.qs, 16 * j + l)) - ml;
             }
         }
     }
+}
+
+/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q2_K`.
+/// `out.len()` must be `blocks.len() * 256`.
+pub fn dequantize_row_q2_k(blocks: &[BlockQ2K], out: &mut [f32]) {
+    BlockQ2K::dequantize_row(blocks, out)
 }

@@ -4,8 +4,9 @@
 
 use half::f16;
 
-use super::q2_k::q2_k_quant;
-use super::q4_k::QK_K;
+use crate::q2_k::q2_k_quant;
+use crate::q4_k::QK_K;
+use crate::{BlockFormat, QuantFormat};
 
 /// One `Q3_K` block as ggml stores it (`block_q3_K`).
 #[repr(C)]
@@ -39,17 +40,27 @@ impl BlockQ3K {
     }
 }
 
-/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q3_K`.
-/// `out.len()` must be `blocks.len() * 256`.
-pub fn dequantize_row_q3_k(blocks: &[BlockQ3K], out: &mut [f32]) {
-    debug_assert_eq!(out.len(), blocks.len() * QK_K);
-    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let d = block.d.to_f32();
-        for (j, y) in y.chunks_exact_mut(16).enumerate() {
-            let dl = d * block.scale(j) as f32;
+impl BlockFormat for BlockQ3K {
+    const FORMAT: QuantFormat = QuantFormat::Q3K;
+    const NAME: &'static str = "Q3_K";
+    const BLOCK_ELEMENTS: usize = QK_K;
+
+    /// ggml's `dequantize_row_q3_K` for one block.
+    #[inline]
+    fn dequantize_block(&self, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), Self::BLOCK_ELEMENTS);
+        let d = self.d.to_f32();
+        for (j, y) in out.chunks_exact_mut(16).enumerate() {
+            let dl = d * self.scale(j) as f32;
             for (l, v) in y.iter_mut().enumerate() {
-                *v = dl * block.quant(16 * j + l) as f32;
+                *v = dl * self.quant(16 * j + l) as f32;
             }
         }
     }
+}
+
+/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q3_K`.
+/// `out.len()` must be `blocks.len() * 256`.
+pub fn dequantize_row_q3_k(blocks: &[BlockQ3K], out: &mut [f32]) {
+    BlockQ3K::dequantize_row(blocks, out)
 }

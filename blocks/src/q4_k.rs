@@ -3,6 +3,8 @@
 
 use half::f16;
 
+use crate::{BlockFormat, QuantFormat};
+
 /// Values per K-quant super-block.
 pub const QK_K: usize = 256;
 
@@ -42,7 +44,7 @@ pub fn get_scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
 /// minimums, equal to [`get_scale_min_k4`] for `j` in `0..8`. The SIMD dequantizers widen
 /// these 16 bytes in one go; ggml's x86 kernels unpack them with the same 32-bit masks.
 #[inline]
-pub(crate) fn scales_mins_k4(q: &[u8; K_SCALE_SIZE]) -> [u8; 16] {
+pub fn scales_mins_k4(q: &[u8; K_SCALE_SIZE]) -> [u8; 16] {
     const LOW6: u32 = 0x3F3F_3F3F;
     const LOW4: u32 = 0x0F0F_0F0F;
     const LOW2: u32 = 0x0303_0303;
@@ -62,23 +64,27 @@ pub(crate) fn scales_mins_k4(q: &[u8; K_SCALE_SIZE]) -> [u8; 16] {
     out
 }
 
-/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q4_K`.
-/// `out.len()` must be `blocks.len() * 256`.
-pub fn dequantize_row_q4_k(blocks: &[BlockQ4K], out: &mut [f32]) {
-    debug_assert_eq!(out.len(), blocks.len() * QK_K);
-    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let d = block.d.to_f32();
-        let min = block.dmin.to_f32();
+impl BlockFormat for BlockQ4K {
+    const FORMAT: QuantFormat = QuantFormat::Q4K;
+    const NAME: &'static str = "Q4_K";
+    const BLOCK_ELEMENTS: usize = QK_K;
+
+    /// ggml's `dequantize_row_q4_K` for one block.
+    #[inline]
+    fn dequantize_block(&self, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), Self::BLOCK_ELEMENTS);
+        let d = self.d.to_f32();
+        let min = self.dmin.to_f32();
         // Four groups of 64 values; each uses 32 bytes of `qs` and two sub-block scales.
-        for (g, (q, y)) in block
+        for (g, (q, y)) in self
             .qs
             .chunks_exact(32)
-            .zip(y.chunks_exact_mut(64))
+            .zip(out.chunks_exact_mut(64))
             .enumerate()
         {
-            let (sc, m) = get_scale_min_k4(2 * g, &block.scales);
+            let (sc, m) = get_scale_min_k4(2 * g, &self.scales);
             let (d1, m1) = (d * f32::from(sc), min * f32::from(m));
-            let (sc, m) = get_scale_min_k4(2 * g + 1, &block.scales);
+            let (sc, m) = get_scale_min_k4(2 * g + 1, &self.scales);
             let (d2, m2) = (d * f32::from(sc), min * f32::from(m));
             let (lo, hi) = y.split_at_mut(32);
             for l in 0..32 {
@@ -87,4 +93,10 @@ pub fn dequantize_row_q4_k(blocks: &[BlockQ4K], out: &mut [f32]) {
             }
         }
     }
+}
+
+/// Scalar reference dequantizer, equal to ggml's `dequantize_row_q4_K`.
+/// `out.len()` must be `blocks.len() * 256`.
+pub fn dequantize_row_q4_k(blocks: &[BlockQ4K], out: &mut [f32]) {
+    BlockQ4K::dequantize_row(blocks, out)
 }

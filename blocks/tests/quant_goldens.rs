@@ -1,6 +1,6 @@
 //! Dequantization against goldens from gguf-py (`scripts/make_quant_goldens.py`).
 
-use tessera_kernels::quant::{QuantFormat, dequantize};
+use tessera_blocks::{QuantFormat, dequantize};
 
 const GOLDENS: &str = include_str!("data/quant_goldens.txt");
 
