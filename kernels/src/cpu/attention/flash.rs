@@ -25,7 +25,7 @@ use rayon::prelude::*;
 
 use super::kv::KvElem;
 use super::tile::{KEY_TILE, Rows, TileOps};
-use super::{AttentionSeq, KvLayout, prefetch_rows};
+use super::{AttentionSeq, KvLayout, PagedAttention, prefetch_rows};
 use crate::cpu::dispatch::Kernels;
 
 /// Key positions per partition: the unit of decode parallelism (a multiple of `KEY_TILE`).
@@ -149,21 +149,22 @@ struct Scratch {
     corr: Vec<f32>,
 }
 
-/// See the module documentation; the arguments are `paged_attention`'s.
-#[allow(clippy::too_many_arguments)]
+/// See the module documentation.
 pub(crate) fn flash_attention<T: KvElem>(
     kernels: &Kernels,
-    layout: KvLayout,
-    cache_k: &[T],
-    cache_v: &[T],
-    q: &[f32],
-    q_stride: usize,
-    num_heads: usize,
-    seqs: &[AttentionSeq<'_>],
-    scale: f32,
-    window: Option<usize>,
+    p: &PagedAttention<'_, T>,
     out: &mut [f32],
 ) {
+    let PagedAttention {
+        kv,
+        q,
+        q_stride,
+        num_heads,
+        seqs,
+        scale,
+        window,
+    } = *p;
+    let layout = kv.layout;
     let hd = layout.head_dim;
     assert!(
         layout.kv_heads > 0 && num_heads.is_multiple_of(layout.kv_heads),
@@ -175,8 +176,8 @@ pub(crate) fn flash_attention<T: KvElem>(
         kernels,
         ops: kernels.attention,
         layout,
-        cache_k,
-        cache_v,
+        cache_k: kv.k,
+        cache_v: kv.v,
         q,
         q_stride,
         group,
@@ -228,11 +229,9 @@ pub(crate) fn flash_attention<T: KvElem>(
             }
         }
     }
-    // Even a short decode (one sequence, a short context) is split over the pool: alone it is
-    // a few microseconds faster per layer, but the other threads then go idle long enough to be
-    // slow to pick up the o_proj product that follows (measured on SmolLM2, batch 1, context
-    // 128-160: 3.37-3.55 ms per step run alone, 2.94-3.03 split; o_proj 318-377 against
-    // 176-211 µs per step). The results are the same bits either way.
+    // Even a short decode (one sequence, a short context) is split over the pool: run alone,
+    // the other threads go idle long enough to be slow to pick up the o_proj product that
+    // follows. The results are the same bits either way.
     let results: Vec<Vec<State>> = tasks
         .par_iter()
         .with_max_len(1)
