@@ -165,7 +165,6 @@ pub(crate) fn flash_attention<T: KvElem>(
         window,
     } = *p;
     let layout = kv.layout;
-    let hd = layout.head_dim;
     assert!(
         layout.kv_heads > 0 && num_heads.is_multiple_of(layout.kv_heads),
         "{num_heads} query heads cannot share {} KV heads",
@@ -184,6 +183,22 @@ pub(crate) fn flash_attention<T: KvElem>(
         q_scale: scale * std::f32::consts::LOG2_E,
         window,
     };
+    let tasks = plan(&ctx, seqs);
+    // Even a short decode (one sequence, a short context) is split over the pool: run alone,
+    // the other threads go idle long enough to be slow to pick up the o_proj product that
+    // follows. The results are the same bits either way.
+    let results: Vec<Vec<State>> = tasks
+        .par_iter()
+        .with_max_len(1)
+        .map(|t| run(&ctx, &seqs[t.seq], t))
+        .collect();
+    scatter(&ctx, &tasks, &results, seqs, out);
+}
+
+/// The work items of `seqs` (see the module documentation), in the order their results are
+/// merged.
+fn plan<T>(ctx: &Ctx<'_, T>, seqs: &[AttentionSeq<'_>]) -> Vec<Task> {
+    let kv_heads = ctx.layout.kv_heads;
     let partitions = |s: &AttentionSeq<'_>| {
         let first_key = ctx.first_key(s.first_position);
         let last_key = s.first_position + s.rows - 1;
@@ -207,13 +222,13 @@ pub(crate) fn flash_attention<T: KvElem>(
         }
         let (pa, pb) = partitions(s);
         let whole = whole_slots && s.rows <= QUERY_TILE;
-        let groups = if whole { 1 } else { layout.kv_heads };
+        let groups = if whole { 1 } else { kv_heads };
         for g in 0..groups {
-            let kv_heads = if whole { 0..layout.kv_heads } else { g..g + 1 };
+            let heads = if whole { 0..kv_heads } else { g..g + 1 };
             if s.rows <= QUERY_TILE && pb > pa {
                 tasks.extend((pa..=pb).map(|part| Task {
                     seq: si,
-                    kv_heads: kv_heads.clone(),
+                    kv_heads: heads.clone(),
                     r0: 0,
                     r1: s.rows,
                     part: Some(part),
@@ -221,7 +236,7 @@ pub(crate) fn flash_attention<T: KvElem>(
             } else {
                 tasks.extend((0..s.rows).step_by(QUERY_TILE).map(|r0| Task {
                     seq: si,
-                    kv_heads: kv_heads.clone(),
+                    kv_heads: heads.clone(),
                     r0,
                     r1: (r0 + QUERY_TILE).min(s.rows),
                     part: None,
@@ -229,16 +244,20 @@ pub(crate) fn flash_attention<T: KvElem>(
             }
         }
     }
-    // Even a short decode (one sequence, a short context) is split over the pool: run alone,
-    // the other threads go idle long enough to be slow to pick up the o_proj product that
-    // follows. The results are the same bits either way.
-    let results: Vec<Vec<State>> = tasks
-        .par_iter()
-        .with_max_len(1)
-        .map(|t| run(&ctx, &seqs[t.seq], t))
-        .collect();
+    tasks
+}
 
-    // Merge split items in partition order, and scatter every result into `out`.
+/// Merges split items' states in partition order, and writes every item's output rows into
+/// `out`.
+fn scatter<T>(
+    ctx: &Ctx<'_, T>,
+    tasks: &[Task],
+    results: &[Vec<State>],
+    seqs: &[AttentionSeq<'_>],
+    out: &mut [f32],
+) {
+    let (hd, group) = (ctx.layout.head_dim, ctx.group);
+    let num_heads = ctx.layout.kv_heads * group;
     let mut i = 0;
     let mut o = Vec::new();
     while i < tasks.len() {

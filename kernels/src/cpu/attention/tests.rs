@@ -72,6 +72,26 @@ fn random(rng: &mut ChaCha8Rng, n: usize, amp: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-amp..amp)).collect()
 }
 
+/// Writes tokens whose rows are `[k | v]` (two slots' width) into their `slots`.
+fn write_kv_rows<T: KvElem>(
+    layout: KvLayout,
+    k: &mut [T],
+    v: &mut [T],
+    rows: &[f32],
+    slots: &[usize],
+) {
+    let w = layout.slot_width();
+    let new = NewKv {
+        rows,
+        row_stride: 2 * w,
+        k_offset: 0,
+        v_offset: w,
+        slots,
+        rope: None,
+    };
+    write_kv(PagedKvMut { layout, k, v }, &new);
+}
+
 /// One sequence's K/V scattered into a paged cache of element type `T` through `write_kv`.
 struct Paged<T> {
     layout: KvLayout,
@@ -110,21 +130,7 @@ fn paged<T: KvElem>(rng: &mut ChaCha8Rng, layout: KvLayout, k: &[f32], v: &[f32]
     let slots: Vec<usize> = (0..ctx)
         .map(|p| table[p / bs] as usize * bs + p % bs)
         .collect();
-    write_kv(
-        PagedKvMut {
-            layout,
-            k: &mut ck,
-            v: &mut cv,
-        },
-        &NewKv {
-            rows: &rows,
-            row_stride: 2 * w,
-            k_offset: 0,
-            v_offset: w,
-            slots: &slots,
-            rope: None,
-        },
-    );
+    write_kv_rows(layout, &mut ck, &mut cv, &rows, &slots);
     Paged {
         layout,
         table,
@@ -383,22 +389,7 @@ fn batch_composition_does_not_change_a_row() {
         let slots: Vec<usize> = (0..ctx)
             .map(|p| table[p / bs] as usize * bs + p % bs)
             .collect();
-        let sw = layout.slot_width();
-        write_kv(
-            PagedKvMut {
-                layout,
-                k: &mut ck,
-                v: &mut cv,
-            },
-            &NewKv {
-                rows: &rows,
-                row_stride: 2 * sw,
-                k_offset: 0,
-                v_offset: sw,
-                slots: &slots,
-                rope: None,
-            },
-        );
+        write_kv_rows(layout, &mut ck, &mut cv, &rows, &slots);
         tables.push(table);
     }
     // Each sequence's last `rows[i]` positions as queries.
@@ -407,6 +398,11 @@ fn batch_composition_does_not_change_a_row() {
         .iter()
         .map(|&r| random(&mut rng, r * w, 2.0))
         .collect();
+    let kv = PagedKv {
+        layout,
+        k: &ck,
+        v: &cv,
+    };
     let run = |kern: &Kernels, order: &[usize]| -> Vec<Vec<f32>> {
         let mut q = Vec::new();
         let mut seqs = Vec::new();
@@ -421,11 +417,7 @@ fn batch_composition_does_not_change_a_row() {
         }
         let mut out = vec![f32::NAN; q.len()];
         let p = PagedAttention {
-            kv: PagedKv {
-                layout,
-                k: &ck,
-                v: &cv,
-            },
+            kv,
             q: &q,
             q_stride: w,
             num_heads: heads,
