@@ -350,18 +350,20 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
         let mut out = vec![0f32; total_rows * HEADS * HEAD_DIM];
         let scale = 1.0 / (HEAD_DIM as f32).sqrt();
         let s = time_kernel(budget, || {
-            attention::paged_attention(
-                layout,
-                &ck,
-                &cv,
-                black_box(&q),
-                HEADS * HEAD_DIM,
-                HEADS,
-                &seqs,
+            let problem = attention::PagedAttention {
+                kv: attention::PagedKv {
+                    layout,
+                    k: &ck,
+                    v: &cv,
+                },
+                q: black_box(&q),
+                q_stride: HEADS * HEAD_DIM,
+                num_heads: HEADS,
+                seqs: &seqs,
                 scale,
-                None,
-                &mut out,
-            );
+                window: None,
+            };
+            attention::paged_attention(&problem, &mut out);
             black_box(&out);
         });
         // Visible positions summed over the query rows of one sequence.

@@ -9,7 +9,9 @@ use half::bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_kernels::cpu;
-use tessera_kernels::cpu::attention::{AttentionSeq, KvLayout};
+use tessera_kernels::cpu::attention::{
+    AttentionSeq, KvLayout, NewKv, PagedAttention, PagedKv, PagedKvMut,
+};
 use tessera_kernels::cuda::cudarc::driver::CudaSlice;
 use tessera_kernels::cuda::{
     CacheView, DecodeArgs, Gemm, GpuDevice, GpuFloat, GpuKernels, GpuQuant, PrefillArgs, PtxCache,
@@ -171,7 +173,19 @@ fn rope_and_cache_matches_cpu() {
     let cache_len = blocks * bs * layout.slot_width();
     let (mut ck, mut cv) = (vec![0.0; cache_len], vec![0.0; cache_len]);
     cpu::attention::write_kv(
-        layout, &mut ck, &mut cv, &want, stride, k_off, v_off, &slots, None,
+        PagedKvMut {
+            layout,
+            k: &mut ck,
+            v: &mut cv,
+        },
+        &NewKv {
+            rows: &want,
+            row_stride: stride,
+            k_offset: k_off,
+            v_offset: v_off,
+            slots: &slots,
+            rope: None,
+        },
     );
 
     let mut gqkv = up::<f32>(&d, &qkv);
@@ -306,18 +320,21 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
         cu.push(cu.last().unwrap() + n as i32);
     }
     let mut want = vec![0.0; rows * heads * hd];
-    cpu::attention::paged_attention(
-        layout,
-        &relayout_keys(layout, &fx.ck, true),
-        &fx.cv,
-        &q,
-        heads * hd,
-        heads,
-        &seqs,
+    let cpu_keys = relayout_keys(layout, &fx.ck, true);
+    let problem = PagedAttention {
+        kv: PagedKv {
+            layout,
+            k: &cpu_keys,
+            v: &fx.cv,
+        },
+        q: &q,
+        q_stride: heads * hd,
+        num_heads: heads,
+        seqs: &seqs,
         scale,
         window,
-        &mut want,
-    );
+    };
+    cpu::attention::paged_attention(&problem, &mut want);
     let (gk, gv) = (up::<T>(d, &fx.ck), up::<T>(d, &fx.cv));
     let gtables = up_i32(d, &fx.flat_tables());
     let cache = CacheView {
@@ -383,18 +400,21 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
         })
         .collect();
     let mut want = vec![0.0; ctx.len() * heads * hd];
-    cpu::attention::paged_attention(
-        layout,
-        &relayout_keys(layout, &ck, true),
-        &cv,
-        &q,
-        heads * hd,
-        heads,
-        &seqs,
+    let cpu_keys = relayout_keys(layout, &ck, true);
+    let problem = PagedAttention {
+        kv: PagedKv {
+            layout,
+            k: &cpu_keys,
+            v: &cv,
+        },
+        q: &q,
+        q_stride: heads * hd,
+        num_heads: heads,
+        seqs: &seqs,
         scale,
         window,
-        &mut want,
-    );
+    };
+    cpu::attention::paged_attention(&problem, &mut want);
     let (gk, gv) = (up::<T>(d, &ck), up::<T>(d, &cv));
     let gtables = up_i32(d, &fx.flat_tables());
     let lens: Vec<i32> = ctx.iter().map(|&c| c as i32).collect();

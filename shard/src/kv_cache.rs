@@ -53,13 +53,72 @@ impl KvDtype {
     }
 }
 
-/// Every layer's K and V pages, in one element type.
-pub(crate) enum KvPages {
+/// What a cache needs to know of a backend's pages.
+pub(crate) trait PageStore {
+    /// Element type.
+    fn dtype(&self) -> KvDtype;
+    /// Number of layers.
+    fn num_layers(&self) -> usize;
+}
+
+/// Every layer's K and V pages in host memory, in one element type: the CPU backend's pages.
+pub(crate) enum HostPages {
     F32(Vec<(Vec<f32>, Vec<f32>)>),
     Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
+}
+
+impl HostPages {
+    /// `num_layers` layers of zeroed K and V pages of `len` elements each.
+    fn zeroed(num_layers: usize, len: usize, dtype: KvDtype) -> Self {
+        match dtype {
+            KvDtype::Float32 => HostPages::F32(
+                (0..num_layers)
+                    .map(|_| (vec![0.0; len], vec![0.0; len]))
+                    .collect(),
+            ),
+            KvDtype::Bfloat16 => HostPages::Bf16(
+                (0..num_layers)
+                    .map(|_| (vec![bf16::ZERO; len], vec![bf16::ZERO; len]))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+impl PageStore for HostPages {
+    fn dtype(&self) -> KvDtype {
+        match self {
+            HostPages::F32(_) => KvDtype::Float32,
+            HostPages::Bf16(_) => KvDtype::Bfloat16,
+        }
+    }
+
+    fn num_layers(&self) -> usize {
+        match self {
+            HostPages::F32(l) => l.len(),
+            HostPages::Bf16(l) => l.len(),
+        }
+    }
+}
+
+/// A cache's pages, in the memory of the backend that made them: a pass hands each backend
+/// only its own kind (see `Model::forward`).
+pub(crate) enum CachePages {
+    /// In host memory (`crate::model::cpu`).
+    Host(HostPages),
     /// In GPU memory (`crate::model::cuda`).
     #[cfg(feature = "cuda")]
     Cuda(crate::model::CudaKv),
+}
+
+impl CachePages {
+    fn store(&self) -> &dyn PageStore {
+        match self {
+            CachePages::Host(p) => p,
+            #[cfg(feature = "cuda")]
+            CachePages::Cuda(p) => p,
+        }
+    }
 }
 
 /// K and V pages for every layer. Which blocks belong to which sequence is decided by the
@@ -67,7 +126,7 @@ pub(crate) enum KvPages {
 pub struct KvCache {
     pub(crate) layout: KvLayout,
     pub(crate) num_blocks: usize,
-    pub(crate) pages: KvPages,
+    pub(crate) pages: CachePages,
 }
 
 impl KvCache {
@@ -76,7 +135,8 @@ impl KvCache {
         Self::with_dtype(num_layers, num_blocks, layout, KvDtype::Float32)
     }
 
-    /// Allocates `num_blocks` zeroed blocks of `dtype` for each of `num_layers` layers.
+    /// Allocates `num_blocks` zeroed blocks of `dtype` in host memory for each of
+    /// `num_layers` layers.
     pub fn with_dtype(
         num_layers: usize,
         num_blocks: usize,
@@ -84,22 +144,10 @@ impl KvCache {
         dtype: KvDtype,
     ) -> Self {
         let len = num_blocks * layout.block_size * layout.slot_width();
-        let pages = match dtype {
-            KvDtype::Float32 => KvPages::F32(
-                (0..num_layers)
-                    .map(|_| (vec![0.0; len], vec![0.0; len]))
-                    .collect(),
-            ),
-            KvDtype::Bfloat16 => KvPages::Bf16(
-                (0..num_layers)
-                    .map(|_| (vec![bf16::ZERO; len], vec![bf16::ZERO; len]))
-                    .collect(),
-            ),
-        };
         Self {
             layout,
             num_blocks,
-            pages,
+            pages: CachePages::Host(HostPages::zeroed(num_layers, len, dtype)),
         }
     }
 
@@ -110,22 +158,12 @@ impl KvCache {
 
     /// Element type.
     pub fn dtype(&self) -> KvDtype {
-        match &self.pages {
-            KvPages::F32(_) => KvDtype::Float32,
-            KvPages::Bf16(_) => KvDtype::Bfloat16,
-            #[cfg(feature = "cuda")]
-            KvPages::Cuda(kv) => kv.dtype(),
-        }
+        self.pages.store().dtype()
     }
 
     /// Number of layers.
     pub fn num_layers(&self) -> usize {
-        match &self.pages {
-            KvPages::F32(l) => l.len(),
-            KvPages::Bf16(l) => l.len(),
-            #[cfg(feature = "cuda")]
-            KvPages::Cuda(kv) => kv.num_layers(),
-        }
+        self.pages.store().num_layers()
     }
 
     /// Number of blocks.

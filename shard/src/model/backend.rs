@@ -4,6 +4,7 @@
 
 use super::batch::FlatBatch;
 use crate::EngineError;
+use crate::kv_cache::PageStore;
 
 /// Which RMSNorm weight to apply.
 #[derive(Debug, Clone, Copy)]
@@ -50,8 +51,9 @@ impl Dims {
 pub(crate) trait Backend {
     /// An activation buffer.
     type Act;
-    /// Every layer's K and V pages.
-    type Kv;
+    /// Every layer's K and V pages, in this backend's memory and element type: a pass can
+    /// only be handed pages of its own backend.
+    type Pages: PageStore;
     /// A pass's index arrays (positions, slots, block tables…) where the kernels read them.
     type Batch<'a>
     where
@@ -100,7 +102,7 @@ pub(crate) trait Backend {
         layer: usize,
         batch: &Self::Batch<'_>,
         qkv: &mut Self::Act,
-        kv: &mut Self::Kv,
+        kv: &mut Self::Pages,
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
 

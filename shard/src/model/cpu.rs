@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use tessera_kernels::cpu::attention::{self, KvElem, KvLayout};
+use tessera_kernels::cpu::attention::{
+    self, AttentionSeq, KvElem, KvLayout, NewKv, PagedAttention, PagedKv, PagedKvMut,
+};
 use tessera_kernels::cpu::{
     ActivationDtype, activation, linear_weights_as, norm, rope as rope_kernel,
 };
@@ -14,7 +16,7 @@ use super::op_times::{Op, OpTimes};
 use super::weights::{Linear, ModelWeights};
 use crate::EngineError;
 use crate::comm::Communicator;
-use crate::kv_cache::KvPages;
+use crate::kv_cache::HostPages;
 
 pub(crate) struct CpuBackend {
     pub(crate) weights: ModelWeights,
@@ -50,9 +52,9 @@ impl CpuBackend {
         layer: usize,
         batch: &CpuBatch<'_>,
         qkv: &mut [f32],
-        kv: &mut KvPages,
+        kv: &mut HostPages,
         out: &mut [f32],
-    ) -> Result<(), EngineError> {
+    ) {
         let d = self.dims;
         let qkv_width = d.qkv_width();
         // Queries rotate in place; keys rotate as they are written into the cache.
@@ -65,27 +67,23 @@ impl CpuBackend {
                 kv_heads: d.kv_heads,
                 head_dim: d.head_dim,
             },
-            qkv,
-            qkv_width,
+            new: NewKv {
+                rows: qkv,
+                row_stride: qkv_width,
+                k_offset: d.heads * d.head_dim,
+                v_offset: (d.heads + d.kv_heads) * d.head_dim,
+                slots: &batch.flat.slots,
+                rope: Some((&batch.cos, &batch.sin)),
+            },
             heads: d.heads,
-            kv_heads: d.kv_heads,
-            slots: &batch.flat.slots,
             seqs: &batch.flat.seqs,
             scale: 1.0 / (d.head_dim as f32).sqrt(),
             window: self.window,
-            rope: (&batch.cos, &batch.sin),
         };
         match kv {
-            KvPages::F32(layers) => step.run(&mut layers[layer], out),
-            KvPages::Bf16(layers) => step.run(&mut layers[layer], out),
-            #[cfg(feature = "cuda")]
-            KvPages::Cuda(_) => {
-                return Err(EngineError::InvalidBatch(
-                    "a CPU model was given a KV cache in GPU memory".into(),
-                ));
-            }
+            HostPages::F32(layers) => step.run(&mut layers[layer], out),
+            HostPages::Bf16(layers) => step.run(&mut layers[layer], out),
         }
-        Ok(())
     }
 
     /// The final norm and the LM head of the rows that want logits.
@@ -139,7 +137,7 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     type Act = Vec<f32>;
-    type Kv = KvPages;
+    type Pages = HostPages;
     type Batch<'a> = CpuBatch<'a>;
 
     fn upload<'a>(&'a self, flat: &'a FlatBatch<'a>) -> Result<CpuBatch<'a>, EngineError> {
@@ -222,10 +220,11 @@ impl Backend for CpuBackend {
         layer: usize,
         batch: &CpuBatch<'_>,
         qkv: &mut Vec<f32>,
-        kv: &mut KvPages,
+        kv: &mut HostPages,
         out: &mut Vec<f32>,
     ) -> Result<(), EngineError> {
-        self.timed(Op::Attention, || self.attend(layer, batch, qkv, kv, out))
+        self.timed(Op::Attention, || self.attend(layer, batch, qkv, kv, out));
+        Ok(())
     }
 
     fn silu_mul(
@@ -263,44 +262,28 @@ impl Backend for CpuBackend {
 /// One layer's cache write and attention, for either cache element type.
 struct AttentionStep<'a> {
     layout: KvLayout,
-    qkv: &'a [f32],
-    qkv_width: usize,
+    /// The new tokens' keys and values in the qkv rows, whose queries attend.
+    new: NewKv<'a>,
     heads: usize,
-    kv_heads: usize,
-    slots: &'a [usize],
-    seqs: &'a [attention::AttentionSeq<'a>],
+    seqs: &'a [AttentionSeq<'a>],
     scale: f32,
     window: Option<usize>,
-    /// The tokens' rotary cosines and sines, applied to the keys as they are written.
-    rope: (&'a [f32], &'a [f32]),
 }
 
 impl AttentionStep<'_> {
     /// Writes the new tokens' K/V (keys rotated, converted to `T`) and attends over the cache.
-    fn run<T: KvElem>(&self, (ck, cv): &mut (Vec<T>, Vec<T>), out: &mut [f32]) {
-        let hd = self.layout.head_dim;
-        attention::write_kv(
-            self.layout,
-            ck,
-            cv,
-            self.qkv,
-            self.qkv_width,
-            self.heads * hd,
-            (self.heads + self.kv_heads) * hd,
-            self.slots,
-            Some(self.rope),
-        );
-        attention::paged_attention(
-            self.layout,
-            ck,
-            cv,
-            self.qkv,
-            self.qkv_width,
-            self.heads,
-            self.seqs,
-            self.scale,
-            self.window,
-            out,
-        );
+    fn run<T: KvElem>(&self, (k, v): &mut (Vec<T>, Vec<T>), out: &mut [f32]) {
+        let layout = self.layout;
+        attention::write_kv(PagedKvMut { layout, k, v }, &self.new);
+        let problem = PagedAttention {
+            kv: PagedKv { layout, k, v },
+            q: self.new.rows,
+            q_stride: self.new.row_stride,
+            num_heads: self.heads,
+            seqs: self.seqs,
+            scale: self.scale,
+            window: self.window,
+        };
+        attention::paged_attention(&problem, out);
     }
 }

@@ -13,7 +13,7 @@ pub(crate) fn forward<B: Backend>(
     d: Dims,
     layers: usize,
     batch: &FlatBatch<'_>,
-    kv: &mut B::Kv,
+    kv: &mut B::Pages,
     local_vocab: usize,
 ) -> Result<Vec<f32>, EngineError> {
     let pass = backend.upload(batch)?;
@@ -29,7 +29,7 @@ pub(crate) fn run<B: Backend>(
     layers: usize,
     pass: &B::Batch<'_>,
     t: usize,
-    kv: &mut B::Kv,
+    kv: &mut B::Pages,
 ) -> Result<B::Act, EngineError> {
     let mut residual = b.zeros(t * d.hidden)?;
     b.embed(pass, &mut residual)?;

@@ -29,7 +29,7 @@ use tessera_kernels::cpu::{ActivationDtype, attention};
 
 use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
-use crate::kv_cache::{KvCache, KvDtype};
+use crate::kv_cache::{CachePages, KvCache, KvDtype};
 use backend::Dims;
 use batch::FlatBatch;
 use cpu::CpuBackend;
@@ -407,20 +407,32 @@ impl Model {
         let batch = FlatBatch::new(chunks, cache.layout.block_size);
         let layers = self.config.num_layers;
         let vocab = self.partition.counts(self.config.vocab_size)[self.partition.rank];
-        let logits = match &self.compute {
+        let logits = match (&self.compute, &mut cache.pages) {
             // On one of rayon's threads: a pass makes a hundred or more parallel calls, and
             // each one from outside the pool would hand its work over and sleep until it is
-            // done (measured: 6.2 → 4.7 ms per SmolLM2 decode step). Not under tensor
-            // parallelism: ranks that share a process (and so a pool) would each hold a pool
-            // thread while waiting in the all-reduce for a rank that cannot get one.
-            Compute::Cpu(cpu) if self.partition.world_size == 1 => rayon::scope(|_| {
-                forward::forward(cpu, cpu.dims, layers, &batch, &mut cache.pages, vocab)
-            })?,
-            Compute::Cpu(cpu) => {
-                forward::forward(cpu, cpu.dims, layers, &batch, &mut cache.pages, vocab)?
+            // done. Not under tensor parallelism: ranks that share a process (and so a pool)
+            // would each hold a pool thread while waiting in the all-reduce for a rank that
+            // cannot get one.
+            (Compute::Cpu(cpu), CachePages::Host(pages)) if self.partition.world_size == 1 => {
+                rayon::scope(|_| forward::forward(cpu, cpu.dims, layers, &batch, pages, vocab))?
+            }
+            (Compute::Cpu(cpu), CachePages::Host(pages)) => {
+                forward::forward(cpu, cpu.dims, layers, &batch, pages, vocab)?
             }
             #[cfg(feature = "cuda")]
-            Compute::Cuda(gpu) => gpu.forward(layers, &batch, &mut cache.pages)?,
+            (Compute::Cuda(gpu), CachePages::Cuda(kv)) => gpu.forward(layers, &batch, kv)?,
+            #[cfg(feature = "cuda")]
+            (Compute::Cpu(_), CachePages::Cuda(_)) => {
+                return Err(EngineError::InvalidBatch(
+                    "a CPU model was given a KV cache in GPU memory".into(),
+                ));
+            }
+            #[cfg(feature = "cuda")]
+            (Compute::Cuda(_), CachePages::Host(_)) => {
+                return Err(EngineError::InvalidBatch(
+                    "a GPU model was given a KV cache in host memory".into(),
+                ));
+            }
         };
         if let Some((times, start)) = timing {
             times.pass(start);

@@ -25,7 +25,7 @@ use rayon::prelude::*;
 
 use super::kv::KvElem;
 use super::tile::{KEY_TILE, Rows, TileOps};
-use super::{AttentionSeq, KvLayout, prefetch_rows};
+use super::{AttentionSeq, KvLayout, PagedAttention, prefetch_rows};
 use crate::cpu::dispatch::Kernels;
 
 /// Key positions per partition: the unit of decode parallelism (a multiple of `KEY_TILE`).
@@ -149,22 +149,22 @@ struct Scratch {
     corr: Vec<f32>,
 }
 
-/// See the module documentation; the arguments are `paged_attention`'s.
-#[allow(clippy::too_many_arguments)]
+/// See the module documentation.
 pub(crate) fn flash_attention<T: KvElem>(
     kernels: &Kernels,
-    layout: KvLayout,
-    cache_k: &[T],
-    cache_v: &[T],
-    q: &[f32],
-    q_stride: usize,
-    num_heads: usize,
-    seqs: &[AttentionSeq<'_>],
-    scale: f32,
-    window: Option<usize>,
+    p: &PagedAttention<'_, T>,
     out: &mut [f32],
 ) {
-    let hd = layout.head_dim;
+    let PagedAttention {
+        kv,
+        q,
+        q_stride,
+        num_heads,
+        seqs,
+        scale,
+        window,
+    } = *p;
+    let layout = kv.layout;
     assert!(
         layout.kv_heads > 0 && num_heads.is_multiple_of(layout.kv_heads),
         "{num_heads} query heads cannot share {} KV heads",
@@ -175,14 +175,30 @@ pub(crate) fn flash_attention<T: KvElem>(
         kernels,
         ops: kernels.attention,
         layout,
-        cache_k,
-        cache_v,
+        cache_k: kv.k,
+        cache_v: kv.v,
         q,
         q_stride,
         group,
         q_scale: scale * std::f32::consts::LOG2_E,
         window,
     };
+    let tasks = plan(&ctx, seqs);
+    // Even a short decode (one sequence, a short context) is split over the pool: run alone,
+    // the other threads go idle long enough to be slow to pick up the o_proj product that
+    // follows. The results are the same bits either way.
+    let results: Vec<Vec<State>> = tasks
+        .par_iter()
+        .with_max_len(1)
+        .map(|t| run(&ctx, &seqs[t.seq], t))
+        .collect();
+    scatter(&ctx, &tasks, &results, seqs, out);
+}
+
+/// The work items of `seqs` (see the module documentation), in the order their results are
+/// merged.
+fn plan<T>(ctx: &Ctx<'_, T>, seqs: &[AttentionSeq<'_>]) -> Vec<Task> {
+    let kv_heads = ctx.layout.kv_heads;
     let partitions = |s: &AttentionSeq<'_>| {
         let first_key = ctx.first_key(s.first_position);
         let last_key = s.first_position + s.rows - 1;
@@ -206,13 +222,13 @@ pub(crate) fn flash_attention<T: KvElem>(
         }
         let (pa, pb) = partitions(s);
         let whole = whole_slots && s.rows <= QUERY_TILE;
-        let groups = if whole { 1 } else { layout.kv_heads };
+        let groups = if whole { 1 } else { kv_heads };
         for g in 0..groups {
-            let kv_heads = if whole { 0..layout.kv_heads } else { g..g + 1 };
+            let heads = if whole { 0..kv_heads } else { g..g + 1 };
             if s.rows <= QUERY_TILE && pb > pa {
                 tasks.extend((pa..=pb).map(|part| Task {
                     seq: si,
-                    kv_heads: kv_heads.clone(),
+                    kv_heads: heads.clone(),
                     r0: 0,
                     r1: s.rows,
                     part: Some(part),
@@ -220,7 +236,7 @@ pub(crate) fn flash_attention<T: KvElem>(
             } else {
                 tasks.extend((0..s.rows).step_by(QUERY_TILE).map(|r0| Task {
                     seq: si,
-                    kv_heads: kv_heads.clone(),
+                    kv_heads: heads.clone(),
                     r0,
                     r1: (r0 + QUERY_TILE).min(s.rows),
                     part: None,
@@ -228,18 +244,20 @@ pub(crate) fn flash_attention<T: KvElem>(
             }
         }
     }
-    // Even a short decode (one sequence, a short context) is split over the pool: alone it is
-    // a few microseconds faster per layer, but the other threads then go idle long enough to be
-    // slow to pick up the o_proj product that follows (measured on SmolLM2, batch 1, context
-    // 128-160: 3.37-3.55 ms per step run alone, 2.94-3.03 split; o_proj 318-377 against
-    // 176-211 µs per step). The results are the same bits either way.
-    let results: Vec<Vec<State>> = tasks
-        .par_iter()
-        .with_max_len(1)
-        .map(|t| run(&ctx, &seqs[t.seq], t))
-        .collect();
+    tasks
+}
 
-    // Merge split items in partition order, and scatter every result into `out`.
+/// Merges split items' states in partition order, and writes every item's output rows into
+/// `out`.
+fn scatter<T>(
+    ctx: &Ctx<'_, T>,
+    tasks: &[Task],
+    results: &[Vec<State>],
+    seqs: &[AttentionSeq<'_>],
+    out: &mut [f32],
+) {
+    let (hd, group) = (ctx.layout.head_dim, ctx.group);
+    let num_heads = ctx.layout.kv_heads * group;
     let mut i = 0;
     let mut o = Vec::new();
     while i < tasks.len() {

@@ -2,7 +2,7 @@
 
 use half::bf16;
 
-use super::{KvLayout, prefetch_rows};
+use super::{PagedKvMut, prefetch_rows};
 use crate::cpu::dispatch::Kernels;
 
 /// A KV-cache element type: `f32`, or `bf16` (half the memory; keys and values are rounded to
@@ -111,26 +111,46 @@ mod private {
     impl Sealed for half::bf16 {}
 }
 
+/// New tokens' keys and values where the pass computed them: token `t`'s row is
+/// `rows[t * row_stride..]`, its K at `k_offset` and its V at `v_offset` (they can live inside
+/// a fused qkv buffer).
+#[derive(Debug, Clone, Copy)]
+pub struct NewKv<'a> {
+    /// The tokens' rows.
+    pub rows: &'a [f32],
+    /// Values from one token's row to the next.
+    pub row_stride: usize,
+    /// Where a row's keys start.
+    pub k_offset: usize,
+    /// Where a row's values start.
+    pub v_offset: usize,
+    /// The cache slot of each token.
+    pub slots: &'a [usize],
+    /// The tokens' rotary cosines and sines (from `rope::cos_sin`), to rotate the keys by on
+    /// their way in; `None` stores them as they are.
+    pub rope: Option<(&'a [f32], &'a [f32])>,
+}
+
 /// Copies each token's K and V rows into its cache slot (keys transposed within their block,
-/// see [`KvLayout::key_at`]), converting them to the cache's element type. `src` rows are read
-/// at `row_stride` intervals, K at `offset_k` and V at `offset_v` (they can live inside a fused
-/// qkv buffer).
+/// see [`super::KvLayout::key_at`]), converting them to the cache's element type.
 ///
-/// With `rope`, the keys get their rotary embeddings on the way in (one pass over them instead
-/// of rotating in place, then copying): token `t`'s heads are rotated by row `t` of `cos` and
-/// `sin` (from `rope::cos_sin`), exactly as `rope::apply_rope` would.
-#[allow(clippy::too_many_arguments)]
-pub fn write_kv<T: KvElem>(
-    layout: KvLayout,
-    cache_k: &mut [T],
-    cache_v: &mut [T],
-    src: &[f32],
-    row_stride: usize,
-    offset_k: usize,
-    offset_v: usize,
-    slot_mapping: &[usize],
-    rope: Option<(&[f32], &[f32])>,
-) {
+/// With `new.rope`, the keys get their rotary embeddings on the way in (one pass over them
+/// instead of rotating in place, then copying): token `t`'s heads are rotated by row `t` of
+/// `cos` and `sin`, exactly as `rope::apply_rope` would.
+pub fn write_kv<T: KvElem>(cache: PagedKvMut<'_, T>, new: &NewKv<'_>) {
+    let PagedKvMut {
+        layout,
+        k: cache_k,
+        v: cache_v,
+    } = cache;
+    let NewKv {
+        rows,
+        row_stride,
+        k_offset,
+        v_offset,
+        slots,
+        rope,
+    } = *new;
     let w = layout.slot_width();
     let half = layout.head_dim / 2;
     let (hd, bs) = (layout.head_dim, layout.block_size);
@@ -139,16 +159,16 @@ pub fn write_kv<T: KvElem>(
     // A new token's keys are spread over its block (one element per `block_size`), lines that
     // are rarely in cache: ask for all of them first, so the misses overlap instead of taking
     // turns.
-    for &slot in slot_mapping {
+    for &slot in slots {
         for h in 0..layout.kv_heads {
             let k0 = layout.key_at(slot, h);
             prefetch_rows::<true, _>(cache_k, k0, bs, 1, hd);
         }
         prefetch_rows::<true, _>(cache_v, slot * w, w, w, 1);
     }
-    for (t, &slot) in slot_mapping.iter().enumerate() {
-        let row = &src[t * row_stride..(t + 1) * row_stride];
-        let keys = &row[offset_k..offset_k + w];
+    for (t, &slot) in slots.iter().enumerate() {
+        let row = &rows[t * row_stride..(t + 1) * row_stride];
+        let keys = &row[k_offset..k_offset + w];
         let keys = match rope {
             Some((cos, sin)) => {
                 let (c, s) = (
@@ -172,7 +192,7 @@ pub fn write_kv<T: KvElem>(
             }
         }
         T::store(
-            &row[offset_v..offset_v + w],
+            &row[v_offset..v_offset + w],
             &mut cache_v[slot * w..(slot + 1) * w],
         );
     }

@@ -17,7 +17,7 @@ pub(crate) mod tile;
 use rayon::prelude::*;
 
 use super::dispatch::{Kernels, kernels};
-pub use kv::{KvElem, write_kv};
+pub use kv::{KvElem, NewKv, write_kv};
 
 /// Shape of one layer's paged cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,82 +67,98 @@ pub struct AttentionSeq<'a> {
     pub block_table: &'a [u32],
 }
 
-/// Causal (optionally sliding-window) attention for every query row of every sequence.
+/// One layer's paged K and V caches, laid out as [`KvLayout`] describes, in `f32` or `bf16`
+/// elements (see [`KvElem`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PagedKv<'a, T> {
+    /// Shape of the caches.
+    pub layout: KvLayout,
+    /// The K cache, `[num_blocks, kv_heads, head_dim, block_size]`.
+    pub k: &'a [T],
+    /// The V cache, `[num_blocks, block_size, kv_heads, head_dim]`.
+    pub v: &'a [T],
+}
+
+/// [`PagedKv`], writable: where [`write_kv`] stores new tokens.
+#[derive(Debug)]
+pub struct PagedKvMut<'a, T> {
+    /// Shape of the caches.
+    pub layout: KvLayout,
+    /// The K cache, `[num_blocks, kv_heads, head_dim, block_size]`.
+    pub k: &'a mut [T],
+    /// The V cache, `[num_blocks, block_size, kv_heads, head_dim]`.
+    pub v: &'a mut [T],
+}
+
+/// Causal (optionally sliding-window) attention of a flattened batch's query rows over a
+/// layer's paged cache.
 ///
 /// `q` rows are `q_stride` apart with the `num_heads` query heads at the start of each row;
-/// `out` is `[rows, num_heads * head_dim]`. A query at position `p` sees the cached positions
-/// `p - window + 1 ..= p` (all of `0..=p` without a window), as transformers' masks do. The
-/// cache holds `f32` or `bf16` elements (see [`KvElem`]).
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention<T: KvElem>(
-    layout: KvLayout,
-    cache_k: &[T],
-    cache_v: &[T],
-    q: &[f32],
-    q_stride: usize,
-    num_heads: usize,
-    seqs: &[AttentionSeq<'_>],
-    scale: f32,
-    window: Option<usize>,
+/// the output is `[rows, num_heads * head_dim]` ([`Self::out_len`] values). A query at
+/// position `p` sees the cached positions `p - window + 1 ..= p` (all of `0..=p` without a
+/// window), as transformers' masks do.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedAttention<'a, T> {
+    /// The layer's cache, the batch's new keys and values already written.
+    pub kv: PagedKv<'a, T>,
+    /// The query rows.
+    pub q: &'a [f32],
+    /// Values from one query row to the next.
+    pub q_stride: usize,
+    /// Query heads per row (a multiple of the cache's KV heads: GQA groups).
+    pub num_heads: usize,
+    /// The sequences whose rows make up the batch.
+    pub seqs: &'a [AttentionSeq<'a>],
+    /// Factor of every score (`1 / √head_dim` for the usual softmax attention).
+    pub scale: f32,
+    /// How many positions back a query sees, itself included; `None`: all of them.
+    pub window: Option<usize>,
+}
+
+impl<T> PagedAttention<'_, T> {
+    /// Query rows of all sequences.
+    pub fn rows(&self) -> usize {
+        self.seqs.iter().map(|s| s.rows).sum()
+    }
+
+    /// Values of the output: `[rows, num_heads * head_dim]`.
+    pub fn out_len(&self) -> usize {
+        self.rows() * self.num_heads * self.kv.layout.head_dim
+    }
+}
+
+/// Attention of every query row of every sequence of `p` into `out` (see [`PagedAttention`]).
+pub fn paged_attention<T: KvElem>(p: &PagedAttention<'_, T>, out: &mut [f32]) {
+    paged_attention_with(kernels(), p, out)
+}
+
+/// [`paged_attention`] with an explicit level's kernels.
+pub fn paged_attention_with<T: KvElem>(
+    kernels: &Kernels,
+    p: &PagedAttention<'_, T>,
     out: &mut [f32],
 ) {
-    paged_attention_with(
-        kernels(),
-        layout,
-        cache_k,
-        cache_v,
+    assert_eq!(out.len(), p.out_len());
+    flash::flash_attention(kernels, p, out)
+}
+
+/// A simpler kernel, one task per (row, head) with a score buffer and libm's `exp`: the
+/// baseline benchmarks compare against, and a second opinion in tests. f32 only.
+pub fn paged_attention_naive(kernels: &Kernels, p: &PagedAttention<'_, f32>, out: &mut [f32]) {
+    let PagedAttention {
+        kv,
         q,
         q_stride,
         num_heads,
         seqs,
         scale,
         window,
-        out,
-    )
-}
-
-/// [`paged_attention`] with an explicit level's kernels.
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention_with<T: KvElem>(
-    kernels: &Kernels,
-    layout: KvLayout,
-    cache_k: &[T],
-    cache_v: &[T],
-    q: &[f32],
-    q_stride: usize,
-    num_heads: usize,
-    seqs: &[AttentionSeq<'_>],
-    scale: f32,
-    window: Option<usize>,
-    out: &mut [f32],
-) {
-    let rows: usize = seqs.iter().map(|s| s.rows).sum();
-    assert_eq!(out.len(), rows * num_heads * layout.head_dim);
-    flash::flash_attention(
-        kernels, layout, cache_k, cache_v, q, q_stride, num_heads, seqs, scale, window, out,
-    )
-}
-
-/// The previous kernel, one task per (row, head) with a score buffer and libm's `exp`: kept
-/// as the baseline benchmarks compare against, and as a second opinion in tests. f32 only.
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention_naive(
-    kernels: &Kernels,
-    layout: KvLayout,
-    cache_k: &[f32],
-    cache_v: &[f32],
-    q: &[f32],
-    q_stride: usize,
-    num_heads: usize,
-    seqs: &[AttentionSeq<'_>],
-    scale: f32,
-    window: Option<usize>,
-    out: &mut [f32],
-) {
+    } = *p;
+    let layout = kv.layout;
     let hd = layout.head_dim;
     let group = num_heads / layout.kv_heads;
-    let rows: usize = seqs.iter().map(|s| s.rows).sum();
-    assert_eq!(out.len(), rows * num_heads * hd);
+    let rows = p.rows();
+    assert_eq!(out.len(), p.out_len());
     // (sequence, position) of every row, so that (row, head) tasks can run in any order.
     let mut row_owner = vec![(0usize, 0usize); rows];
     for (si, s) in seqs.iter().enumerate() {
@@ -170,7 +186,7 @@ pub fn paged_attention_naive(
                 last: pos,
                 scale,
             };
-            attend(&query, cache_k, cache_v, scores, o);
+            attend(&query, kv.k, kv.v, scores, o);
         });
 }
 

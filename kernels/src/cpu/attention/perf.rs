@@ -1,4 +1,4 @@
-//! Timings of the tiled kernel against the previous one, side by side (ignored by default):
+//! Timings of the tiled kernel against the naive one, side by side (ignored by default):
 //! `cargo test --release -p tessera-kernels --lib attention::perf -- --ignored --nocapture`.
 //! SmolLM2-135M shapes: 9 query heads, 3 KV heads, head_dim 64, blocks of 16. The "cold" row
 //! reads 96 MiB of other memory before each run, so K/V come from DRAM as in a decode step
@@ -36,8 +36,25 @@ fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
 /// K and V pages of one element type.
 #[derive(Clone, Copy)]
 enum Pages<'a> {
-    F32(&'a [f32], &'a [f32]),
-    Bf16(&'a [bf16], &'a [bf16]),
+    F32(PagedKv<'a, f32>),
+    Bf16(PagedKv<'a, bf16>),
+}
+
+/// The case's queries over `kv`.
+fn problem<'a, T>(
+    kv: PagedKv<'a, T>,
+    q: &'a [f32],
+    seqs: &'a [AttentionSeq<'a>],
+) -> PagedAttention<'a, T> {
+    PagedAttention {
+        kv,
+        q,
+        q_stride: HEADS * HD,
+        num_heads: HEADS,
+        seqs,
+        scale: 1.0 / (HD as f32).sqrt(),
+        window: None,
+    }
 }
 
 struct Case {
@@ -47,6 +64,16 @@ struct Case {
     ck16: Vec<bf16>,
     cv16: Vec<bf16>,
     tables: Vec<Vec<u32>>,
+}
+
+impl Case {
+    fn f32_pages(&self) -> PagedKv<'_, f32> {
+        PagedKv {
+            layout: self.layout,
+            k: &self.ck,
+            v: &self.cv,
+        }
+    }
 }
 
 fn case(batch: usize, ctx: usize) -> Case {
@@ -92,7 +119,6 @@ fn run(c: &Case, ctx: usize, rows: usize, label: &str, flops: f64, bytes: f64) {
         .map(|_| rng.random_range(-1.0..1.0))
         .collect();
     let mut out = vec![0f32; total * HEADS * HD];
-    let scale = 1.0 / (HD as f32).sqrt();
     let reps = 31;
     let k = kernels();
     let mut line = format!("{label:<24}");
@@ -106,52 +132,20 @@ fn run(c: &Case, ctx: usize, rows: usize, label: &str, flops: f64, bytes: f64) {
         );
     };
     let naive = time(reps, || {
-        paged_attention_naive(
-            k,
-            c.layout,
-            &c.ck,
-            &c.cv,
-            &q,
-            HEADS * HD,
-            HEADS,
-            &seqs,
-            scale,
-            None,
-            &mut out,
-        )
+        paged_attention_naive(k, &problem(c.f32_pages(), &q, &seqs), &mut out)
     });
     report("naive", naive, bytes);
     // The tiled kernel over one pair of pages.
     let attend = |out: &mut [f32], cache: Pages<'_>| match cache {
-        Pages::F32(ck, cv) => paged_attention_with(
-            k,
-            c.layout,
-            ck,
-            cv,
-            &q,
-            HEADS * HD,
-            HEADS,
-            &seqs,
-            scale,
-            None,
-            out,
-        ),
-        Pages::Bf16(ck, cv) => paged_attention_with(
-            k,
-            c.layout,
-            ck,
-            cv,
-            &q,
-            HEADS * HD,
-            HEADS,
-            &seqs,
-            scale,
-            None,
-            out,
-        ),
+        Pages::F32(kv) => paged_attention_with(k, &problem(kv, &q, &seqs), out),
+        Pages::Bf16(kv) => paged_attention_with(k, &problem(kv, &q, &seqs), out),
     };
-    let f32_pages = Pages::F32(&c.ck, &c.cv);
-    let bf16_pages = Pages::Bf16(&c.ck16, &c.cv16);
+    let f32_pages = Pages::F32(c.f32_pages());
+    let bf16_pages = Pages::Bf16(PagedKv {
+        layout: c.layout,
+        k: &c.ck16,
+        v: &c.cv16,
+    });
     report(
         "tiled f32",
         time(reps, || attend(&mut out, f32_pages)),

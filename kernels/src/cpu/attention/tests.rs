@@ -8,20 +8,26 @@ use super::flash::{PARTITION, QUERY_TILE};
 use super::*;
 use crate::cpu::Level;
 
+/// Query heads, KV heads and head width of a case.
+#[derive(Clone, Copy)]
+struct Heads {
+    q: usize,
+    kv: usize,
+    dim: usize,
+}
+
 /// Dense reference: contiguous K/V of one sequence (`[ctx, kv_heads, hd]`), f64 softmax.
-/// `q` is `[rows, heads, hd]` for positions `first_pos..first_pos + rows`.
-#[allow(clippy::too_many_arguments)]
+/// `q` is `[rows, heads, hd]` for `positions`.
 fn reference(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    heads: usize,
-    kv_heads: usize,
-    hd: usize,
-    first_pos: usize,
-    rows: usize,
+    h: Heads,
+    positions: std::ops::Range<usize>,
     window: Option<usize>,
 ) -> Vec<f32> {
+    let (heads, kv_heads, hd) = (h.q, h.kv, h.dim);
+    let (first_pos, rows) = (positions.start, positions.len());
     let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0f32; rows * heads * hd];
     let mut acc = vec![0f64; hd];
@@ -58,8 +64,32 @@ fn reference(
     out
 }
 
+fn heads_of(q: usize, kv: usize, dim: usize) -> Heads {
+    Heads { q, kv, dim }
+}
+
 fn random(rng: &mut ChaCha8Rng, n: usize, amp: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-amp..amp)).collect()
+}
+
+/// Writes tokens whose rows are `[k | v]` (two slots' width) into their `slots`.
+fn write_kv_rows<T: KvElem>(
+    layout: KvLayout,
+    k: &mut [T],
+    v: &mut [T],
+    rows: &[f32],
+    slots: &[usize],
+) {
+    let w = layout.slot_width();
+    let new = NewKv {
+        rows,
+        row_stride: 2 * w,
+        k_offset: 0,
+        v_offset: w,
+        slots,
+        rope: None,
+    };
+    write_kv(PagedKvMut { layout, k, v }, &new);
 }
 
 /// One sequence's K/V scattered into a paged cache of element type `T` through `write_kv`.
@@ -68,6 +98,16 @@ struct Paged<T> {
     table: Vec<u32>,
     ck: Vec<T>,
     cv: Vec<T>,
+}
+
+impl<T> Paged<T> {
+    fn pages(&self) -> PagedKv<'_, T> {
+        PagedKv {
+            layout: self.layout,
+            k: &self.ck,
+            v: &self.cv,
+        }
+    }
 }
 
 fn paged<T: KvElem>(rng: &mut ChaCha8Rng, layout: KvLayout, k: &[f32], v: &[f32]) -> Paged<T> {
@@ -90,7 +130,7 @@ fn paged<T: KvElem>(rng: &mut ChaCha8Rng, layout: KvLayout, k: &[f32], v: &[f32]
     let slots: Vec<usize> = (0..ctx)
         .map(|p| table[p / bs] as usize * bs + p % bs)
         .collect();
-    write_kv(layout, &mut ck, &mut cv, &rows, 2 * w, 0, w, &slots, None);
+    write_kv_rows(layout, &mut ck, &mut cv, &rows, &slots);
     Paged {
         layout,
         table,
@@ -125,19 +165,16 @@ fn attend<T: KvElem>(
         first_position: first,
         block_table: &c.table,
     };
-    paged_attention_with(
-        kernels,
-        c.layout,
-        &c.ck,
-        &c.cv,
+    let p = PagedAttention {
+        kv: c.pages(),
         q,
-        heads * hd,
-        heads,
-        &[seq],
-        1.0 / (hd as f32).sqrt(),
+        q_stride: heads * hd,
+        num_heads: heads,
+        seqs: &[seq],
+        scale: 1.0 / (hd as f32).sqrt(),
         window,
-        &mut out,
-    );
+    };
+    paged_attention_with(kernels, &p, &mut out);
     out
 }
 
@@ -171,7 +208,14 @@ fn tiled_matches_f64_reference_on_random_shapes() {
         let q = random(&mut rng, rows * heads * hd, 2.0);
         let c: Paged<f32> = paged(&mut rng, layout, &k, &v);
         let first = ctx - rows;
-        let want = reference(&q, &k, &v, heads, kv_heads, hd, first, rows, window);
+        let want = reference(
+            &q,
+            &k,
+            &v,
+            heads_of(heads, kv_heads, hd),
+            first..ctx,
+            window,
+        );
         for level in Level::available() {
             let kern = Kernels::for_level(level).unwrap();
             let got = attend(kern, &c, &q, heads, first, rows, window);
@@ -201,7 +245,14 @@ fn naive_kernel_still_matches_the_reference() {
     let v = random(&mut rng, ctx * kv_heads * hd, 1.0);
     let q = random(&mut rng, rows * heads * hd, 1.0);
     let c: Paged<f32> = paged(&mut rng, layout, &k, &v);
-    let want = reference(&q, &k, &v, heads, kv_heads, hd, ctx - rows, rows, Some(7));
+    let want = reference(
+        &q,
+        &k,
+        &v,
+        heads_of(heads, kv_heads, hd),
+        ctx - rows..ctx,
+        Some(7),
+    );
     for level in Level::available() {
         let kern = Kernels::for_level(level).unwrap();
         let mut out = vec![0f32; rows * heads * hd];
@@ -211,19 +262,16 @@ fn naive_kernel_still_matches_the_reference() {
             first_position: ctx - rows,
             block_table: &c.table,
         };
-        paged_attention_naive(
-            kern,
-            layout,
-            &c.ck,
-            &c.cv,
-            &q,
-            heads * hd,
-            heads,
-            &[seq],
-            1.0 / (hd as f32).sqrt(),
-            Some(7),
-            &mut out,
-        );
+        let p = PagedAttention {
+            kv: c.pages(),
+            q: &q,
+            q_stride: heads * hd,
+            num_heads: heads,
+            seqs: &[seq],
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: Some(7),
+        };
+        paged_attention_naive(kern, &p, &mut out);
         let d = max_abs_diff(&out, &want);
         assert!(d < 1e-5, "{level:?}: {d}");
     }
@@ -275,19 +323,16 @@ fn check_chunking_invariance<T: KvElem>() {
                         },
                     ];
                     let mut out = vec![f32::NAN; (lead + rows) * w];
-                    paged_attention_with(
-                        kern,
-                        layout,
-                        &c.ck,
-                        &c.cv,
-                        &qb,
-                        w,
-                        heads,
-                        &seqs,
-                        1.0 / (hd as f32).sqrt(),
+                    let p = PagedAttention {
+                        kv: c.pages(),
+                        q: &qb,
+                        q_stride: w,
+                        num_heads: heads,
+                        seqs: &seqs,
+                        scale: 1.0 / (hd as f32).sqrt(),
                         window,
-                        &mut out,
-                    );
+                    };
+                    paged_attention_with(kern, &p, &mut out);
                     let got = &out[lead * w..];
                     let want = &whole[start * w..(start + rows) * w];
                     assert!(
@@ -344,8 +389,7 @@ fn batch_composition_does_not_change_a_row() {
         let slots: Vec<usize> = (0..ctx)
             .map(|p| table[p / bs] as usize * bs + p % bs)
             .collect();
-        let sw = layout.slot_width();
-        write_kv(layout, &mut ck, &mut cv, &rows, 2 * sw, 0, sw, &slots, None);
+        write_kv_rows(layout, &mut ck, &mut cv, &rows, &slots);
         tables.push(table);
     }
     // Each sequence's last `rows[i]` positions as queries.
@@ -354,6 +398,11 @@ fn batch_composition_does_not_change_a_row() {
         .iter()
         .map(|&r| random(&mut rng, r * w, 2.0))
         .collect();
+    let kv = PagedKv {
+        layout,
+        k: &ck,
+        v: &cv,
+    };
     let run = |kern: &Kernels, order: &[usize]| -> Vec<Vec<f32>> {
         let mut q = Vec::new();
         let mut seqs = Vec::new();
@@ -367,9 +416,16 @@ fn batch_composition_does_not_change_a_row() {
             q.extend_from_slice(&qs[i]);
         }
         let mut out = vec![f32::NAN; q.len()];
-        paged_attention_with(
-            kern, layout, &ck, &cv, &q, w, heads, &seqs, 0.3, None, &mut out,
-        );
+        let p = PagedAttention {
+            kv,
+            q: &q,
+            q_stride: w,
+            num_heads: heads,
+            seqs: &seqs,
+            scale: 0.3,
+            window: None,
+        };
+        paged_attention_with(kern, &p, &mut out);
         let mut per = vec![Vec::new(); ctxs.len()];
         for (s, &i) in seqs.iter().zip(order) {
             per[i] = out[s.first_row * w..(s.first_row + s.rows) * w].to_vec();
@@ -427,18 +483,9 @@ fn bf16_cache_matches_reference_on_rounded_kv() {
         let q = random(&mut rng, rows * heads * hd, 2.0);
         let c: Paged<bf16> = paged(&mut rng, layout, &k, &v);
         let first = ctx - rows;
-        let want = reference(
-            &q,
-            &round(&k),
-            &round(&v),
-            heads,
-            kv_heads,
-            hd,
-            first,
-            rows,
-            None,
-        );
-        let exact = reference(&q, &k, &v, heads, kv_heads, hd, first, rows, None);
+        let shape = heads_of(heads, kv_heads, hd);
+        let want = reference(&q, &round(&k), &round(&v), shape, first..ctx, None);
+        let exact = reference(&q, &k, &v, shape, first..ctx, None);
         for level in Level::available() {
             let kern = Kernels::for_level(level).unwrap();
             let got = attend(kern, &c, &q, heads, first, rows, None);
@@ -462,7 +509,21 @@ fn write_kv_rounds_to_nearest_even() {
     let src = [1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5, 7.0];
     let mut ck = vec![bf16::ZERO; 2];
     let mut cv = ck.clone();
-    write_kv(layout, &mut ck, &mut cv, &src, 4, 0, 2, &[0], None);
+    write_kv(
+        PagedKvMut {
+            layout,
+            k: &mut ck,
+            v: &mut cv,
+        },
+        &NewKv {
+            rows: &src,
+            row_stride: 4,
+            k_offset: 0,
+            v_offset: 2,
+            slots: &[0],
+            rope: None,
+        },
+    );
     assert_eq!(ck[0].to_f32(), 1.0);
     assert_eq!(ck[1].to_f32(), 1.0 + 4.0 / 256.0);
     assert_eq!(cv[0].to_f32(), -2.5);
@@ -552,19 +613,16 @@ fn check_many_decode_rows<T: KvElem>() {
                 })
                 .collect();
             let mut batched = vec![f32::NAN; positions.len() * w];
-            paged_attention_with(
-                kern,
-                layout,
-                &c.ck,
-                &c.cv,
-                &q,
-                w,
-                heads,
-                &seqs,
-                1.0 / (hd as f32).sqrt(),
+            let p = PagedAttention {
+                kv: c.pages(),
+                q: &q,
+                q_stride: w,
+                num_heads: heads,
+                seqs: &seqs,
+                scale: 1.0 / (hd as f32).sqrt(),
                 window,
-                &mut batched,
-            );
+            };
+            paged_attention_with(kern, &p, &mut batched);
             for (i, &p) in positions.iter().enumerate() {
                 let alone = attend(kern, &c, &q[i * w..(i + 1) * w], heads, p, 1, window);
                 assert!(
@@ -609,20 +667,18 @@ fn check_rotated_write<T: KvElem + PartialEq + std::fmt::Debug>() {
     let (mut k1, mut v1, mut k2, mut v2) = (cache(), cache(), cache(), cache());
     let mut rotated = src.clone();
     crate::cpu::rope::apply_rope(&mut rotated, stride, ko, layout.kv_heads, 8, &cos, &sin);
-    write_kv(
-        layout, &mut k1, &mut v1, &rotated, stride, ko, vo, &slots, None,
-    );
-    write_kv(
-        layout,
-        &mut k2,
-        &mut v2,
-        &src,
-        stride,
-        ko,
-        vo,
-        &slots,
-        Some((&cos, &sin)),
-    );
+    let new = |rows, rope| NewKv {
+        rows,
+        row_stride: stride,
+        k_offset: ko,
+        v_offset: vo,
+        slots: &slots,
+        rope,
+    };
+    let (k, v) = (&mut k1, &mut v1);
+    write_kv(PagedKvMut { layout, k, v }, &new(&rotated, None));
+    let (k, v) = (&mut k2, &mut v2);
+    write_kv(PagedKvMut { layout, k, v }, &new(&src, Some((&cos, &sin))));
     assert_eq!(k1, k2);
     assert_eq!(v1, v2);
 }

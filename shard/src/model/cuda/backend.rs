@@ -70,7 +70,7 @@ impl<T: DeviceElem> CudaBackend<T> {
         &self,
         layers: usize,
         batch: &FlatBatch<'_>,
-        kv: &mut CudaKv,
+        kv: &mut CudaPages<T>,
     ) -> Result<Vec<f32>, EngineError> {
         if let Some(logits) = self.graphed_decode(layers, batch, kv)? {
             return Ok(logits);
@@ -113,7 +113,7 @@ impl GpuBatch {
 
 impl<T: DeviceElem> Backend for CudaBackend<T> {
     type Act = CudaSlice<T>;
-    type Kv = CudaKv;
+    type Pages = CudaPages<T>;
     type Batch<'a> = GpuBatch;
 
     fn upload<'a>(&'a self, b: &'a FlatBatch<'a>) -> Result<GpuBatch, EngineError> {
@@ -199,14 +199,11 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         layer: usize,
         batch: &GpuBatch,
         qkv: &mut CudaSlice<T>,
-        kv: &mut CudaKv,
+        kv: &mut CudaPages<T>,
         out: &mut CudaSlice<T>,
     ) -> Result<(), EngineError> {
         let d = self.dims;
-        let pages = T::pages(kv).ok_or_else(|| {
-            EngineError::InvalidBatch("the KV cache's element type is not the model's".into())
-        })?;
-        let (cache_k, cache_v) = &mut pages[layer];
+        let (cache_k, cache_v) = &mut kv.layers[layer];
         let qkv_width = d.qkv_width();
         self.kernels
             .rope_and_cache(RopeCacheArgs {

@@ -23,7 +23,7 @@ use tessera_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice};
 
 use super::super::batch::FlatBatch;
 use super::super::forward;
-use super::{CudaBackend, CudaKv, DeviceElem, GpuBatch};
+use super::{CudaBackend, CudaPages, DeviceElem, GpuBatch};
 use crate::EngineError;
 
 /// Batch sizes with a graph; larger decode batches run kernel by kernel.
@@ -33,7 +33,7 @@ const MIN_TABLE_WIDTH: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
-    /// The cache the graph's attention reads and writes ([`CudaKv::id`]).
+    /// The cache the graph's attention reads and writes ([`CudaPages::id`]).
     kv: u64,
     seqs: usize,
     max_blocks: usize,
@@ -104,7 +104,7 @@ impl<T: DeviceElem> CudaBackend<T> {
         &self,
         layers: usize,
         batch: &FlatBatch<'_>,
-        kv: &mut CudaKv,
+        kv: &mut CudaPages<T>,
     ) -> Result<Option<Vec<f32>>, EngineError> {
         let graphs = self.graphs();
         if !graphs.enabled.load(Ordering::Relaxed) || self.world_size() > 1 {
@@ -183,7 +183,7 @@ impl<T: DeviceElem> CudaBackend<T> {
         layers: usize,
         key: Key,
         block_size: usize,
-        kv: &mut CudaKv,
+        kv: &mut CudaPages<T>,
     ) -> Result<DecodeGraph<T>, EngineError> {
         let s = self.stream();
         let seqs = key.seqs;

@@ -11,79 +11,84 @@ use tessera_kernels::cuda::cudarc::driver::CudaSlice;
 
 use super::*;
 use crate::EngineError;
-use crate::kv_cache::KvDtype;
+use crate::kv_cache::{KvDtype, PageStore};
 
-/// An element type the backend runs in, and how it finds its pages in a [`CudaKv`].
+/// An element type the backend runs in, and how its pages sit in a [`CudaKv`].
 pub(crate) trait DeviceElem: GemmElem {
+    /// The cache's element type this is.
+    const DTYPE: KvDtype;
     /// `m`'s values when it stores them in this type already (uploaded as they are).
     fn stored(m: &WeightMatrix) -> Option<&[Self]>;
-    fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<Self>, CudaSlice<Self>)>>;
-    fn wrap(pages: Vec<(CudaSlice<Self>, CudaSlice<Self>)>) -> DevicePages;
+    fn wrap(pages: CudaPages<Self>) -> CudaKv;
 }
 
 impl DeviceElem for f32 {
+    const DTYPE: KvDtype = KvDtype::Float32;
     fn stored(m: &WeightMatrix) -> Option<&[f32]> {
         m.as_f32()
     }
-    fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<f32>, CudaSlice<f32>)>> {
-        match &mut kv.pages {
-            DevicePages::F32(p) => Some(p),
-            DevicePages::Bf16(_) => None,
-        }
-    }
-    fn wrap(pages: Vec<(CudaSlice<f32>, CudaSlice<f32>)>) -> DevicePages {
-        DevicePages::F32(pages)
+    fn wrap(pages: CudaPages<f32>) -> CudaKv {
+        CudaKv::F32(pages)
     }
 }
 
 impl DeviceElem for bf16 {
+    const DTYPE: KvDtype = KvDtype::Bfloat16;
     fn stored(m: &WeightMatrix) -> Option<&[bf16]> {
         m.as_bf16()
     }
-    fn pages(kv: &mut CudaKv) -> Option<&mut Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>> {
-        match &mut kv.pages {
-            DevicePages::Bf16(p) => Some(p),
-            DevicePages::F32(_) => None,
-        }
-    }
-    fn wrap(pages: Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>) -> DevicePages {
-        DevicePages::Bf16(pages)
+    fn wrap(pages: CudaPages<bf16>) -> CudaKv {
+        CudaKv::Bf16(pages)
     }
 }
 
-/// Every layer's K and V pages in GPU memory, `[num_blocks · block_size, kv_heads, head_dim]`,
-/// and an id no other cache of this process has (CUDA graphs hold the pages' addresses, so a
-/// graph is only ever replayed on the cache it was captured with).
-pub(crate) struct CudaKv {
+/// Every layer's K and V pages in GPU memory, `[num_blocks · block_size, kv_heads, head_dim]`
+/// in `T`: a [`CudaBackend<T>`]'s pages. The id is one no other cache of this process has
+/// (CUDA graphs hold the pages' addresses, so a graph is only ever replayed on the cache it
+/// was captured with).
+pub(crate) struct CudaPages<T> {
     pub(crate) id: u64,
-    pages: DevicePages,
+    pub(crate) layers: Vec<(CudaSlice<T>, CudaSlice<T>)>,
 }
 
-pub(crate) enum DevicePages {
-    F32(Vec<(CudaSlice<f32>, CudaSlice<f32>)>),
-    Bf16(Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>),
-}
-
-impl CudaKv {
-    fn new(pages: DevicePages) -> Self {
+impl<T> CudaPages<T> {
+    fn new(layers: Vec<(CudaSlice<T>, CudaSlice<T>)>) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        CudaKv {
+        CudaPages {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            pages,
+            layers,
+        }
+    }
+}
+
+impl<T: DeviceElem> PageStore for CudaPages<T> {
+    fn dtype(&self) -> KvDtype {
+        T::DTYPE
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+}
+
+/// A cache's pages in GPU memory, in the element type of the model that made them.
+pub(crate) enum CudaKv {
+    F32(CudaPages<f32>),
+    Bf16(CudaPages<bf16>),
+}
+
+impl PageStore for CudaKv {
+    fn dtype(&self) -> KvDtype {
+        match self {
+            CudaKv::F32(p) => p.dtype(),
+            CudaKv::Bf16(p) => p.dtype(),
         }
     }
 
-    pub(crate) fn dtype(&self) -> KvDtype {
-        match self.pages {
-            DevicePages::F32(_) => KvDtype::Float32,
-            DevicePages::Bf16(_) => KvDtype::Bfloat16,
-        }
-    }
-
-    pub(crate) fn num_layers(&self) -> usize {
-        match &self.pages {
-            DevicePages::F32(p) => p.len(),
-            DevicePages::Bf16(p) => p.len(),
+    fn num_layers(&self) -> usize {
+        match self {
+            CudaKv::F32(p) => p.num_layers(),
+            CudaKv::Bf16(p) => p.num_layers(),
         }
     }
 }
@@ -113,7 +118,7 @@ impl<T: DeviceElem> CudaBackend<T> {
                 }
             }
         }
-        Ok(CudaKv::new(T::wrap(pages)))
+        Ok(T::wrap(CudaPages::new(pages)))
     }
 
     /// Device bytes one pass of `tokens` tokens allocates (activations, logits, the

@@ -21,9 +21,9 @@ use tessera_kernels::cuda::{CudaError, GpuDevice};
 use super::batch::FlatBatch;
 use super::cpu::CpuBackend;
 use crate::EngineError;
-use crate::kv_cache::{KvCache, KvDtype, KvPages};
+use crate::kv_cache::{CachePages, KvCache, KvDtype};
 pub(crate) use backend::{CudaBackend, GpuBatch};
-pub(crate) use kv::{CudaKv, DeviceElem};
+pub(crate) use kv::{CudaKv, CudaPages, DeviceElem};
 
 /// Where [`super::Model::into_cuda`] puts a model, and how it runs there.
 #[derive(Debug, Clone, Copy)]
@@ -110,7 +110,7 @@ impl CudaModel {
         Ok(KvCache {
             layout,
             num_blocks,
-            pages: KvPages::Cuda(kv),
+            pages: CachePages::Cuda(kv),
         })
     }
 
@@ -125,19 +125,17 @@ impl CudaModel {
         &self,
         layers: usize,
         batch: &FlatBatch<'_>,
-        pages: &mut KvPages,
+        kv: &mut CudaKv,
     ) -> Result<Vec<f32>, EngineError> {
-        let KvPages::Cuda(kv) = pages else {
-            return Err(EngineError::InvalidBatch(
-                "a GPU model was given a KV cache in host memory".into(),
-            ));
-        };
         if batch.tokens() == 0 {
             return Ok(Vec::new());
         }
-        match self {
-            CudaModel::F32(b) => b.forward(layers, batch, kv),
-            CudaModel::Bf16(b) => b.forward(layers, batch, kv),
+        match (self, kv) {
+            (CudaModel::F32(b), CudaKv::F32(pages)) => b.forward(layers, batch, pages),
+            (CudaModel::Bf16(b), CudaKv::Bf16(pages)) => b.forward(layers, batch, pages),
+            _ => Err(EngineError::InvalidBatch(
+                "the KV cache's element type is not the model's".into(),
+            )),
         }
     }
 }

@@ -1,0 +1,174 @@
+//! The block formats a [`PackedMatrix`](super::PackedMatrix) is packed from, and what each
+//! one's tiles hold.
+
+use crate::quant::{
+    BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
+    BlockQ5K, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K,
+};
+
+use super::{GROUP, LINE, QK, TILE};
+
+/// The IQ4 table's values as the kernels multiply them: unsigned bytes `value + 128`.
+const IQ4_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_IQ4NL[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    t
+};
+
+/// `Q4_0`'s values `q - 8` as the kernels multiply them: `q + 120`.
+const Q4_0_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = i as u8 + 120;
+        i += 1;
+    }
+    t
+};
+
+/// The block format a [`PackedMatrix`](super::PackedMatrix) was packed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PackedKind {
+    /// GGUF `Q8_0`: `value = q · d`.
+    Q8_0,
+    /// GGUF `Q4_1`: `value = q · d + m`.
+    Q4_1,
+    /// GGUF `Q4_0`: `value = (q - 8) · d`, laid out as `IQ4NL` with the table `q - 8`.
+    Q4_0,
+    /// GGUF `Q4_K`: each 32-value sub-block laid out as `Q4_1` with `d = d · sc`,
+    /// `m = -dmin · m` (rounded to f16).
+    Q4K,
+    /// GGUF `Q5_K`: as `Q4K`, with a line of high bits per block.
+    Q5K,
+    /// GGUF `Q5_1`: `value = q · d + m`, laid out as `Q5K`.
+    Q5_1,
+    /// GGUF `Q5_0`: `value = (q - 16) · d`, laid out as `Q5K` with `m = -16 d`.
+    Q5_0,
+    /// GGUF `Q6_K`: as `Q5K` with two lines of high bits, and a scale per 16-value half.
+    Q6K,
+    /// GGUF `Q3_K`: 3-bit quants in two crumb lines and a mask line, a scale per 16-value half.
+    Q3K,
+    /// GGUF `IQ4_NL`: `value = d · table[q]`, indices in nibble lines, one scale per block.
+    IQ4NL,
+    /// GGUF `IQ4_XS`: as `IQ4NL`, with each sub-block's `d · (ls - 32)` (rounded to f16).
+    IQ4XS,
+}
+
+/// How a kind's quants sit in a tile's lines: what decides which kernel multiplies them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuantLayout {
+    /// One byte per quant, unsigned `q + 128` (`Q8_0`).
+    Bytes,
+    /// Nibble lines with a minimum per block, and with `fifth_bit` a line of high-bit masks.
+    Nibbles { fifth_bit: bool },
+    /// Nibble lines of indices into [`PackedKind::table`], one scale per block.
+    Table,
+    /// A scale and integer sums per 16-value half: `Q6_K`'s nibbles and two mask lines, or
+    /// with `crumbs` `Q3_K`'s two crumb lines and one mask line.
+    Halves { crumbs: bool },
+}
+
+impl PackedKind {
+    /// The layout of the kind's quants.
+    pub(crate) const fn layout(self) -> QuantLayout {
+        match self {
+            Self::Q8_0 => QuantLayout::Bytes,
+            Self::Q4_1 | Self::Q4K => QuantLayout::Nibbles { fifth_bit: false },
+            Self::Q5K | Self::Q5_1 | Self::Q5_0 => QuantLayout::Nibbles { fifth_bit: true },
+            Self::Q4_0 | Self::IQ4NL | Self::IQ4XS => QuantLayout::Table,
+            Self::Q6K => QuantLayout::Halves { crumbs: false },
+            Self::Q3K => QuantLayout::Halves { crumbs: true },
+        }
+    }
+
+    /// Quant bytes of one block of one tile.
+    pub(crate) const fn quant_bytes(self) -> usize {
+        match self.layout() {
+            QuantLayout::Bytes => TILE * QK,
+            QuantLayout::Halves { crumbs: true } => 3 * LINE,
+            _ => TILE * QK / 2 + self.high_lines() * LINE,
+        }
+    }
+
+    /// Bytes of one block of one group: its tiles' quants, then their scales (a whole
+    /// number of lines, so every quant line stays aligned).
+    pub(crate) const fn group_block_bytes(self) -> usize {
+        GROUP * (self.quant_bytes() + 2 * self.scales())
+    }
+
+    /// f16 scales of one block of one tile: `d`, then `m` (or the second half's `d`).
+    pub(crate) const fn scales(self) -> usize {
+        match self.layout() {
+            QuantLayout::Bytes | QuantLayout::Table => TILE,
+            QuantLayout::Nibbles { .. } | QuantLayout::Halves { .. } => 2 * TILE,
+        }
+    }
+
+    /// Bytes one GGUF block takes in the file, and the values it holds.
+    pub(crate) const fn file_block(self) -> (usize, usize) {
+        match self {
+            Self::Q8_0 => (size_of::<BlockQ8_0>(), QK),
+            Self::Q4_1 => (size_of::<BlockQ4_1>(), QK),
+            Self::Q4_0 => (size_of::<BlockQ4_0>(), QK),
+            Self::Q4K => (size_of::<BlockQ4K>(), QK_K),
+            Self::Q5K => (size_of::<BlockQ5K>(), QK_K),
+            Self::Q5_1 => (size_of::<BlockQ5_1>(), QK),
+            Self::Q5_0 => (size_of::<BlockQ5_0>(), QK),
+            Self::Q6K => (size_of::<BlockQ6K>(), QK_K),
+            Self::Q3K => (size_of::<BlockQ3K>(), QK_K),
+            Self::IQ4NL => (size_of::<BlockIQ4NL>(), QK),
+            Self::IQ4XS => (size_of::<BlockIQ4XS>(), QK_K),
+        }
+    }
+
+    /// Lines of quants' high bits per block of a tile (after the four nibble lines).
+    pub(crate) const fn high_lines(self) -> usize {
+        match self.layout() {
+            QuantLayout::Nibbles { fifth_bit: true } => 1,
+            QuantLayout::Halves { crumbs: false } => 2,
+            _ => 0,
+        }
+    }
+
+    /// For nibbles that index a table of 16 values (the IQ4 kinds, and `Q4_0` whose values
+    /// `q - 8` make one too), the values as the kernels multiply them: unsigned bytes
+    /// `value + 128`.
+    pub(crate) const fn table(self) -> Option<&'static [u8; 16]> {
+        match self {
+            Self::IQ4NL | Self::IQ4XS => Some(&IQ4_UNSIGNED),
+            Self::Q4_0 => Some(&Q4_0_UNSIGNED),
+            _ => None,
+        }
+    }
+
+    /// Whether the products see unsigned bytes `value + 128` (`Q8_0`'s quants, the tables'
+    /// values), whose `128 · Σ x` is taken off in integers.
+    pub(crate) const fn offset_128(self) -> bool {
+        matches!(self.layout(), QuantLayout::Bytes | QuantLayout::Table)
+    }
+
+    /// Whether blocks have a minimum `m` after their scales (`value = q · d + m`).
+    pub(crate) const fn has_min(self) -> bool {
+        matches!(self.layout(), QuantLayout::Nibbles { .. })
+    }
+
+    /// Whether each 16-value half of a block has its own scale and integer sums (`Q6_K`,
+    /// `Q3_K`), its quants offset by `32 >> half_shift()`.
+    pub(crate) const fn halves(self) -> bool {
+        matches!(self.layout(), QuantLayout::Halves { .. })
+    }
+
+    /// How far `QuantizedRows::s32_halves` (`-32 · Σx`) is shifted right for this kind's offset.
+    pub(crate) const fn half_shift(self) -> u32 {
+        if self.crumbs() { 3 } else { 0 }
+    }
+
+    /// Whether quants are in crumb lines (`Q3_K`) rather than nibble lines or bytes.
+    pub(crate) const fn crumbs(self) -> bool {
+        matches!(self.layout(), QuantLayout::Halves { crumbs: true })
+    }
+}

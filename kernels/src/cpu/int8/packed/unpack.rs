@@ -1,0 +1,104 @@
+//! Reading a packed matrix back: one quant, or a whole row as f32.
+
+use half::f16;
+
+use super::{PackedKind, PackedMatrix, QK, TILE};
+use crate::quant::{
+    BlockQ4_0, BlockQ4_1, BlockQ8_0, KVALUES_IQ4NL, dequantize_row_q4_0, dequantize_row_q4_1,
+    dequantize_row_q8_0,
+};
+
+impl PackedMatrix {
+    /// Quant `e` of block `b` of row `row`: unsigned (`Q8_0`: `q + 128`).
+    pub(crate) fn quant(&self, row: usize, b: usize, e: usize) -> u8 {
+        let (t, r) = (row / TILE, row % TILE);
+        let lines = self.lines(t, b);
+        let u = e % 4;
+        match self.kind {
+            PackedKind::Q8_0 => lines[e / 4].0[4 * r + u],
+            PackedKind::Q3K => {
+                let (g, bit) = (e / 4, 4 * r + u);
+                let crumb = (lines[g / 4].0[bit] >> (2 * (g % 4))) & 3;
+                crumb | ((lines[2].0[8 * g + bit / 8] >> (bit % 8)) & 1) << 2
+            }
+            _ => {
+                let h = e / 4;
+                let (nibble, word) = if h < QK / 8 {
+                    (lines[h].0[4 * r + u] & 0x0F, 2 * h)
+                } else {
+                    (lines[h - QK / 8].0[4 * r + u] >> 4, 2 * (h - QK / 8) + 1)
+                };
+                let bit = 4 * r + u;
+                (0..self.kind.high_lines()).fold(nibble, |q, level| {
+                    let plane = &lines[QK / 8 + level].0;
+                    q | (((plane[8 * word + bit / 8] >> (bit % 8)) & 1) << (4 + level))
+                })
+            }
+        }
+    }
+
+    /// Row `row` as f32, exactly as the GGUF dequantizer writes it (for `Q4_K`, with the
+    /// sub-block scales as packed).
+    pub fn row_f32(&self, row: usize, out: &mut [f32]) {
+        assert!(row < self.rows, "row {row} of a {}-row matrix", self.rows);
+        assert_eq!(out.len(), self.cols, "a row has cols values");
+        let (t, r) = (row / TILE, row % TILE);
+        for (b, y) in out.chunks_exact_mut(QK).enumerate() {
+            let s = self.block_scales(t, b);
+            match self.kind {
+                PackedKind::Q8_0 => {
+                    let blk = BlockQ8_0 {
+                        d: f16::from_bits(s[r]),
+                        qs: std::array::from_fn(|e| (self.quant(row, b, e) ^ 0x80) as i8),
+                    };
+                    dequantize_row_q8_0(std::slice::from_ref(&blk), y);
+                }
+                PackedKind::Q4_1 | PackedKind::Q4K => {
+                    let blk = BlockQ4_1 {
+                        d: f16::from_bits(s[r]),
+                        m: f16::from_bits(s[TILE + r]),
+                        qs: std::array::from_fn(|j| {
+                            self.quant(row, b, j) | (self.quant(row, b, j + QK / 2) << 4)
+                        }),
+                    };
+                    dequantize_row_q4_1(std::slice::from_ref(&blk), y);
+                }
+                PackedKind::Q6K | PackedKind::Q3K => {
+                    let offset = (32 >> self.kind.half_shift()) as f32;
+                    for (e, v) in y.iter_mut().enumerate() {
+                        let d = f16::from_bits(s[r + TILE * (e / (QK / 2))]).to_f32();
+                        *v = d * (f32::from(self.quant(row, b, e)) - offset);
+                    }
+                }
+                PackedKind::Q5K | PackedKind::Q5_1 => {
+                    let (d, m) = (f16::from_bits(s[r]).to_f32(), f16::from_bits(s[TILE + r]));
+                    for (e, v) in y.iter_mut().enumerate() {
+                        *v = d * f32::from(self.quant(row, b, e)) + m.to_f32();
+                    }
+                }
+                PackedKind::IQ4NL | PackedKind::IQ4XS => {
+                    let d = f16::from_bits(s[r]).to_f32();
+                    for (e, v) in y.iter_mut().enumerate() {
+                        let q = usize::from(self.quant(row, b, e));
+                        *v = d * f32::from(KVALUES_IQ4NL[q]);
+                    }
+                }
+                PackedKind::Q5_0 => {
+                    let d = f16::from_bits(s[r]).to_f32();
+                    for (e, v) in y.iter_mut().enumerate() {
+                        *v = (i32::from(self.quant(row, b, e)) - 16) as f32 * d;
+                    }
+                }
+                PackedKind::Q4_0 => {
+                    let blk = BlockQ4_0 {
+                        d: f16::from_bits(s[r]),
+                        qs: std::array::from_fn(|j| {
+                            self.quant(row, b, j) | (self.quant(row, b, j + QK / 2) << 4)
+                        }),
+                    };
+                    dequantize_row_q4_0(std::slice::from_ref(&blk), y);
+                }
+            }
+        }
+    }
+}
