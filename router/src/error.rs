@@ -41,7 +41,7 @@ use crate::validation::ValidationError;
 pub enum ApiError {
     /// The request's parameters are invalid.
     #[error("Input validation error: {0}")]
-    Validation(#[from] ValidationError),
+    Validation(ValidationError),
     /// Running the request failed.
     #[error(transparent)]
     Infer(InferError),
@@ -83,10 +83,19 @@ pub enum ApiError {
     Internal(String),
 }
 
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        match e {
+            ValidationError::Internal(detail) => ApiError::Internal(detail),
+            e => ApiError::Validation(e),
+        }
+    }
+}
+
 impl From<InferError> for ApiError {
     fn from(e: InferError) -> Self {
         match e {
-            InferError::Validation(v) => ApiError::Validation(v),
+            InferError::Validation(v) => ApiError::from(v),
             e => ApiError::Infer(e),
         }
     }

@@ -20,30 +20,12 @@ use std::time::Instant;
 
 use futures::Stream;
 use serde::Serialize;
-use tessera_params::{OutputConstraint, SamplingParams, StoppingParams};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::metrics as m;
+// Re-exported for the batcher, which names it from here.
+pub(crate) use crate::validation::ValidGenerateRequest;
 use crate::validation::ValidationError;
-
-/// A request that passed validation; everything the batcher needs to run it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ValidGenerateRequest {
-    /// Prompt text as sent to the tokenizer (after the chat template).
-    pub inputs: String,
-    /// Prompt token ids (with special tokens as the model wants them).
-    pub input_ids: Vec<u32>,
-    /// How the next token is chosen (a seed is always set when sampling).
-    pub parameters: SamplingParams,
-    /// When to stop.
-    pub stopping: StoppingParams,
-    /// The shape the output must take, if the client asked for one.
-    pub constraint: Option<OutputConstraint>,
-    /// Whether the client wants the prompt tokens' logprobs ([`InferStreamResponse::Prefill`]).
-    pub decoder_input_details: bool,
-    /// Whether special tokens are left out of the generated text.
-    pub skip_special_tokens: bool,
-}
 
 /// What the batcher receives for each request.
 #[derive(Debug)]
@@ -239,16 +221,14 @@ impl Infer {
             .map_err(|_| InferError::Overloaded)
     }
 
-    /// Queues a request and returns its event stream. The permit bounds the number of
-    /// requests in flight: keep it alive as long as the stream. Dropping the stream
-    /// cancels the request.
+    /// Queues a request and returns its event stream with the permit it holds.
     pub async fn generate_stream(
         &self,
         request: ValidGenerateRequest,
-    ) -> Result<(OwnedSemaphorePermit, InferStream), InferError> {
+    ) -> Result<AdmittedRequest, InferError> {
         let permit = self.try_acquire()?;
-        let stream = self.enqueue(request).await?;
-        Ok((permit, stream))
+        let events = self.enqueue(request).await?;
+        Ok(AdmittedRequest { permit, events })
     }
 
     /// Queues a request under a permit taken earlier with [`Infer::try_acquire`].
@@ -282,9 +262,21 @@ impl Infer {
         &self,
         request: ValidGenerateRequest,
     ) -> Result<InferResponse, InferError> {
-        let (_permit, stream) = self.generate_stream(request).await?;
-        collect(stream).await
+        let admitted = self.generate_stream(request).await?;
+        let _permit = admitted.permit;
+        collect(admitted.events).await
     }
+}
+
+/// A queued request: its events, and the concurrency permit it holds. The permit bounds the
+/// number of requests in flight: keep it alive as long as the stream. Dropping the stream
+/// cancels the request.
+#[derive(Debug)]
+pub struct AdmittedRequest {
+    /// The permit.
+    pub permit: OwnedSemaphorePermit,
+    /// The request's events.
+    pub events: InferStream,
 }
 
 /// Collects a request's events into an [`InferResponse`].
@@ -382,6 +374,7 @@ impl Stream for InferStream {
 mod tests {
     use super::*;
     use futures::StreamExt;
+    use tessera_params::{SamplingParams, StoppingParams};
 
     fn request() -> ValidGenerateRequest {
         ValidGenerateRequest {
@@ -444,7 +437,8 @@ mod tests {
     async fn overloaded_and_permits() {
         let (tx, _rx) = mpsc::channel(4);
         let infer = Infer::new(tx, 1);
-        let (permit, _s) = infer.generate_stream(request()).await.unwrap();
+        let AdmittedRequest { permit, events: _s } =
+            infer.generate_stream(request()).await.unwrap();
         assert_eq!(
             infer.generate_stream(request()).await.unwrap_err(),
             InferError::Overloaded
@@ -457,7 +451,10 @@ mod tests {
     async fn dropped_batcher_is_incomplete_and_closed_queue_unavailable() {
         let (tx, mut rx) = mpsc::channel(4);
         let infer = Infer::new(tx, 4);
-        let (_p, mut s) = infer.generate_stream(request()).await.unwrap();
+        let AdmittedRequest {
+            permit: _p,
+            events: mut s,
+        } = infer.generate_stream(request()).await.unwrap();
         drop(rx.recv().await.unwrap());
         assert_eq!(
             s.next().await.unwrap().unwrap_err(),
@@ -475,7 +472,10 @@ mod tests {
     async fn dropping_the_stream_closes_the_sender() {
         let (tx, mut rx) = mpsc::channel(4);
         let infer = Infer::new(tx, 4);
-        let (_p, s) = infer.generate_stream(request()).await.unwrap();
+        let AdmittedRequest {
+            permit: _p,
+            events: s,
+        } = infer.generate_stream(request()).await.unwrap();
         let entry = rx.recv().await.unwrap();
         assert!(!entry.response_tx.is_closed());
         drop(s);

@@ -38,8 +38,8 @@ mod validation;
 pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
 pub use crate::error::{ApiError, OpenAiError};
 pub use crate::infer::{
-    Entry, FinishReason, GeneratedText, Infer, InferError, InferResponse, InferStream,
-    InferStreamResponse, PrefillToken, Token, ValidGenerateRequest,
+    AdmittedRequest, Entry, FinishReason, GeneratedText, Infer, InferError, InferResponse,
+    InferStream, InferStreamResponse, PrefillToken, Token,
 };
 pub use crate::metrics::{build_recorder, install_recorder, names as metric_names};
 pub use crate::server::{
@@ -47,7 +47,8 @@ pub use crate::server::{
 };
 pub use crate::stop::{StopMatch, StopSequenceMatcher};
 pub use crate::validation::{
-    GenerateInput, Prompt, RequestParameters, Validation, ValidationConfig, ValidationError,
+    GenerateInput, Prompt, RequestParameters, ValidGenerateRequest, Validation, ValidationConfig,
+    ValidationError,
 };
 pub use tessera_params::{OutputConstraint, SamplingParams, StoppingParams};
 

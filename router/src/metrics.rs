@@ -3,7 +3,7 @@
 //!
 //! Every name carries its unit (`_seconds`, `_tokens`, `_requests`, `_blocks`, `_ratio`) and
 //! counters end in `_total`. [`names::ALL`] lists every metric with its kind; `deploy/README.md`
-//! documents them and `router/tests/metrics_*.rs` checks that the two agree.
+//! documents them and `tests/tests/metrics_*.rs` checks that the two agree.
 //!
 //! Request-level metrics count *sequences*: an OpenAI request with `n = 3` is three
 //! requests. `tessera_requests_total` = success + failure + in flight: sequences are counted

@@ -11,17 +11,15 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use tessera_params::OutputConstraint;
 use tracing::Instrument;
 
 use crate::error::{ApiError, NativeJson};
 use crate::infer::{
     FinishReason, InferError, InferResponse, InferStreamResponse, PrefillToken, Token,
 };
-use crate::openai::{check_pattern, output_pattern};
 use crate::server::AppState;
 use crate::sse::{json_event, sse};
-use crate::validation::{GenerateInput, Prompt, RequestParameters, ValidationError};
+use crate::validation::{ValidNativeRequest, ValidationError};
 
 /// `POST /generate` and `/generate_stream` body.
 #[derive(Debug, Clone, Deserialize)]
@@ -82,72 +80,6 @@ pub struct GenerateParameters {
     pub skip_special_tokens: Option<bool>,
     /// TGI's grammar: `{"type": "regex", "value": pattern}`; JSON schemas are refused.
     pub grammar: Option<Grammar>,
-}
-
-impl GenerateRequest {
-    fn into_input(self) -> Result<(GenerateInput, bool, bool), ValidationError> {
-        let p = self.parameters;
-        if p.best_of.is_some_and(|b| b > 1) {
-            return Err(ValidationError::Unsupported {
-                param: "best_of",
-                reason: "only 1 is supported; use `n` on /v1/completions for several samples",
-            });
-        }
-        let constraint = match &p.grammar {
-            None => None,
-            Some(g) if g.kind == "regex" => Some(OutputConstraint::Pattern(output_pattern(
-                "grammar", &g.value,
-            )?)),
-            Some(_) => {
-                return Err(ValidationError::Unsupported {
-                    param: "grammar",
-                    reason: "JSON-schema grammars are not implemented; use \
-                             `{\"type\": \"regex\", \"value\": ...}`",
-                });
-            }
-        };
-        if p.watermark {
-            return Err(ValidationError::Unsupported {
-                param: "watermark",
-                reason: "watermarking is not implemented",
-            });
-        }
-        // TGI: sampling when asked, or when any sampling parameter is set.
-        let do_sample = p.do_sample
-            || p.temperature.is_some_and(|t| t != 1.0)
-            || p.top_k.is_some()
-            || p.top_p.is_some()
-            || p.typical_p.is_some()
-            || p.min_p.is_some();
-        let input = GenerateInput {
-            prompt: Prompt::Text {
-                text: self.inputs,
-                add_special_tokens: true,
-            },
-            parameters: RequestParameters {
-                do_sample,
-                temperature: p.temperature,
-                top_k: p.top_k,
-                top_p: p.top_p,
-                typical_p: p.typical_p,
-                min_p: p.min_p,
-                repetition_penalty: p.repetition_penalty,
-                frequency_penalty: p.frequency_penalty,
-                presence_penalty: p.presence_penalty,
-                logit_bias: Vec::new(),
-                seed: p.seed,
-                top_n_tokens: p.top_n_tokens,
-                max_new_tokens: p.max_new_tokens,
-                stop: p.stop,
-                ignore_eos: p.ignore_eos,
-                decoder_input_details: p.decoder_input_details,
-                skip_special_tokens: p.skip_special_tokens.unwrap_or(true),
-                constraint,
-            },
-            truncate: p.truncate,
-        };
-        Ok((input, p.details, p.return_full_text.unwrap_or(false)))
-    }
 }
 
 /// `POST /generate` answer.
@@ -271,25 +203,22 @@ pub(crate) async fn generate(
     NativeJson(req): NativeJson<GenerateRequest>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let (input, details, full_text) = req.into_input()?;
-    check_pattern("grammar", input.parameters.constraint.as_ref()).await?;
-    let valid = state
+    let ValidNativeRequest {
+        request,
+        details,
+        text_prefix,
+    } = state
         .validation()
-        .validate(input)
+        .validate_generate(req)
         .instrument(tracing::info_span!("validation"))
         .await?;
     crate::metrics::record_validation(received);
-    let prompt_tokens = valid.input_ids.len();
-    let prefix = if full_text {
-        valid.inputs.clone()
-    } else {
-        String::new()
-    };
-    let out = state.infer().generate(valid).await?;
+    let prompt_tokens = request.input_ids.len();
+    let out = state.infer().generate(request).await?;
     let headers = timing_headers(&out, prompt_tokens, received);
     let generated = &out.generated_text;
     let body = GenerateResponse {
-        generated_text: format!("{prefix}{}", generated.text),
+        generated_text: format!("{text_prefix}{}", generated.text),
         details: details.then(|| Details {
             finish_reason: generated.finish_reason,
             generated_tokens: generated.generated_tokens,
@@ -313,23 +242,21 @@ pub(crate) async fn generate_stream(
     NativeJson(req): NativeJson<GenerateRequest>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let (input, _details, full_text) = req.into_input()?;
-    check_pattern("grammar", input.parameters.constraint.as_ref()).await?;
-    let valid = state
+    let ValidNativeRequest {
+        request,
+        text_prefix,
+        ..
+    } = state
         .validation()
-        .validate(input)
+        .validate_generate(req)
         .instrument(tracing::info_span!("validation"))
         .await?;
     crate::metrics::record_validation(received);
-    let input_length = valid.input_ids.len() as u32;
-    let prefix = if full_text {
-        valid.inputs.clone()
-    } else {
-        String::new()
-    };
-    let (permit, mut events) = state.infer().generate_stream(valid).await?;
+    let input_length = request.input_ids.len() as u32;
+    let admitted = state.infer().generate_stream(request).await?;
     let stream = async_stream::stream! {
-        let _permit = permit;
+        let _permit = admitted.permit;
+        let mut events = admitted.events;
         let mut index = 0;
         while let Some(event) = events.next().await {
             let response = match event {
@@ -344,7 +271,7 @@ pub(crate) async fn generate_stream(
                         index,
                         token,
                         top_tokens,
-                        generated_text: Some(format!("{prefix}{}", generated_text.text)),
+                        generated_text: Some(format!("{text_prefix}{}", generated_text.text)),
                         details: Some(StreamDetails {
                             finish_reason: generated_text.finish_reason,
                             generated_tokens: generated_text.generated_tokens,

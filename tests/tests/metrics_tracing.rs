@@ -110,25 +110,21 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn router_and_shard_spans_share_the_callers_trace() {
-    let (receiver, endpoint) = start_receiver().await;
-    let shard_telemetry = telemetry::init(&TelemetryConfig {
-        json: false,
-        otlp_endpoint: Some(endpoint.clone()),
-        service_name: "tessera-shard".into(),
-        rank: 0,
-    })
-    .expect("shard telemetry");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = start_shard(&dir.path().join("shard"), Some(telemetry::grpc_span)).await;
+/// The real `tessera-router` binary on a free port, exporting spans to `endpoint`.
+struct RouterProcess {
+    child: tokio::process::Child,
+    base: String,
+    http: reqwest::Client,
+}
 
+/// Starts the router against the shard on `socket` and waits until it is healthy.
+async fn start_router(socket: &str, endpoint: &str) -> RouterProcess {
     let port = free_port();
-    let mut router = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera-router"))
+    let mut router = tokio::process::Command::new(tessera_e2e::binary("tessera-router"))
         .args(["--model-id", fixture().to_str().expect("utf-8 path")])
-        .args(["--master-shard-uds-path", &socket])
+        .args(["--master-shard-uds-path", socket])
         .args(["--hostname", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--otlp-endpoint", &endpoint])
+        .args(["--otlp-endpoint", endpoint])
         .args(["--otlp-service-name", "tessera-router"])
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env_remove("TESSERA_API_KEY")
@@ -156,19 +152,21 @@ async fn router_and_shard_spans_share_the_callers_trace() {
         assert!(Instant::now() < deadline, "router not healthy within 60 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    RouterProcess {
+        child: router,
+        base,
+        http,
+    }
+}
 
-    let r = http
-        .post(format!("{base}/generate"))
-        .header("traceparent", format!("00-{TRACE_ID}-{PARENT_ID}-01"))
-        .json(&serde_json::json!({"inputs": "The", "parameters": {"max_new_tokens": 3}}))
-        .send()
-        .await
-        .expect("generate");
-    assert_eq!(r.status(), 200);
-
+/// The spans of the trace, once the router's and the shard's have all arrived.
+async fn wait_for_spans(
+    receiver: &Receiver,
+    shard_telemetry: &telemetry::Telemetry,
+) -> Vec<Received> {
     let wanted_router = ["POST /generate", "validation", "infer", "queue", "prefill"];
     let deadline = Instant::now() + Duration::from_secs(30);
-    let spans = loop {
+    loop {
         shard_telemetry.flush();
         let spans = receiver.in_trace();
         let has = |service: &str, name: &str| {
@@ -188,15 +186,44 @@ async fn router_and_shard_spans_share_the_callers_trace() {
             && decodes_complete
             && has("tessera-shard", "shard.Step")
         {
-            break spans;
+            return spans;
         }
         assert!(
             Instant::now() < deadline,
             "spans of trace {TRACE_ID} after 30 s: {spans:#?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_and_shard_spans_share_the_callers_trace() {
+    let (receiver, endpoint) = start_receiver().await;
+    let shard_telemetry = telemetry::init(&TelemetryConfig {
+        json: false,
+        otlp_endpoint: Some(endpoint.clone()),
+        service_name: "tessera-shard".into(),
+        rank: 0,
+    })
+    .expect("shard telemetry");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = start_shard(&dir.path().join("shard"), Some(telemetry::grpc_span)).await;
+    let RouterProcess {
+        child: mut router,
+        base,
+        http,
+    } = start_router(&socket, &endpoint).await;
+
+    let r = http
+        .post(format!("{base}/generate"))
+        .header("traceparent", format!("00-{TRACE_ID}-{PARENT_ID}-01"))
+        .json(&serde_json::json!({"inputs": "The", "parameters": {"max_new_tokens": 3}}))
+        .send()
+        .await
+        .expect("generate");
+    assert_eq!(r.status(), 200);
+
+    let spans = wait_for_spans(&receiver, &shard_telemetry).await;
     let find = |service: &str, name: &str| {
         spans
             .iter()

@@ -159,13 +159,29 @@ fn documented_table_is_what_the_router_exports() {
     );
 }
 
+/// What the traffic of [`send_traffic`] produced.
+#[derive(Debug, Clone, Copy)]
+struct Traffic {
+    /// Generated tokens over every request.
+    generated: f64,
+    /// Successful sequences.
+    sequences: f64,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_with_traffic() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = start(dir.path()).await;
+    check_exported_before_traffic(&s.scrape().await);
+    let traffic = send_traffic(&s).await;
+    let m = settled_scrape(&s).await;
+    check_request_metrics(&m, traffic);
+    let input = check_batch_metrics(&m, traffic);
+    check_cache_and_rest(&m, input);
+}
 
+fn check_exported_before_traffic(idle: &Scrape) {
     // Before any traffic every documented metric is already exported, at zero.
-    let idle = s.scrape().await;
     for d in documented() {
         let series = if d.kind == "histogram" {
             format!("{}_count", d.name)
@@ -175,7 +191,9 @@ async fn metrics_move_with_traffic() {
         let present = idle.has(&series) || (d.name == "tessera_request_failure_total");
         assert!(present, "{series} is not exported before traffic");
     }
+}
 
+async fn send_traffic(s: &Server) -> Traffic {
     // Traffic: one long prompt alone (fills the prefix cache), then two repeats, two
     // streams, an OpenAI request with n = 2 and an invalid request, concurrently.
     let mut generated = s.generate().await;
@@ -194,7 +212,13 @@ async fn metrics_move_with_traffic() {
     assert_eq!(streams, [u64::from(STREAM_NEW); 2], "stream token events");
     let sequences = 3.0 + 2.0 + 2.0;
     let generated = generated as f64;
+    Traffic {
+        generated,
+        sequences,
+    }
+}
 
+async fn settled_scrape(s: &Server) -> Scrape {
     // The batcher updates its gauges right after the step that finished the last request.
     let mut m = s.scrape().await;
     for _ in 0..50 {
@@ -204,7 +228,14 @@ async fn metrics_move_with_traffic() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         m = s.scrape().await;
     }
+    m
+}
 
+fn check_request_metrics(m: &Scrape, traffic: Traffic) {
+    let Traffic {
+        generated,
+        sequences,
+    } = traffic;
     // Every documented metric is exported with its documented type.
     for d in documented() {
         assert_eq!(
@@ -255,7 +286,14 @@ async fn metrics_move_with_traffic() {
         ttft > 0.0 && ttft <= e2e,
         "TTFT {ttft} within end to end {e2e}"
     );
+}
 
+/// Returns the prompt tokens of every request.
+fn check_batch_metrics(m: &Scrape, traffic: Traffic) -> f64 {
+    let Traffic {
+        generated,
+        sequences,
+    } = traffic;
     // Batches.
     let mut steps = 0.0;
     for method in ["prefill", "decode"] {
@@ -289,7 +327,11 @@ async fn metrics_move_with_traffic() {
         input,
         "prompt tokens are computed or served from the prefix cache"
     );
+    input
+}
 
+fn check_cache_and_rest(m: &Scrape, input: f64) {
+    let hits = m.sum("tessera_prefix_cache_hit_tokens_total", &[]);
     // Prefix cache: the repeats of the long prompt hit.
     let queried = m.sum("tessera_prefix_cache_queried_tokens_total", &[]);
     assert!(hits >= 16.0, "prefix-cache hit tokens {hits}");

@@ -1,0 +1,97 @@
+//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//!
+//! Differences from OpenAI, all documented in the field docs: `temperature` defaults to 1
+//! (sampling) as OpenAI's does; `n` runs n independent requests (seeds `seed + i` when a
+//! seed is given); `best_of > 1` and `suffix` are refused; a few vLLM extensions are
+//! accepted (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `skip_special_tokens`).
+//! Unknown fields (`user`, `metadata`, ...) are ignored. `response_format: {"type":
+//! "json_object"}` is JSON mode (the shard keeps the output one JSON object), vLLM's
+//! `guided_choice` makes it one of a list of strings, `guided_regex` a string a regular
+//! expression matches; other constrained output (`json_schema`, `tools`, `guided_json`,
+//! `guided_grammar`) is not implemented, so asking for it is refused rather than answered with
+//! unconstrained text. Errors use OpenAI's shape; invalid requests answer 400 (see
+//! [`crate::error`]).
+
+mod chat;
+mod completions;
+mod logprobs;
+mod request;
+mod response;
+mod streaming;
+
+use axum::Json;
+use axum::extract::State;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::error::ApiError;
+use crate::infer::{InferError, InferResponse, InferStream, collect};
+use crate::server::AppState;
+use crate::validation::ValidGenerateRequest;
+
+pub(crate) use self::chat::chat_completions;
+pub(crate) use self::completions::completions;
+pub use self::logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob};
+pub(crate) use self::request::OutputConstraints;
+pub use self::request::{
+    ChatCompletionRequest, CompletionRequest, ContentPart, MessageContent, PromptInput,
+    RequestMessage, SamplingFields, StopSpec, StreamOptions,
+};
+pub use self::response::{
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Completion,
+    CompletionChoice, Delta, Usage,
+};
+
+fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    if model == state.served_model_name() {
+        Ok(())
+    } else {
+        Err(ApiError::ModelNotFound(model.to_owned()))
+    }
+}
+
+/// A request's choices, queued: their event streams and the permits they hold (keep them as
+/// long as the streams).
+struct Launched {
+    permits: Vec<OwnedSemaphorePermit>,
+    streams: Vec<InferStream>,
+}
+
+/// Queues all requests or none (permits first, so a 429 leaves nothing running).
+async fn launch(
+    state: &AppState,
+    requests: Vec<ValidGenerateRequest>,
+) -> Result<Launched, InferError> {
+    let permits = requests
+        .iter()
+        .map(|_| state.infer().try_acquire())
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut streams = Vec::with_capacity(requests.len());
+    for r in requests {
+        streams.push(state.infer().enqueue(r).await?);
+    }
+    Ok(Launched { permits, streams })
+}
+
+/// Runs requests to the end; dropping the future cancels them all.
+async fn run_all(
+    state: &AppState,
+    requests: Vec<ValidGenerateRequest>,
+) -> Result<Vec<InferResponse>, InferError> {
+    let launched = launch(state, requests).await?;
+    let _permits = launched.permits;
+    futures::future::try_join_all(launched.streams.into_iter().map(collect)).await
+}
+
+/// `GET /v1/models`.
+pub(crate) async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "object": "list",
+        "data": [{
+            "id": state.served_model_name(),
+            "object": "model",
+            "created": state.created(),
+            "owned_by": "tessera",
+            "max_model_len": state.validation().config().max_total_tokens,
+        }]
+    }))
+}

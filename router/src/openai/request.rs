@@ -1,0 +1,177 @@
+//! The OpenAI request bodies, as sent: chat and completions requests and the fields they
+//! share. `crate::validation` checks them.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    /// One stop sequence.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` (and `"usage": null` in the others).
+    pub include_usage: Option<bool>,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponseFormat {
+    /// `text`, `json_object` (JSON mode) or `json_schema` (refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// Requests for constrained output, shared by chat and completions. Those not implemented are
+/// refused, since answering them with free text would break a client that parses the output.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct OutputConstraints {
+    /// `{"type": "text"}` or `{"type": "json_object"}`.
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM extension; refused.
+    pub guided_json: Option<serde_json::Value>,
+    /// vLLM extension: the output is a string this regular expression matches.
+    pub guided_regex: Option<serde_json::Value>,
+    /// vLLM extension: the output is one of these strings.
+    pub guided_choice: Option<serde_json::Value>,
+    /// vLLM extension; refused.
+    pub guided_grammar: Option<serde_json::Value>,
+}
+
+/// The sampling fields shared by chat and completions requests.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[allow(missing_docs)]
+pub struct SamplingFields {
+    /// In [0, 2]; default 1; 0 is greedy.
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// Number of independent samples (choices).
+    pub n: Option<usize>,
+    pub stop: Option<StopSpec>,
+    pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Token id (as a string) to bias in [-100, 100].
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Extension (vLLM): keep the k most likely tokens; -1 or absent is off.
+    pub top_k: Option<i64>,
+    /// Extension (vLLM).
+    pub min_p: Option<f32>,
+    /// Extension (vLLM).
+    pub repetition_penalty: Option<f32>,
+    /// Extension (vLLM).
+    pub ignore_eos: Option<bool>,
+    /// Extension (vLLM); default true.
+    pub skip_special_tokens: Option<bool>,
+}
+
+/// A chat message's content: a string or a list of parts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Parts; only `{"type": "text", "text": ...}` is supported.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// `"text"` (others are refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a text part.
+    pub text: Option<String>,
+}
+
+/// A chat message as sent.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RequestMessage {
+    /// `system`, `developer` (treated as `system`), `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The content (null for an assistant message with only tool calls).
+    pub content: Option<MessageContent>,
+    /// An assistant's earlier tool calls: refused, since no template here renders them.
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+}
+
+/// `POST /v1/chat/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// Must be the served model's name.
+    pub model: String,
+    /// The conversation.
+    pub messages: Vec<RequestMessage>,
+    /// Deprecated alias of `max_completion_tokens`.
+    pub max_tokens: Option<u32>,
+    /// Most tokens to generate; default: what the context allows.
+    pub max_completion_tokens: Option<u32>,
+    /// Return the generated tokens' logprobs.
+    pub logprobs: Option<bool>,
+    /// Alternatives per token, 0..=20 (with `logprobs`).
+    pub top_logprobs: Option<u32>,
+    /// Tool definitions; refused unless `tool_choice` is `"none"`.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// `"none"` or `"auto"` (with no tools); others are refused.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Deprecated form of `tools`; same rules.
+    pub functions: Option<Vec<serde_json::Value>>,
+    /// Deprecated form of `tool_choice`; same rules.
+    pub function_call: Option<serde_json::Value>,
+    /// Sampling fields.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// Constrained output: JSON mode, `guided_choice`, `guided_regex` (the rest is refused).
+    #[serde(flatten)]
+    pub constraints: OutputConstraints,
+}
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of those.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// One prompt.
+    Text(String),
+    /// One choice (or n) per prompt.
+    Texts(Vec<String>),
+    /// One prompt as token ids.
+    Ids(Vec<u32>),
+    /// Several prompts as token ids.
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// Must be the served model's name.
+    pub model: String,
+    /// The prompt(s).
+    pub prompt: PromptInput,
+    /// Most tokens to generate; default 16 (as OpenAI).
+    pub max_tokens: Option<u32>,
+    /// Alternatives per token, 0..=5; any value returns the tokens' logprobs.
+    pub logprobs: Option<u32>,
+    /// Prepend the prompt to the text (and its logprobs with `logprobs`).
+    pub echo: Option<bool>,
+    /// Only 1 is supported.
+    pub best_of: Option<usize>,
+    /// Not supported.
+    pub suffix: Option<String>,
+    /// Sampling fields.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// Constrained output: JSON mode, `guided_choice`, `guided_regex` (the rest is refused).
+    #[serde(flatten)]
+    pub constraints: OutputConstraints,
+}
