@@ -1,4 +1,4 @@
-//! Property tests of stop-sequence matching across chunk (token) boundaries (issue 11).
+//! Property tests of stop-sequence matching across chunk (token) boundaries.
 //!
 //! For any text cut into any chunks and any stop sequences, what the matcher releases is
 //! exactly the text before the earliest stop sequence in the text seen when the first one

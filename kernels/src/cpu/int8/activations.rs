@@ -2,10 +2,10 @@
 //! of the integer dot products.
 //!
 //! llama.cpp quantizes activations to one 8-bit digit (`Q8_1`: `h = round(x / s)` with
-//! `s = max|x| / 127`). That moves SmolLM2's logits by ~0.2 and flips near-tied greedy
-//! choices (its chat answer to "What is the capital of France?" changed). A second digit for
-//! the remainder, `l = round((x / s - h) · 254)`, represents `x ≈ s · (h + l / 254)` to about
-//! 15 bits for one more `vpdpbusd` per line, so the weights' own rounding dominates again. The
+//! `s = max|x| / 127`). That moves logits enough to flip near-tied greedy choices. A second
+//! digit for the remainder, `l = round((x / s - h) · 254)`, represents `x ≈ s · (h + l / 254)`
+//! to about 15 bits for one more `vpdpbusd` per line, so the weights' own rounding dominates
+//! again. The
 //! kernels sum `254 · Σ w·h + Σ w·l` exactly in integers and scale once by `d = s / 254`.
 //!
 //! Every level quantizes with the same f32 operations (`max|x|`, `/ 127`, `1 / s`, `x · (1/s)`,

@@ -97,10 +97,9 @@ thread_local! {
 }
 
 /// Whether `kernels`' level has a vector kernel for packed matrices: AVX-512 VNNI's
-/// `vpdpbusd`, AVX-VNNI's 256-bit one, or AVX2's `vpmaddwd` (there: GEMV ~2.3× as fast as
-/// dequantizing to f32, GEMM 1.1-1.6×). The portable level runs the reference, an order of
-/// magnitude slower than dequantizing, so callers should keep quantized weights on the exact
-/// path there.
+/// `vpdpbusd`, AVX-VNNI's 256-bit one, or AVX2's `vpmaddwd` (each faster than dequantizing
+/// to f32). The portable level runs the reference, far slower than dequantizing, so callers
+/// should keep quantized weights on the exact path there.
 pub fn hardware_int8(kernels: &Kernels) -> bool {
     !std::ptr::eq(Int8Kernels::for_level(kernels.level), &PORTABLE)
 }
