@@ -3,6 +3,14 @@
 use super::{GgufFile, MetadataValue};
 use crate::{Architecture, DType, FormatError, GgufTokenizerSpec, ModelConfig, RopeScaling};
 
+/// The attention head layout of a model, as [`GgufFile::attention_shape`] reads it.
+struct AttentionShape {
+    hidden_size: usize,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
 impl GgufFile {
     fn invalid(&self, message: impl Into<String>) -> FormatError {
         FormatError::invalid(&self.path, message)
@@ -114,6 +122,54 @@ impl GgufFile {
                 supported: Architecture::SUPPORTED.into(),
             })?;
         let key = |k: &str| format!("{arch}.{k}");
+        let AttentionShape {
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        } = self.attention_shape(arch)?;
+        let rope_theta = self
+            .optional_f32(&key("rope.freq_base"))?
+            .unwrap_or(10_000.0);
+        let rope_scaling = self.rope_scaling(arch, head_dim, rope_theta)?;
+        let vocab_size = self.vocab_size(arch)?;
+        let dtype = self.file_dtype()?;
+        let eos_token_ids = self.eos_token_ids()?;
+        Ok(ModelConfig {
+            architecture,
+            vocab_size,
+            hidden_size,
+            intermediate_size: self.required_usize(&key("feed_forward_length"))?,
+            num_layers: self.required_usize(&key("block_count"))?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: self
+                .optional_f32(&key("attention.layer_norm_rms_epsilon"))?
+                .ok_or_else(|| {
+                    self.invalid(format!(
+                        "missing metadata key {}",
+                        key("attention.layer_norm_rms_epsilon")
+                    ))
+                })?,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: self.required_usize(&key("context_length"))?,
+            tie_word_embeddings: self.tensor_info("output.weight").is_none(),
+            sliding_window: self
+                .optional_usize(&key("attention.sliding_window"))?
+                .filter(|&w| w > 0),
+            attention_bias: self.tensor_info("blk.0.attn_q.bias").is_some(),
+            dtype,
+            bos_token_id: self.optional_u32("tokenizer.ggml.bos_token_id")?,
+            eos_token_ids,
+        })
+    }
+
+    /// The attention head layout from the `{arch}.attention.*` keys, checked for what the
+    /// model code needs (whole KV groups, equal key and value sizes, full even rotary).
+    fn attention_shape(&self, arch: &str) -> Result<AttentionShape, FormatError> {
+        let key = |k: &str| format!("{arch}.{k}");
         let hidden_size = self.required_usize(&key("embedding_length"))?;
         let num_heads = self.required_usize(&key("attention.head_count"))?;
         let num_kv_heads = self
@@ -159,10 +215,17 @@ impl GgufFile {
                 key("rope.dimension_count")
             )));
         }
-        let rope_theta = self
-            .optional_f32(&key("rope.freq_base"))?
-            .unwrap_or(10_000.0);
-        let rope_scaling = self.rope_scaling(arch, head_dim, rope_theta)?;
+        Ok(AttentionShape {
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        })
+    }
+
+    /// `{arch}.vocab_size`, else the tokenizer's token count, else the embedding's rows.
+    fn vocab_size(&self, arch: &str) -> Result<usize, FormatError> {
+        let key = format!("{arch}.vocab_size");
         let spec_vocab = match self
             .metadata("tokenizer.ggml.tokens")
             .and_then(|v| v.as_array())
@@ -172,22 +235,30 @@ impl GgufFile {
                 .tensor_info("token_embd.weight")
                 .and_then(|t| t.dims.get(1).copied()),
         };
-        let vocab_size = match self.optional_usize(&key("vocab_size"))? {
-            Some(v) => v,
+        match self.optional_usize(&key)? {
+            Some(v) => Ok(v),
             None => spec_vocab.ok_or_else(|| {
                 self.invalid(format!(
-                    "cannot tell the vocabulary size: no {}, tokenizer.ggml.tokens or \
-                     token_embd.weight",
-                    key("vocab_size")
+                    "cannot tell the vocabulary size: no {key}, tokenizer.ggml.tokens or \
+                     token_embd.weight"
                 ))
-            })?,
-        };
-        let dtype = match self.optional_usize("general.file_type")? {
+            }),
+        }
+    }
+
+    /// The weights' dtype from `general.file_type`, where the whole file is one float type.
+    fn file_dtype(&self) -> Result<Option<DType>, FormatError> {
+        Ok(match self.optional_usize("general.file_type")? {
             Some(0) => Some(DType::F32),
             Some(1) => Some(DType::F16),
             Some(32) => Some(DType::BF16),
             _ => None,
-        };
+        })
+    }
+
+    /// The end-of-sequence, end-of-turn and end-of-message token ids, deduplicated, in that
+    /// order.
+    fn eos_token_ids(&self) -> Result<Vec<u32>, FormatError> {
         let mut eos_token_ids = Vec::new();
         for k in [
             "tokenizer.ggml.eos_token_id",
@@ -200,35 +271,7 @@ impl GgufFile {
                 eos_token_ids.push(id);
             }
         }
-        Ok(ModelConfig {
-            architecture,
-            vocab_size,
-            hidden_size,
-            intermediate_size: self.required_usize(&key("feed_forward_length"))?,
-            num_layers: self.required_usize(&key("block_count"))?,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            rms_norm_eps: self
-                .optional_f32(&key("attention.layer_norm_rms_epsilon"))?
-                .ok_or_else(|| {
-                    self.invalid(format!(
-                        "missing metadata key {}",
-                        key("attention.layer_norm_rms_epsilon")
-                    ))
-                })?,
-            rope_theta,
-            rope_scaling,
-            max_position_embeddings: self.required_usize(&key("context_length"))?,
-            tie_word_embeddings: self.tensor_info("output.weight").is_none(),
-            sliding_window: self
-                .optional_usize(&key("attention.sliding_window"))?
-                .filter(|&w| w > 0),
-            attention_bias: self.tensor_info("blk.0.attn_q.bias").is_some(),
-            dtype,
-            bos_token_id: self.optional_u32("tokenizer.ggml.bos_token_id")?,
-            eos_token_ids,
-        })
+        Ok(eos_token_ids)
     }
 
     /// `{arch}.rope.scaling.*`, or Llama 3 scaling recovered from a `rope_freqs.weight`

@@ -198,6 +198,31 @@ fn min_value_size(value_type: u32) -> Option<usize> {
 /// Parses everything up to the data section and checks every tensor against the file size.
 pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed, FormatError> {
     let mut r = Reader { buf, pos: 0, path };
+    let version = read_version(&mut r)?;
+    let tensor_count = r.u64(&|| "the tensor count".into())?;
+    let kv_count = r.u64(&|| "the metadata count".into())?;
+    // A key/value needs at least an 8-byte key length, a 4-byte type and a 1-byte value.
+    let kv_count = r.check_count(kv_count, 13, &|| "the header's metadata count".into())?;
+    let (metadata, metadata_index) = read_metadata(&mut r, kv_count)?;
+    let alignment = metadata_alignment(&r, &metadata, &metadata_index)?;
+    // A tensor info needs at least an 8-byte name length, n_dims, a type and an offset.
+    let tensor_count = r.check_count(tensor_count, 24, &|| "the header's tensor count".into())?;
+    let (infos, tensor_index) = read_tensor_infos(&mut r, tensor_count, alignment)?;
+    let data_offset = r.pos.div_ceil(alignment) * alignment;
+    let tensors = locate_tensors(&r, infos, data_offset)?;
+    Ok(Parsed {
+        version,
+        metadata,
+        metadata_index,
+        tensors,
+        tensor_index,
+        alignment,
+        data_offset,
+    })
+}
+
+/// Checks the GGUF magic and returns the version, naming why an unreadable version is.
+fn read_version(r: &mut Reader<'_>) -> Result<u32, FormatError> {
     let magic = r.array::<4>(&|| "the GGUF magic".into())?;
     if &magic != b"GGUF" {
         return Err(r.invalid(format!(
@@ -207,30 +232,26 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed, FormatError> {
     }
     let version = r.u32(&|| "the GGUF version".into())?;
     match version {
-        2 | 3 => {}
-        1 => {
-            return Err(r.invalid(
-                "GGUF version 1 is not supported (Tessera reads versions 2 and 3); \
-                 re-convert the model with a current llama.cpp",
-            ));
-        }
-        v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
-            return Err(r.invalid(format!(
-                "big-endian GGUF (version {}) is not supported; use a little-endian file",
-                v.swap_bytes()
-            )));
-        }
-        v => {
-            return Err(r.invalid(format!(
-                "unsupported GGUF version {v} (Tessera reads versions 2 and 3)"
-            )));
-        }
+        2 | 3 => Ok(version),
+        1 => Err(r.invalid(
+            "GGUF version 1 is not supported (Tessera reads versions 2 and 3); \
+             re-convert the model with a current llama.cpp",
+        )),
+        v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => Err(r.invalid(format!(
+            "big-endian GGUF (version {}) is not supported; use a little-endian file",
+            v.swap_bytes()
+        ))),
+        v => Err(r.invalid(format!(
+            "unsupported GGUF version {v} (Tessera reads versions 2 and 3)"
+        ))),
     }
-    let tensor_count = r.u64(&|| "the tensor count".into())?;
-    let kv_count = r.u64(&|| "the metadata count".into())?;
-    // A key/value needs at least an 8-byte key length, a 4-byte type and a 1-byte value.
-    let kv_count = r.check_count(kv_count, 13, &|| "the header's metadata count".into())?;
+}
 
+/// Metadata entries in file order, and each key's position among them.
+type MetadataTable = (Vec<(String, MetadataValue)>, HashMap<String, usize>);
+
+/// Reads `kv_count` metadata entries, rejecting a key that appears twice.
+fn read_metadata(r: &mut Reader<'_>, kv_count: usize) -> Result<MetadataTable, FormatError> {
     let mut metadata = Vec::with_capacity(kv_count);
     let mut metadata_index = HashMap::with_capacity(kv_count);
     for i in 0..kv_count {
@@ -242,29 +263,47 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed, FormatError> {
         }
         metadata.push((key, value));
     }
+    Ok((metadata, metadata_index))
+}
 
-    let alignment = match metadata_index.get("general.alignment") {
-        None => DEFAULT_ALIGNMENT,
-        Some(&i) => {
-            let value = &metadata[i].1;
-            match value.as_u64() {
-                Some(a) if a.is_power_of_two() && a <= 1 << 20 => a as usize,
-                _ => {
-                    return Err(r.invalid(format!(
-                        "general.alignment must be a power of two up to 1 MiB, found {value:?}"
-                    )));
-                }
-            }
-        }
+/// `general.alignment`, or [`DEFAULT_ALIGNMENT`] when absent.
+fn metadata_alignment(
+    r: &Reader<'_>,
+    metadata: &[(String, MetadataValue)],
+    metadata_index: &HashMap<String, usize>,
+) -> Result<usize, FormatError> {
+    let Some(&i) = metadata_index.get("general.alignment") else {
+        return Ok(DEFAULT_ALIGNMENT);
     };
+    let value = &metadata[i].1;
+    match value.as_u64() {
+        Some(a) if a.is_power_of_two() && a <= 1 << 20 => Ok(a as usize),
+        _ => Err(r.invalid(format!(
+            "general.alignment must be a power of two up to 1 MiB, found {value:?}"
+        ))),
+    }
+}
 
-    // A tensor info needs at least an 8-byte name length, n_dims, a type and an offset.
-    let tensor_count = r.check_count(tensor_count, 24, &|| "the header's tensor count".into())?;
+/// A tensor info as the file states it, its offset still relative to the data section.
+struct TensorEntry {
+    name: String,
+    dims: Vec<usize>,
+    ggml_type: GgmlType,
+    offset: u64,
+    n_bytes: usize,
+}
+
+/// Reads `tensor_count` tensor infos, checking each one's type, shape, alignment and name.
+fn read_tensor_infos(
+    r: &mut Reader<'_>,
+    tensor_count: usize,
+    alignment: usize,
+) -> Result<(Vec<TensorEntry>, HashMap<String, usize>), FormatError> {
     let mut infos = Vec::with_capacity(tensor_count);
     let mut tensor_index = HashMap::with_capacity(tensor_count);
     for i in 0..tensor_count {
         let name = r.name(&|| format!("the name of tensor #{i}"))?;
-        let (dims, type_id, offset) = tensor_header(&mut r, &name)?;
+        let (dims, type_id, offset) = tensor_header(r, &name)?;
         let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| {
             r.invalid(format!(
                 "tensor {name} has unknown ggml type {type_id}; this reader knows the types of \
@@ -282,12 +321,33 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed, FormatError> {
         if tensor_index.insert(name.clone(), i).is_some() {
             return Err(r.invalid(format!("tensor {name} appears twice")));
         }
-        infos.push((name, dims, ggml_type, offset, n_bytes));
+        infos.push(TensorEntry {
+            name,
+            dims,
+            ggml_type,
+            offset,
+            n_bytes,
+        });
     }
+    Ok((infos, tensor_index))
+}
 
-    let data_offset = r.pos.div_ceil(alignment) * alignment;
+/// Places each tensor after the data section's start, checking that its bytes are in the file.
+fn locate_tensors(
+    r: &Reader<'_>,
+    infos: Vec<TensorEntry>,
+    data_offset: usize,
+) -> Result<Vec<TensorInfo>, FormatError> {
+    let buf = r.buf;
     let mut tensors = Vec::with_capacity(infos.len());
-    for (name, dims, ggml_type, offset, n_bytes) in infos {
+    for TensorEntry {
+        name,
+        dims,
+        ggml_type,
+        offset,
+        n_bytes,
+    } in infos
+    {
         let start = data_offset as u128 + offset as u128;
         let end = start + n_bytes as u128;
         if end > buf.len() as u128 {
@@ -304,15 +364,7 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed, FormatError> {
             n_bytes,
         });
     }
-    Ok(Parsed {
-        version,
-        metadata,
-        metadata_index,
-        tensors,
-        tensor_index,
-        alignment,
-        data_offset,
-    })
+    Ok(tensors)
 }
 
 /// Reads a tensor info's dimensions, type id and offset.

@@ -72,22 +72,7 @@ fn config_template(config: &Value, path: &Path) -> Result<Option<String>, Format
 }
 
 pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer, FormatError> {
-    let tokenizer_path = dir.join("tokenizer.json");
-    let bytes = match std::fs::read(&tokenizer_path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(FormatError::Missing {
-                path: tokenizer_path,
-                hint: "the model directory needs a tokenizers-format tokenizer.json \
-                       (save it with a fast tokenizer's save_pretrained)"
-                    .to_string(),
-            });
-        }
-        Err(e) => return Err(FormatError::io(&tokenizer_path, e)),
-    };
-    let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| {
-        FormatError::invalid(&tokenizer_path, format!("not a valid tokenizer.json: {e}"))
-    })?;
+    let mut tokenizer = read_tokenizer_json(&dir.join("tokenizer.json"))?;
 
     let config_path = dir.join("tokenizer_config.json");
     let config = read_json(&config_path)?.unwrap_or(Value::Null);
@@ -101,36 +86,14 @@ pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer,
     let bos_token = with_id(named("bos_token"));
     let eos_token = with_id(named("eos_token"));
 
-    // transformers 5 makes sure the named special tokens are special added tokens.
-    let specials: Vec<AddedToken> = ["bos_token", "eos_token", "unk_token", "pad_token"]
-        .iter()
-        .filter_map(|key| named(key))
-        .filter(|t| tokenizer.token_to_id(t).is_some())
-        .map(|t| AddedToken::from(t, true).normalized(false))
-        .collect();
-    tokenizer.add_special_tokens(specials).map_err(|e| {
-        FormatError::invalid(
-            &config_path,
-            format!("cannot register the special tokens: {e}"),
-        )
-    })?;
-
-    // transformers 5 rebuilds the post-processor when the config states add_bos/eos_token, or
-    // when tokenizer.json has none.
-    let explicit = config.get("add_bos_token").is_some() || config.get("add_eos_token").is_some();
-    if explicit || tokenizer.get_post_processor().is_none() {
-        let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
-        set_post_processor(
-            &mut tokenizer,
-            bos_token.as_ref(),
-            flag("add_bos_token"),
-            eos_token.as_ref(),
-            flag("add_eos_token"),
-        )
-        .map_err(|e| {
-            FormatError::invalid(&config_path, format!("add_bos_token/add_eos_token: {e}"))
-        })?;
-    }
+    register_special_tokens(&mut tokenizer, &config, &config_path)?;
+    apply_add_token_flags(
+        &mut tokenizer,
+        &config,
+        &config_path,
+        bos_token.as_ref(),
+        eos_token.as_ref(),
+    )?;
     let add_bos = match &bos_token {
         Some((_, bos)) => tokenizer
             .encode_fast("", true)
@@ -139,6 +102,99 @@ pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer,
         None => false,
     };
 
+    let eos_token_ids = eos_token_ids(dir, generation_eos, eos_token.as_ref())?;
+    let chat_template = load_chat_template(
+        dir,
+        &config,
+        &config_path,
+        bos_token.as_ref(),
+        eos_token.as_ref(),
+    )?;
+
+    Ok(ModelTokenizer {
+        tokenizer,
+        bos_token,
+        eos_token_ids,
+        add_bos,
+        chat_template,
+    })
+}
+
+/// `tokenizer.json`, which the model directory must have.
+fn read_tokenizer_json(tokenizer_path: &Path) -> Result<Tokenizer, FormatError> {
+    let bytes = match std::fs::read(tokenizer_path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(FormatError::Missing {
+                path: tokenizer_path.to_path_buf(),
+                hint: "the model directory needs a tokenizers-format tokenizer.json \
+                       (save it with a fast tokenizer's save_pretrained)"
+                    .to_string(),
+            });
+        }
+        Err(e) => return Err(FormatError::io(tokenizer_path, e)),
+    };
+    Tokenizer::from_bytes(&bytes).map_err(|e| {
+        FormatError::invalid(tokenizer_path, format!("not a valid tokenizer.json: {e}"))
+    })
+}
+
+/// Makes the config's named special tokens that are in the vocabulary special added tokens.
+fn register_special_tokens(
+    tokenizer: &mut Tokenizer,
+    config: &Value,
+    config_path: &Path,
+) -> Result<(), FormatError> {
+    // transformers 5 makes sure the named special tokens are special added tokens.
+    let specials: Vec<AddedToken> = ["bos_token", "eos_token", "unk_token", "pad_token"]
+        .iter()
+        .filter_map(|key| token_text(config.get(*key)))
+        .filter(|t| tokenizer.token_to_id(t).is_some())
+        .map(|t| AddedToken::from(t, true).normalized(false))
+        .collect();
+    tokenizer.add_special_tokens(specials).map_err(|e| {
+        FormatError::invalid(
+            config_path,
+            format!("cannot register the special tokens: {e}"),
+        )
+    })?;
+    Ok(())
+}
+
+/// Rebuilds the post-processor from `add_bos_token`/`add_eos_token` where transformers would.
+fn apply_add_token_flags(
+    tokenizer: &mut Tokenizer,
+    config: &Value,
+    config_path: &Path,
+    bos_token: Option<&(String, u32)>,
+    eos_token: Option<&(String, u32)>,
+) -> Result<(), FormatError> {
+    // transformers 5 rebuilds the post-processor when the config states add_bos/eos_token, or
+    // when tokenizer.json has none.
+    let explicit = config.get("add_bos_token").is_some() || config.get("add_eos_token").is_some();
+    if explicit || tokenizer.get_post_processor().is_none() {
+        let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
+        set_post_processor(
+            tokenizer,
+            bos_token,
+            flag("add_bos_token"),
+            eos_token,
+            flag("add_eos_token"),
+        )
+        .map_err(|e| {
+            FormatError::invalid(config_path, format!("add_bos_token/add_eos_token: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
+/// The ids that end generation: the caller's, then `generation_config.json`'s, then the
+/// tokenizer's own end-of-sequence token, each once.
+fn eos_token_ids(
+    dir: &Path,
+    generation_eos: &[u32],
+    eos_token: Option<&(String, u32)>,
+) -> Result<Vec<u32>, FormatError> {
     let mut eos_token_ids = Vec::new();
     for id in generation_eos {
         push_unique(&mut eos_token_ids, *id);
@@ -148,35 +204,38 @@ pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer,
             push_unique(&mut eos_token_ids, id);
         }
     }
-    if let Some((_, id)) = &eos_token {
+    if let Some((_, id)) = eos_token {
         push_unique(&mut eos_token_ids, *id);
     }
+    Ok(eos_token_ids)
+}
 
+/// The chat template from `chat_template.jinja`, else from `tokenizer_config.json`.
+fn load_chat_template(
+    dir: &Path,
+    config: &Value,
+    config_path: &Path,
+    bos_token: Option<&(String, u32)>,
+    eos_token: Option<&(String, u32)>,
+) -> Result<Option<ChatTemplate>, FormatError> {
     let jinja_path = dir.join("chat_template.jinja");
     let (source, source_path) = match std::fs::read_to_string(&jinja_path) {
         Ok(text) => (Some(text), jinja_path),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            (config_template(&config, &config_path)?, config_path.clone())
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+            config_template(config, config_path)?,
+            config_path.to_path_buf(),
+        ),
         Err(e) => return Err(FormatError::io(&jinja_path, e)),
     };
-    let chat_template = match source {
-        Some(source) => Some(
+    match source {
+        Some(source) => Ok(Some(
             ChatTemplate::new(
                 source,
-                bos_token.as_ref().map(|(t, _)| t.clone()),
-                eos_token.as_ref().map(|(t, _)| t.clone()),
+                bos_token.map(|(t, _)| t.clone()),
+                eos_token.map(|(t, _)| t.clone()),
             )
             .map_err(|e| FormatError::invalid(&source_path, format!("chat template: {e}")))?,
-        ),
-        None => None,
-    };
-
-    Ok(ModelTokenizer {
-        tokenizer,
-        bos_token,
-        eos_token_ids,
-        add_bos,
-        chat_template,
-    })
+        )),
+        None => Ok(None),
+    }
 }

@@ -189,6 +189,36 @@ mod tests {
         n: usize,
         k: usize,
     ) -> (PackedMatrix, Vec<f32>) {
+        match kind {
+            PackedKind::Q4_1
+            | PackedKind::Q4_0
+            | PackedKind::Q5_1
+            | PackedKind::Q5_0
+            | PackedKind::IQ4NL
+            | PackedKind::Q8_0 => random_packed_blocks_of_32(rng, kind, n, k),
+            PackedKind::Q3K
+            | PackedKind::IQ4XS
+            | PackedKind::Q4K
+            | PackedKind::Q5K
+            | PackedKind::Q6K => {
+                let p = random_packed_super_blocks(rng, kind, n, k);
+                let mut dense = vec![0f32; n * k];
+                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
+                    p.row_f32(j, row);
+                }
+                (p, dense)
+            }
+        }
+    }
+
+    /// [`random_packed`] for the formats of 32-value blocks, dequantized by the reference
+    /// row functions.
+    fn random_packed_blocks_of_32(
+        rng: &mut impl Rng,
+        kind: PackedKind,
+        n: usize,
+        k: usize,
+    ) -> (PackedMatrix, Vec<f32>) {
         let nb = n * k / 32;
         let mut dense = vec![0f32; n * k];
         match kind {
@@ -238,21 +268,6 @@ mod tests {
                 let p = PackedMatrix::from_q5_0(n, k, &blocks).expect("small scales");
                 (p, dense)
             }
-            PackedKind::Q3K => {
-                let blocks: Vec<BlockQ3K> = (0..n * k / QK_K)
-                    .map(|_| BlockQ3K {
-                        hmask: std::array::from_fn(|_| rng.random()),
-                        qs: std::array::from_fn(|_| rng.random()),
-                        scales: std::array::from_fn(|_| rng.random()),
-                        d: f16::from_f32(rng.random_range(-0.0002..0.0002)),
-                    })
-                    .collect();
-                let p = PackedMatrix::from_q3_k(n, k, &blocks).expect("small scales");
-                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
-                    p.row_f32(j, row);
-                }
-                (p, dense)
-            }
             PackedKind::IQ4NL => {
                 let blocks: Vec<BlockIQ4NL> = (0..nb)
                     .map(|_| BlockIQ4NL {
@@ -262,21 +277,6 @@ mod tests {
                     .collect();
                 dequantize_row_iq4_nl(&blocks, &mut dense);
                 (PackedMatrix::from_iq4_nl(n, k, &blocks), dense)
-            }
-            PackedKind::IQ4XS => {
-                let blocks: Vec<BlockIQ4XS> = (0..n * k / QK_K)
-                    .map(|_| BlockIQ4XS {
-                        d: f16::from_f32(rng.random_range(-0.00001..0.00001)),
-                        scales_h: rng.random(),
-                        scales_l: rng.random(),
-                        qs: std::array::from_fn(|_| rng.random()),
-                    })
-                    .collect();
-                let p = PackedMatrix::from_iq4_xs(n, k, &blocks).expect("small scales");
-                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
-                    p.row_f32(j, row);
-                }
-                (p, dense)
             }
             PackedKind::Q8_0 => {
                 let blocks: Vec<BlockQ8_0> = (0..nb)
@@ -289,6 +289,40 @@ mod tests {
                 dequantize_row_q8_0(&blocks, &mut dense);
                 (PackedMatrix::from_q8_0(n, k, &blocks), dense)
             }
+            other => unreachable!("{other:?} is not a format of 32-value blocks"),
+        }
+    }
+
+    /// A random packed matrix of a format of 256-value super-blocks.
+    fn random_packed_super_blocks(
+        rng: &mut impl Rng,
+        kind: PackedKind,
+        n: usize,
+        k: usize,
+    ) -> PackedMatrix {
+        match kind {
+            PackedKind::Q3K => {
+                let blocks: Vec<BlockQ3K> = (0..n * k / QK_K)
+                    .map(|_| BlockQ3K {
+                        hmask: std::array::from_fn(|_| rng.random()),
+                        qs: std::array::from_fn(|_| rng.random()),
+                        scales: std::array::from_fn(|_| rng.random()),
+                        d: f16::from_f32(rng.random_range(-0.0002..0.0002)),
+                    })
+                    .collect();
+                PackedMatrix::from_q3_k(n, k, &blocks).expect("small scales")
+            }
+            PackedKind::IQ4XS => {
+                let blocks: Vec<BlockIQ4XS> = (0..n * k / QK_K)
+                    .map(|_| BlockIQ4XS {
+                        d: f16::from_f32(rng.random_range(-0.00001..0.00001)),
+                        scales_h: rng.random(),
+                        scales_l: rng.random(),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                PackedMatrix::from_iq4_xs(n, k, &blocks).expect("small scales")
+            }
             PackedKind::Q4K => {
                 let blocks: Vec<BlockQ4K> = (0..n * k / QK_K)
                     .map(|_| BlockQ4K {
@@ -298,11 +332,7 @@ mod tests {
                         qs: std::array::from_fn(|_| rng.random()),
                     })
                     .collect();
-                let p = PackedMatrix::from_q4_k(n, k, &blocks).expect("small scales");
-                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
-                    p.row_f32(j, row);
-                }
-                (p, dense)
+                PackedMatrix::from_q4_k(n, k, &blocks).expect("small scales")
             }
             PackedKind::Q5K => {
                 let blocks: Vec<BlockQ5K> = (0..n * k / QK_K)
@@ -314,11 +344,7 @@ mod tests {
                         qs: std::array::from_fn(|_| rng.random()),
                     })
                     .collect();
-                let p = PackedMatrix::from_q5_k(n, k, &blocks).expect("small scales");
-                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
-                    p.row_f32(j, row);
-                }
-                (p, dense)
+                PackedMatrix::from_q5_k(n, k, &blocks).expect("small scales")
             }
             PackedKind::Q6K => {
                 let blocks: Vec<BlockQ6K> = (0..n * k / QK_K)
@@ -330,12 +356,9 @@ mod tests {
                         d: f16::from_f32(rng.random_range(-0.00005..0.00005)),
                     })
                     .collect();
-                let p = PackedMatrix::from_q6_k(n, k, &blocks).expect("small scales");
-                for (j, row) in dense.chunks_exact_mut(k).enumerate() {
-                    p.row_f32(j, row);
-                }
-                (p, dense)
+                PackedMatrix::from_q6_k(n, k, &blocks).expect("small scales")
             }
+            other => unreachable!("{other:?} is not a format of super-blocks"),
         }
     }
 

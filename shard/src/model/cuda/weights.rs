@@ -1,14 +1,16 @@
 //! The weights in GPU memory (dense, or the file's quantized blocks), their upload, and the
 //! products with them.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
-use tessera_kernels::cuda::cudarc::driver::CudaSlice;
+use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use tessera_kernels::cuda::{Gemm, GpuDevice, GpuFloat, GpuKernels, GpuQuant, PtxCache};
 
 use super::super::backend::{Backend, Norm, Proj};
 use super::super::cpu::CpuBackend;
-use super::super::weights::Linear;
+use super::super::weights::{LayerWeights, Linear};
 use super::graph::DecodeGraphs;
 use super::*;
 use crate::EngineError;
@@ -47,6 +49,88 @@ pub(super) fn to_elems<T: GpuFloat>(values: &[f32]) -> Vec<T> {
     values.par_iter().map(|&v| T::from_f32(v)).collect()
 }
 
+/// Copies host weights into GPU memory on one stream.
+struct Uploader<'a> {
+    stream: &'a Arc<CudaStream>,
+    /// Whether matrices in a format the GPU kernels read stay in their ggml blocks.
+    quantized: bool,
+}
+
+impl Uploader<'_> {
+    fn put<T: DeviceElem>(&self, values: &[f32]) -> Result<CudaSlice<T>, EngineError> {
+        self.stream
+            .clone_htod(&to_elems::<T>(values))
+            .map_err(device_error)
+    }
+
+    /// A matrix already in the element type goes up as it is; others are converted on
+    /// rayon's threads (a bf16 checkpoint on a bf16 GPU is copied, never widened).
+    fn dense<T: DeviceElem>(&self, m: &WeightMatrix) -> Result<CudaSlice<T>, EngineError> {
+        match T::stored(m) {
+            Some(values) => self.stream.clone_htod(values).map_err(device_error),
+            None => self.put(&m.to_f32()),
+        }
+    }
+
+    fn weight<T: DeviceElem>(&self, m: &WeightMatrix) -> Result<GpuWeight<T>, EngineError> {
+        let quant = match m.ggml_blocks() {
+            Some((WeightFormat::Q8_0, b)) => Some((GpuQuant::Q8_0, b)),
+            Some((WeightFormat::Q4_0, b)) => Some((GpuQuant::Q4_0, b)),
+            Some((WeightFormat::Q4_1, b)) => Some((GpuQuant::Q4_1, b)),
+            _ => None,
+        };
+        Ok(match quant {
+            Some((quant, bytes)) if self.quantized => GpuWeight::Quant {
+                quant,
+                blocks: self.stream.clone_htod(bytes).map_err(device_error)?,
+            },
+            _ => GpuWeight::Dense(self.dense(m)?),
+        })
+    }
+
+    fn linear<T: DeviceElem>(&self, l: &Linear) -> Result<GpuLinear<T>, EngineError> {
+        Ok(GpuLinear {
+            weight: self.weight(&l.weight)?,
+            bias: l.bias.as_deref().map(|b| self.put(b)).transpose()?,
+            out_features: l.out_features(),
+            in_features: l.in_features(),
+        })
+    }
+
+    fn layer<T: DeviceElem>(&self, l: &LayerWeights) -> Result<GpuLayer<T>, EngineError> {
+        Ok(GpuLayer {
+            input_norm: self.put(&l.input_norm)?,
+            post_attention_norm: self.put(&l.post_attention_norm)?,
+            qkv: self.linear(&l.qkv)?,
+            o: self.linear(&l.o)?,
+            gate_up: self.linear(&l.gate_up)?,
+            down: self.linear(&l.down)?,
+        })
+    }
+
+    /// The output projection of an untied model (it has no bias).
+    fn lm_head<T: DeviceElem>(&self, m: &WeightMatrix) -> Result<GpuLinear<T>, EngineError> {
+        Ok(GpuLinear {
+            weight: self.weight(m)?,
+            bias: None,
+            out_features: m.rows(),
+            in_features: m.cols(),
+        })
+    }
+}
+
+/// The most values in any quantized matrix: the dequantization scratch a product may need.
+fn largest_quant<T>(layers: &[GpuLayer<T>], lm_head: Option<&GpuLinear<T>>) -> usize {
+    layers
+        .iter()
+        .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+        .chain(lm_head)
+        .filter(|l| matches!(l.weight, GpuWeight::Quant { .. }))
+        .map(|l| l.out_features * l.in_features)
+        .max()
+        .unwrap_or(0)
+}
+
 impl<T: DeviceElem> CudaBackend<T> {
     pub(super) fn upload(
         cpu: CpuBackend,
@@ -57,77 +141,20 @@ impl<T: DeviceElem> CudaBackend<T> {
             GpuKernels::load(&device, &PtxCache::default_location()).map_err(device_error)?;
         let gemm = Gemm::new(device.stream().clone()).map_err(device_error)?;
         let stream = device.stream().clone();
-        let put = |values: &[f32]| -> Result<CudaSlice<T>, EngineError> {
-            stream
-                .clone_htod(&to_elems::<T>(values))
-                .map_err(device_error)
-        };
-        // A matrix already in the element type goes up as it is; others are converted on
-        // rayon's threads (a bf16 checkpoint on a bf16 GPU is copied, never widened).
-        let dense = |m: &WeightMatrix| -> Result<CudaSlice<T>, EngineError> {
-            match T::stored(m) {
-                Some(values) => stream.clone_htod(values).map_err(device_error),
-                None => put(&m.to_f32()),
-            }
-        };
-        let weight = |m: &WeightMatrix| -> Result<GpuWeight<T>, EngineError> {
-            let quant = match m.ggml_blocks() {
-                Some((WeightFormat::Q8_0, b)) => Some((GpuQuant::Q8_0, b)),
-                Some((WeightFormat::Q4_0, b)) => Some((GpuQuant::Q4_0, b)),
-                Some((WeightFormat::Q4_1, b)) => Some((GpuQuant::Q4_1, b)),
-                _ => None,
-            };
-            Ok(match quant {
-                Some((quant, bytes)) if options.quantized => GpuWeight::Quant {
-                    quant,
-                    blocks: stream.clone_htod(bytes).map_err(device_error)?,
-                },
-                _ => GpuWeight::Dense(dense(m)?),
-            })
-        };
-        let linear = |l: &Linear| -> Result<GpuLinear<T>, EngineError> {
-            Ok(GpuLinear {
-                weight: weight(&l.weight)?,
-                bias: l.bias.as_deref().map(put).transpose()?,
-                out_features: l.out_features(),
-                in_features: l.in_features(),
-            })
+        let up = Uploader {
+            stream: &stream,
+            quantized: options.quantized,
         };
         let w = cpu.weights;
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
-            layers.push(GpuLayer {
-                input_norm: put(&l.input_norm)?,
-                post_attention_norm: put(&l.post_attention_norm)?,
-                qkv: linear(&l.qkv)?,
-                o: linear(&l.o)?,
-                gate_up: linear(&l.gate_up)?,
-                down: linear(&l.down)?,
-            });
+            layers.push(up.layer(l)?);
         }
         // The lookup kernel reads dense rows.
-        let embed = dense(&w.embed)?;
-        let lm_head = w
-            .lm_head
-            .as_ref()
-            .map(|m| {
-                Ok::<_, EngineError>(GpuLinear {
-                    weight: weight(m)?,
-                    bias: None,
-                    out_features: m.rows(),
-                    in_features: m.cols(),
-                })
-            })
-            .transpose()?;
-        let largest_quant = layers
-            .iter()
-            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
-            .chain(lm_head.as_ref())
-            .filter(|l| matches!(l.weight, GpuWeight::Quant { .. }))
-            .map(|l| l.out_features * l.in_features)
-            .max()
-            .unwrap_or(0);
-        let final_norm = put(&w.final_norm)?;
+        let embed = up.dense(&w.embed)?;
+        let lm_head = w.lm_head.as_ref().map(|m| up.lm_head(m)).transpose()?;
+        let largest_quant = largest_quant(&layers, lm_head.as_ref());
+        let final_norm = up.put(&w.final_norm)?;
         let inv_freq = stream.clone_htod(&cpu.inv_freq).map_err(device_error)?;
         stream.synchronize().map_err(device_error)?;
         Ok(CudaBackend {
