@@ -17,7 +17,7 @@
 //! | unknown model, unknown route | 404 |
 //! | wrong method | 405 |
 //! | too many requests in flight | 429 |
-//! | shard failure, generation error | 500 |
+//! | shard failure, generation error, a validation step failing unexpectedly | 500 |
 //! | engine unavailable, request cancelled, unhealthy | 503 |
 //!
 //! The conversion has no side effects: the response carries the error in an extension and
@@ -326,5 +326,16 @@ mod tests {
         );
         let i = ApiError::Internal("secret detail".into());
         assert!(!i.native_body().to_string().contains("secret"));
+    }
+
+    #[test]
+    fn a_validation_step_that_failed_is_internal() {
+        let e = ApiError::from(ValidationError::Internal("worker panicked".into()));
+        assert_eq!(e, ApiError::Internal("worker panicked".into()));
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let e = ApiError::from(InferError::Validation(ValidationError::Internal(
+            "x".into(),
+        )));
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }
