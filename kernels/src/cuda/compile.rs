@@ -91,22 +91,27 @@ fn nvrtc_candidate_dirs() -> Vec<PathBuf> {
 /// `libnvrtc.so.12` then resolves to the already-loaded library by its soname (and NVRTC finds
 /// its `libnvrtc-builtins` beside it through its `$ORIGIN` runpath).
 pub fn preload_nvrtc() -> Result<(), CudaError> {
-    static PRELOADED: OnceLock<Option<libloading::Library>> = OnceLock::new();
+    // Only a library that loaded is kept: a miss is looked for again on the next call, since
+    // the caller may install NVRTC in between (the PTX test does, in the same process).
+    static PRELOADED: OnceLock<libloading::Library> = OnceLock::new();
     // SAFETY: only dlopens candidate names (see `CudaLibs::probe`).
     if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Ok(());
     }
-    let lib = PRELOADED.get_or_init(|| {
-        nvrtc_candidate_dirs().into_iter().find_map(|dir| {
+    if PRELOADED.get().is_none() {
+        let found = nvrtc_candidate_dirs().into_iter().find_map(|dir| {
             let path = dir.join("libnvrtc.so.12");
             // SAFETY: libnvrtc's initialisers are the loader's; nothing is called yet.
             path.exists()
                 .then(|| unsafe { libloading::Library::new(&path) }.ok())
                 .flatten()
-        })
-    });
+        });
+        if let Some(lib) = found {
+            let _ = PRELOADED.set(lib);
+        }
+    }
     // SAFETY: as above.
-    if lib.is_some() && unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if PRELOADED.get().is_some() && unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         Ok(())
     } else {
         Err(CudaError::MissingLibrary {
