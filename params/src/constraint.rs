@@ -16,14 +16,3 @@ pub enum OutputConstraint {
     /// regex grammar).
     Pattern(String),
 }
-
-impl OutputConstraint {
-    /// The constraint's kind, as error messages and metrics name it.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::JsonObject => "json_object",
-            Self::OneOf(_) => "one_of",
-            Self::Pattern(_) => "pattern",
-        }
-    }
-}

@@ -9,7 +9,8 @@
 //! use tessera_params::{OutputConstraint, SamplingParams};
 //! let params = SamplingParams { temperature: 0.8, seed: Some(7), ..Default::default() };
 //! assert!(params.validate().is_ok() && !params.is_greedy());
-//! assert_eq!(OutputConstraint::JsonObject.kind(), "json_object");
+//! let json = OutputConstraint::JsonObject;
+//! assert_ne!(json, OutputConstraint::Pattern("[a-z]+".into()));
 //! ```
 #![deny(missing_docs)]
 

@@ -160,6 +160,12 @@ impl SamplingParams {
     /// below `vocab_size`.
     pub fn validate_for_vocab(&self, vocab_size: usize) -> Result<(), SamplingError> {
         self.validate()?;
+        self.check_vocab(vocab_size)
+    }
+
+    /// Checks only that every `logit_bias` token id is below `vocab_size` (what a shard must
+    /// know to index its logits safely).
+    pub fn check_vocab(&self, vocab_size: usize) -> Result<(), SamplingError> {
         match self
             .logit_bias
             .iter()

@@ -18,17 +18,9 @@ impl Engine {
     pub(super) fn admit(&mut self, seq: NewSequence) -> Result<(), EngineError> {
         let refuse =
             |what: String| EngineError::InvalidBatch(format!("request {}: {what}", seq.id));
-        let vocab_size = self.model.config().vocab_size;
-        if let Some(&(token, _)) = seq
-            .params
-            .logit_bias
-            .iter()
-            .find(|(t, _)| *t as usize >= vocab_size)
-        {
-            return Err(refuse(format!(
-                "logit_bias token {token} must be < vocabulary size {vocab_size}"
-            )));
-        }
+        seq.params
+            .check_vocab(self.model.config().vocab_size)
+            .map_err(|e| refuse(e.to_string()))?;
         if seq.cache_len >= seq.input_ids.len() {
             return Err(refuse(format!(
                 "needs at least one token beyond the {} cached ones",
