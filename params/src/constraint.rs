@@ -15,4 +15,10 @@ pub enum OutputConstraint {
     /// The output is a whole match of this regular expression (vLLM's `guided_regex`, TGI's
     /// regex grammar).
     Pattern(String),
+    /// The output is a JSON value this JSON Schema accepts (the schema's text): OpenAI's
+    /// `json_schema` response format, vLLM's `guided_json`, TGI's `json` grammar.
+    JsonSchema(String),
+    /// The output is a string this Lark grammar derives (llguidance's dialect, which can
+    /// embed JSON schemas): vLLM's `guided_grammar`, and the tool-call grammars.
+    Lark(String),
 }

@@ -75,6 +75,8 @@ fn constraint(kind: pb::output_constraint::Kind) -> OutputConstraint {
         Kind::JsonObject(pb::JsonObject {}) => OutputConstraint::JsonObject,
         Kind::OneOf(c) => OutputConstraint::OneOf(c.choices),
         Kind::Pattern(p) => OutputConstraint::Pattern(p),
+        Kind::JsonSchema(s) => OutputConstraint::JsonSchema(s),
+        Kind::Lark(g) => OutputConstraint::Lark(g),
     }
 }
 

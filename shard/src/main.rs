@@ -413,10 +413,17 @@ fn place(model: Model, _on_gpu: bool, _rank: usize) -> anyhow::Result<Model> {
 /// its JSON-mode requests are refused.
 fn token_vocab(files: &ModelFiles) -> Option<Arc<TokenVocab>> {
     match files.tokenizer() {
-        Ok(tok) => Some(Arc::new(TokenVocab::new(
-            &tok.token_bytes(),
-            &tok.eos_token_ids,
-        ))),
+        Ok(tok) => {
+            let vocab = Arc::new(TokenVocab::new(&tok.token_bytes(), &tok.eos_token_ids));
+            // Grammar requests wait for this instead of building the trie mid-step.
+            let warming = vocab.clone();
+            std::thread::spawn(move || {
+                if let Err(e) = warming.grammars() {
+                    tracing::warn!("{e}: grammar-constrained requests will be refused");
+                }
+            });
+            Some(vocab)
+        }
         Err(e) => {
             tracing::warn!("no tokenizer ({e}): JSON-mode requests will be refused");
             None

@@ -67,6 +67,8 @@ fn constraint(c: &OutputConstraint) -> pb::OutputConstraint {
             choices: choices.clone(),
         }),
         OutputConstraint::Pattern(p) => Kind::Pattern(p.clone()),
+        OutputConstraint::JsonSchema(s) => Kind::JsonSchema(s.clone()),
+        OutputConstraint::Lark(g) => Kind::Lark(g.clone()),
     };
     pb::OutputConstraint { kind: Some(kind) }
 }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use tessera_formats::GrammarSource;
 use tessera_params::OutputConstraint;
 
 use super::{Engine, NewSequence, Sequence};
@@ -79,6 +80,12 @@ impl Engine {
                 sampler.with_choices(vocab, Arc::new(Choices::new(choices)?))
             }
             OutputConstraint::Pattern(text) => sampler.with_pattern(vocab, self.pattern(text)?),
+            OutputConstraint::JsonSchema(schema) => sampler
+                .with_grammar(vocab, GrammarSource::JsonSchema(schema))
+                .map_err(|e| e.to_string())?,
+            OutputConstraint::Lark(grammar) => sampler
+                .with_grammar(vocab, GrammarSource::Lark(grammar))
+                .map_err(|e| e.to_string())?,
         })
     }
 

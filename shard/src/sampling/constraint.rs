@@ -1,6 +1,7 @@
 //! Constrained output: which tokens may come next so that the output stays a prefix of a JSON
-//! object (JSON mode), of one of a list of strings (`guided_choice`), or of a string a regular
-//! expression matches (`guided_regex`).
+//! object (JSON mode), of one of a list of strings (`guided_choice`), of a string a regular
+//! expression matches (`guided_regex`), or of what a grammar derives (JSON Schemas and Lark,
+//! through llguidance).
 //!
 //! The vocabulary's token bytes live in a trie; the allowed set for a state is one walk of
 //! the trie that branches the state at each node and drops a subtree at the first byte the
@@ -10,7 +11,9 @@
 //! bytes, so it is not cached.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use tessera_formats::{GrammarCompiler, GrammarError, GrammarMatcher, GrammarSource};
 
 use super::choice::{ChoiceState, Choices};
 use super::json::JsonState;
@@ -68,6 +71,8 @@ pub struct TokenVocab {
     /// Only the end-of-generation tokens.
     ends_only: Arc<Vec<u64>>,
     json_sets: SetCache<JsonState>,
+    /// Built on first use: the token trie llguidance needs is its own.
+    grammars: OnceLock<Result<GrammarCompiler, GrammarError>>,
 }
 
 impl std::fmt::Debug for TokenVocab {
@@ -126,6 +131,7 @@ impl TokenVocab {
             token_bytes: Vec::new(),
             ends_only: Arc::new(ends_only),
             json_sets: SetCache::new(CACHED_JSON_STATES),
+            grammars: OnceLock::new(),
         };
         for b in bytes {
             vocab
@@ -176,6 +182,19 @@ impl TokenVocab {
             }
         }
         set
+    }
+
+    /// The grammar compiler of this vocabulary, built on the first call.
+    pub fn grammars(&self) -> Result<&GrammarCompiler, GrammarError> {
+        self.grammars
+            .get_or_init(|| {
+                let tokens: Vec<Option<Vec<u8>>> = (0..self.size as u32)
+                    .map(|id| Some(self.bytes(id).to_vec()).filter(|b| !b.is_empty()))
+                    .collect();
+                GrammarCompiler::new(&tokens, &self.eos)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// What token `id` adds to the output (empty for tokens that add nothing).
@@ -230,10 +249,12 @@ enum Position {
     Json(JsonState),
     Choice(Arc<Choices>, ChoiceState),
     Pattern(Arc<Pattern>, StateID),
+    Grammar(Box<GrammarMatcher>),
 }
 
 impl Position {
-    fn feed(self, bytes: &[u8]) -> Option<Self> {
+    /// The position after token `id`, which adds `bytes`.
+    fn feed(self, id: u32, bytes: &[u8]) -> Option<Self> {
         Some(match self {
             Position::Json(s) => Position::Json(Json.feed(s, bytes)?),
             Position::Choice(c, s) => {
@@ -244,16 +265,24 @@ impl Position {
                 let s = p.feed(s, bytes)?;
                 Position::Pattern(p, s)
             }
+            Position::Grammar(mut m) => {
+                if !m.consume(id) {
+                    return None;
+                }
+                Position::Grammar(m)
+            }
         })
     }
 
-    /// The tokens that may come next from here, over `vocab`.
-    fn allowed(&self, vocab: &TokenVocab) -> Arc<Vec<u64>> {
-        match self {
+    /// The tokens that may come next from here, over `vocab`; `None` when a grammar cannot
+    /// say (its step exceeded the limits), which ends the output.
+    fn allowed(&mut self, vocab: &TokenVocab) -> Option<Arc<Vec<u64>>> {
+        Some(match self {
             Position::Json(s) => vocab.json_sets.get_or_walk(*s, || vocab.allowed(&Json, *s)),
             Position::Choice(c, s) => Arc::new(vocab.allowed(&**c, *s)),
             Position::Pattern(p, s) => p.sets().get_or_walk(*s, || vocab.allowed(&**p, *s)),
-        }
+            Position::Grammar(m) => Arc::new(m.allowed().ok()?),
+        })
     }
 }
 
@@ -285,11 +314,28 @@ impl Constraint {
         Self::at(vocab, Position::Pattern(pattern, start))
     }
 
-    fn at(vocab: Arc<TokenVocab>, at: Position) -> Self {
-        Self {
-            allowed: at.allowed(&vocab),
-            at: Some(at),
-            vocab,
+    /// What `source` derives, before the first token of the output; an error if the grammar
+    /// cannot be compiled over `vocab`.
+    pub(crate) fn grammar(
+        vocab: Arc<TokenVocab>,
+        source: GrammarSource<'_>,
+    ) -> Result<Self, GrammarError> {
+        let matcher = vocab.grammars()?.compile(source)?;
+        Ok(Self::at(vocab, Position::Grammar(Box::new(matcher))))
+    }
+
+    fn at(vocab: Arc<TokenVocab>, mut at: Position) -> Self {
+        match at.allowed(&vocab) {
+            Some(allowed) => Self {
+                allowed,
+                at: Some(at),
+                vocab,
+            },
+            None => Self {
+                allowed: vocab.ends_only.clone(),
+                at: None,
+                vocab,
+            },
         }
     }
 
@@ -323,11 +369,12 @@ impl Constraint {
             .at
             .take()
             .filter(|_| !bytes.is_empty())
-            .and_then(|at| at.feed(bytes));
-        self.allowed = match &self.at {
-            Some(at) => at.allowed(&self.vocab),
-            None => self.vocab.ends_only.clone(),
-        };
+            .and_then(|at| at.feed(id, bytes));
+        let allowed = self.at.as_mut().and_then(|at| at.allowed(&self.vocab));
+        if allowed.is_none() {
+            self.at = None;
+        }
+        self.allowed = allowed.unwrap_or_else(|| self.vocab.ends_only.clone());
     }
 }
 
@@ -466,6 +513,56 @@ mod tests {
             }
         }
         assert!(ended > 80, "only {ended} of 100 ended");
+    }
+
+    /// Sampling over random logits under a JSON Schema: every output that ends validates
+    /// (bounds, enums, required keys, array lengths), and masked logits stay masked.
+    #[test]
+    fn sampled_outputs_validate_against_their_schema() {
+        let bytes = vocab();
+        let vocab = Arc::new(TokenVocab::new(&bytes, &[EOS]));
+        let schema = r#"{"type": "object", "additionalProperties": false,
+            "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 7},
+                           "tag": {"enum": ["red", "blue"]},
+                           "xs": {"type": "array", "items": {"type": "boolean"},
+                                  "minItems": 1, "maxItems": 2}},
+            "required": ["n", "tag", "xs"]}"#;
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let mut ended = 0;
+        for seed in 0..60 {
+            let params = SamplingParams {
+                temperature: 1.0,
+                seed: Some(seed),
+                ..Default::default()
+            };
+            let source = tessera_formats::GrammarSource::JsonSchema(schema);
+            let mut s = Sampler::new(params, &[])
+                .with_grammar(vocab.clone(), source)
+                .unwrap();
+            let mut out = Vec::new();
+            for _ in 0..200 {
+                let logits: Vec<f32> = (0..bytes.len())
+                    .map(|_| rng.random_range(-3.0f32..3.0))
+                    .collect();
+                let probs = s.processed_probs(&logits);
+                let t = s.sample(&logits);
+                assert!(probs[t.id as usize] > 0.0, "drew a masked token");
+                if t.id == EOS {
+                    let v: serde_json::Value = serde_json::from_slice(&out)
+                        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out)));
+                    let n = v["n"].as_i64().unwrap();
+                    assert!((3..=7).contains(&n), "{v}");
+                    assert!(["red", "blue"].contains(&v["tag"].as_str().unwrap()), "{v}");
+                    let xs = v["xs"].as_array().unwrap();
+                    assert!((1..=2).contains(&xs.len()) && xs.iter().all(|x| x.is_boolean()));
+                    assert_eq!(v.as_object().unwrap().len(), 3, "{v}");
+                    ended += 1;
+                    break;
+                }
+                out.extend_from_slice(bytes[t.id as usize].as_deref().unwrap());
+            }
+        }
+        assert!(ended > 50, "only {ended} of 60 ended");
     }
 
     /// Sampling over random logits under the constraint: whatever the model "wants", every

@@ -165,6 +165,16 @@ impl Sampler {
         self.with_constraint(Constraint::pattern(vocab, pattern))
     }
 
+    /// Constrains the output to what `source` (a JSON Schema or a Lark grammar) derives, as
+    /// [`Sampler::with_json`] does to a JSON object; an error if it cannot be compiled.
+    pub fn with_grammar(
+        self,
+        vocab: Arc<TokenVocab>,
+        source: tessera_formats::GrammarSource<'_>,
+    ) -> Result<Self, tessera_formats::GrammarError> {
+        Ok(self.with_constraint(Constraint::grammar(vocab, source)?))
+    }
+
     fn with_constraint(mut self, constraint: Constraint) -> Self {
         self.constraint = Some(constraint);
         self
