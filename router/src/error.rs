@@ -14,7 +14,7 @@
 //! | missing `Content-Type: application/json` | 415 |
 //! | body over the payload limit | 413 |
 //! | missing or wrong API key | 401 |
-//! | unknown model, unknown route | 404 |
+//! | unknown route | 404 |
 //! | wrong method | 405 |
 //! | too many requests in flight | 429 |
 //! | shard failure, generation error, a validation step failing unexpectedly | 500 |
@@ -66,9 +66,6 @@ pub enum ApiError {
     /// Missing or wrong API key.
     #[error("invalid or missing API key; send `Authorization: Bearer <key>`")]
     Unauthorized,
-    /// The request names another model.
-    #[error("the model `{0}` does not exist")]
-    ModelNotFound(String),
     /// No such route.
     #[error("no route for {0}")]
     NotFound(String),
@@ -125,7 +122,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -158,7 +155,6 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Unauthorized => "unauthorized",
-            ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Unhealthy => "unhealthy",
@@ -179,11 +175,6 @@ impl ApiError {
                 ("invalid_request_error", v.param(), None)
             }
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
-            ApiError::ModelNotFound(_) => (
-                "invalid_request_error",
-                Some("model"),
-                Some("model_not_found"),
-            ),
             ApiError::Infer(InferError::Overloaded) => {
                 ("requests", None, Some("rate_limit_exceeded"))
             }

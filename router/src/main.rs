@@ -21,7 +21,7 @@ struct Args {
     /// Hugging Face model directory or `.gguf` file (for the tokenizer and chat template).
     #[arg(long, env = "MODEL_ID")]
     model_id: PathBuf,
-    /// The model name `/v1/models` lists and requests must use.
+    /// The model name `/v1/models` lists and answers carry.
     #[arg(long)]
     served_model_name: Option<String>,
     /// Socket of shard 0.
@@ -269,6 +269,7 @@ async fn main() -> anyhow::Result<()> {
     .health_check(health)
     .prometheus(prometheus)
     .build();
+    state.warm_grammars();
     serve(
         state,
         SocketAddr::new(args.hostname, args.port),

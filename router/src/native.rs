@@ -34,10 +34,10 @@ pub struct GenerateRequest {
 /// TGI's `grammar` parameter.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Grammar {
-    /// `regex` (or `json`, refused).
+    /// `regex` or `json` (`json_schema` is accepted as `json`).
     #[serde(rename = "type")]
     pub kind: String,
-    /// The regular expression (or JSON schema).
+    /// The regular expression, or the JSON Schema (an object or its text).
     pub value: serde_json::Value,
 }
 
@@ -78,7 +78,8 @@ pub struct GenerateParameters {
     #[serde(default)]
     pub ignore_eos: bool,
     pub skip_special_tokens: Option<bool>,
-    /// TGI's grammar: `{"type": "regex", "value": pattern}`; JSON schemas are refused.
+    /// TGI's grammar: `{"type": "regex", "value": pattern}` or `{"type": "json", "value":
+    /// schema}`.
     pub grammar: Option<Grammar>,
 }
 

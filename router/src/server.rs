@@ -115,6 +115,13 @@ impl AppState {
         &self.0.validation
     }
 
+    /// Builds the vocabulary's grammar compiler in the background, so that the first
+    /// grammar-constrained request does not wait for it.
+    pub fn warm_grammars(&self) {
+        let validation = self.0.validation.clone();
+        tokio::task::spawn_blocking(move || validation.warm_grammars());
+    }
+
     pub(crate) fn tokenizer(&self) -> &Arc<ModelTokenizer> {
         self.0.validation.tokenizer()
     }

@@ -323,8 +323,16 @@ async fn native_validation_errors_are_422() {
         (json!({"top_n_tokens": 6}), "`top_n_tokens`"),
         (json!({"best_of": 2}), "`best_of`"),
         (
-            json!({"grammar": {"type": "json", "value": {}}}),
-            "`grammar` is not supported",
+            json!({"grammar": {"type": "json", "value": "{oops"}}),
+            "`grammar`: the schema text is not JSON",
+        ),
+        (
+            json!({"grammar": {"type": "json", "value": {"type": "string", "minLength": 3, "maxLength": 1}}}),
+            "`grammar`: ",
+        ),
+        (
+            json!({"grammar": {"type": "ebnf", "value": "x"}}),
+            "`grammar`: unknown type",
         ),
         (
             json!({"grammar": {"type": "regex", "value": "("}}),
@@ -574,17 +582,19 @@ async fn tokenize_info_health_metrics() {
 // ---------------------------------------------------------------- OpenAI
 
 #[tokio::test]
-async fn models_and_model_not_found() {
-    let app = app_only();
-    let v = json_of(call(&app, get("/v1/models")).await).await;
+async fn models_lists_the_served_model_and_any_name_or_none_is_served() {
+    let v = json_of(call(&app_only(), get("/v1/models")).await).await;
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], MODEL);
-    let body = json!({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]});
-    let resp = call(&app, post("/v1/chat/completions", body)).await;
-    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
-    let v = json_of(resp).await;
-    assert_eq!(v["error"]["code"], "model_not_found");
-    assert_eq!(v["error"]["param"], "model");
+    for body in [
+        json!({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ] {
+        let (app, mut rx) = setup(Setup::default());
+        let (resp, _) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a", "b"]).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(json_of(resp).await["model"], MODEL, "answers name the served model");
+    }
 }
 
 #[tokio::test]
@@ -722,12 +732,23 @@ async fn openai_validation_errors_are_400() {
             json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
             "messages",
         ),
-        // Constrained output and tool calls are refused, never answered with free text.
+        // Malformed or unsatisfiable constraints are refused, never answered with free text.
+        (json!({"response_format": {"type": "json_schema"}}), "response_format"),
+        (json!({"response_format": {"type": "xml"}}), "response_format"),
         (
-            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                   "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}),
             "response_format",
         ),
-        (json!({"guided_json": {"type": "object"}}), "guided_json"),
+        (json!({"guided_json": "{not json"}), "guided_json"),
+        (json!({"guided_json": [1, 2]}), "guided_json"),
+        (json!({"guided_grammar": "start: undefined_rule"}), "guided_grammar"),
+        (json!({"guided_grammar": ""}), "guided_grammar"),
+        (
+            json!({"guided_json": {"type": "object"}, "guided_regex": "a+"}),
+            "guided_regex",
+        ),
+        (json!({"structured_outputs": {"json": 5}}), "structured_outputs"),
         (json!({"guided_choice": []}), "guided_choice"),
         (json!({"guided_choice": ["a", ""]}), "guided_choice"),
         (json!({"guided_choice": "a"}), "guided_choice"),

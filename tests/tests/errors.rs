@@ -294,36 +294,6 @@ async fn too_many_stops(s: &Server) {
     native_error(st, &b, 422, "validation", "empty");
 }
 
-async fn unknown_model(s: &Server) {
-    let (st, b) = s
-        .post("/v1/chat/completions", &chat(json!({"model": "gpt-4o"})))
-        .await;
-    openai_error(
-        st,
-        &b,
-        404,
-        "invalid_request_error",
-        Some("model"),
-        Some("model_not_found"),
-        "gpt-4o",
-    );
-    let (st, b) = s
-        .post(
-            "/v1/completions",
-            &json!({"model": "nope", "prompt": "The", "max_tokens": 2}),
-        )
-        .await;
-    openai_error(
-        st,
-        &b,
-        404,
-        "invalid_request_error",
-        Some("model"),
-        Some("model_not_found"),
-        "nope",
-    );
-}
-
 async fn payload_too_large(s: &Server) {
     let big = "x".repeat(5000);
     let (st, b) = s.post("/generate", &json!({"inputs": big})).await;
@@ -415,9 +385,6 @@ async fn error_classes() {
             .await;
         checks
             .run("too many stop sequences", CHECK_LIMIT, too_many_stops(s))
-            .await;
-        checks
-            .run("unknown model", CHECK_LIMIT, unknown_model(s))
             .await;
         checks
             .run("payload too large", CHECK_LIMIT, payload_too_large(s))

@@ -11,7 +11,7 @@ use super::logprobs::{ChatLogprobs, chat_logprob};
 use super::request::ChatCompletionRequest;
 use super::response::{AssistantMessage, ChatChoice, ChatCompletion, Meta, Usage};
 use super::streaming::chat_stream;
-use super::{check_model, launch, run_all};
+use super::{launch, run_all};
 use crate::error::{OpenAiError, OpenAiJson};
 use crate::infer::InferResponse;
 use crate::server::AppState;
@@ -23,7 +23,6 @@ pub(crate) async fn chat_completions(
     State(state): State<AppState>,
     OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
 ) -> Result<Response, OpenAiError> {
-    check_model(&state, &req.model)?;
     let received = Instant::now();
     let valid = state
         .validation()

@@ -23,7 +23,6 @@ use axum::Json;
 use axum::extract::State;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::error::ApiError;
 use crate::infer::{InferError, InferResponse, InferStream, collect};
 use crate::server::AppState;
 use crate::validation::ValidGenerateRequest;
@@ -31,7 +30,7 @@ use crate::validation::ValidGenerateRequest;
 pub(crate) use self::chat::chat_completions;
 pub(crate) use self::completions::completions;
 pub use self::logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob};
-pub(crate) use self::request::OutputConstraints;
+pub(crate) use self::request::{OutputConstraints, ResponseFormat};
 pub use self::request::{
     ChatCompletionRequest, CompletionRequest, ContentPart, MessageContent, PromptInput,
     RequestMessage, SamplingFields, StopSpec, StreamOptions,
@@ -40,14 +39,6 @@ pub use self::response::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Completion,
     CompletionChoice, Delta, Usage,
 };
-
-fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
-    if model == state.served_model_name() {
-        Ok(())
-    } else {
-        Err(ApiError::ModelNotFound(model.to_owned()))
-    }
-}
 
 /// A request's choices, queued: their event streams and the permits they hold (keep them as
 /// long as the streams).

@@ -25,25 +25,56 @@ pub struct StreamOptions {
 /// `response_format`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ResponseFormat {
-    /// `text`, `json_object` (JSON mode) or `json_schema` (refused).
+    /// `text`, `json_object` (JSON mode) or `json_schema`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The schema of a `json_schema` format.
+    pub json_schema: Option<JsonSchemaFormat>,
 }
 
-/// Requests for constrained output, shared by chat and completions. Those not implemented are
-/// refused, since answering them with free text would break a client that parses the output.
+/// `response_format.json_schema`: a named schema the output must validate against.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// The schema's name (required by OpenAI; not used for decoding).
+    pub name: Option<String>,
+    /// What the schema is for (not used for decoding).
+    pub description: Option<String>,
+    /// The JSON Schema; absent means any JSON value.
+    pub schema: Option<serde_json::Value>,
+    /// Accepted; outputs always follow the schema exactly.
+    pub strict: Option<bool>,
+}
+
+/// vLLM's `structured_outputs`: one constraint of the kinds it names.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StructuredOutputs {
+    /// A JSON Schema (object or text).
+    pub json: Option<serde_json::Value>,
+    /// A regular expression.
+    pub regex: Option<serde_json::Value>,
+    /// A list of strings.
+    pub choice: Option<serde_json::Value>,
+    /// A Lark grammar.
+    pub grammar: Option<serde_json::Value>,
+    /// `true`: any JSON object.
+    pub json_object: Option<bool>,
+}
+
+/// Requests for constrained output, shared by chat and completions; at most one may be given.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct OutputConstraints {
-    /// `{"type": "text"}` or `{"type": "json_object"}`.
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", ...}`.
     pub response_format: Option<ResponseFormat>,
-    /// vLLM extension; refused.
+    /// vLLM extension: the output validates against this JSON Schema.
     pub guided_json: Option<serde_json::Value>,
     /// vLLM extension: the output is a string this regular expression matches.
     pub guided_regex: Option<serde_json::Value>,
     /// vLLM extension: the output is one of these strings.
     pub guided_choice: Option<serde_json::Value>,
-    /// vLLM extension; refused.
+    /// vLLM extension: the output is derived by this Lark grammar.
     pub guided_grammar: Option<serde_json::Value>,
+    /// vLLM extension (its newer form of the `guided_*` fields).
+    pub structured_outputs: Option<StructuredOutputs>,
 }
 
 /// The sampling fields shared by chat and completions requests.
@@ -109,8 +140,8 @@ pub struct RequestMessage {
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatCompletionRequest {
-    /// Must be the served model's name.
-    pub model: String,
+    /// Any name, or none: a server serves one model, so every name means it (as TGI).
+    pub model: Option<String>,
     /// The conversation.
     pub messages: Vec<RequestMessage>,
     /// Deprecated alias of `max_completion_tokens`.
@@ -154,8 +185,8 @@ pub enum PromptInput {
 /// `POST /v1/completions` body.
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {
-    /// Must be the served model's name.
-    pub model: String,
+    /// Any name, or none: a server serves one model, so every name means it (as TGI).
+    pub model: Option<String>,
     /// The prompt(s).
     pub prompt: PromptInput,
     /// Most tokens to generate; default 16 (as OpenAI).

@@ -68,9 +68,9 @@ pub enum ValidationError {
         /// Why, or what to use instead.
         reason: &'static str,
     },
-    /// An output pattern cannot be compiled.
+    /// An output constraint (pattern, schema, grammar) is malformed or cannot be compiled.
     #[error("`{param}`: {message}")]
-    Pattern {
+    Constraint {
         /// The parameter.
         param: &'static str,
         /// Why.
@@ -110,7 +110,7 @@ impl ValidationError {
             | ValidationError::TooMany { param, .. }
             | ValidationError::TokenId { param, .. }
             | ValidationError::Unsupported { param, .. }
-            | ValidationError::Pattern { param, .. } => Some(param),
+            | ValidationError::Constraint { param, .. } => Some(param),
             ValidationError::EmptyStopSequence => Some("stop"),
             ValidationError::Message { .. }
             | ValidationError::NoChatTemplate

@@ -14,6 +14,7 @@ mod native;
 mod openai;
 mod parameters;
 mod prompt;
+mod structured;
 mod validated;
 
 use std::sync::Arc;
@@ -75,12 +76,25 @@ pub struct GenerateInput {
 pub struct Validation {
     config: ValidationConfig,
     tokenizer: Arc<ModelTokenizer>,
+    grammars: constraint::Grammars,
 }
 
 impl Validation {
     /// A validator for this model.
     pub fn new(config: ValidationConfig, tokenizer: Arc<ModelTokenizer>) -> Self {
-        Self { config, tokenizer }
+        Self {
+            config,
+            tokenizer,
+            grammars: constraint::Grammars::default(),
+        }
+    }
+
+    /// Builds the grammar compiler of the vocabulary now, so that the first grammar request
+    /// does not wait for it.
+    pub fn warm_grammars(&self) {
+        if let Err(e) = self.grammars.get(&self.tokenizer) {
+            tracing::warn!("{e}: grammar-constrained requests will be refused");
+        }
     }
 
     /// The limits.

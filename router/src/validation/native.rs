@@ -3,7 +3,8 @@
 
 use tessera_params::OutputConstraint;
 
-use super::constraint::{check_pattern, output_pattern};
+use super::constraint::{check_constraint, output_pattern};
+use super::structured::json_schema;
 use super::{
     GenerateInput, Prompt, RequestParameters, ValidNativeRequest, Validation, ValidationError,
 };
@@ -19,7 +20,8 @@ impl Validation {
         let details = req.parameters.details;
         let full_text = req.parameters.return_full_text.unwrap_or(false);
         let input = req.into_input()?;
-        check_pattern("grammar", input.parameters.constraint.as_ref()).await?;
+        let constraint = input.parameters.constraint.as_ref();
+        check_constraint("grammar", constraint, &self.grammars, &self.tokenizer).await?;
         let request = self.validate(input).await?;
         let text_prefix = if full_text {
             request.inputs.clone()
@@ -65,20 +67,22 @@ impl GenerateRequest {
     }
 }
 
-/// TGI's `grammar`: a regular expression; JSON schemas are refused.
+/// TGI's `grammar`: a regular expression or a JSON Schema.
 fn grammar_constraint(
     grammar: Option<&Grammar>,
 ) -> Result<Option<OutputConstraint>, ValidationError> {
     match grammar {
         None => Ok(None),
-        Some(g) if g.kind == "regex" => Ok(Some(OutputConstraint::Pattern(output_pattern(
-            "grammar", &g.value,
-        )?))),
-        Some(_) => Err(ValidationError::Unsupported {
-            param: "grammar",
-            reason: "JSON-schema grammars are not implemented; use \
-                     `{\"type\": \"regex\", \"value\": ...}`",
-        }),
+        Some(g) => match g.kind.as_str() {
+            "regex" => Ok(Some(OutputConstraint::Pattern(output_pattern(
+                "grammar", &g.value,
+            )?))),
+            "json" | "json_schema" => Ok(Some(json_schema("grammar", &g.value)?)),
+            other => Err(ValidationError::Constraint {
+                param: "grammar",
+                message: format!("unknown type `{other}`; expected `json` or `regex`"),
+            }),
+        },
     }
 }
 

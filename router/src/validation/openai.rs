@@ -5,21 +5,17 @@
 //! the prompt, the sampling fields, and last the engine's rules on each tokenized prompt.
 
 use tessera_formats::ChatMessage;
-use tessera_params::OutputConstraint;
 
-use super::constraint::{check_pattern, output_pattern};
+use super::constraint::check_constraint;
 use super::parameters::{TopLogprobs, check_openai_temperature};
 use super::{
     ChoiceLayout, GenerateInput, OpenAiReply, Prompt, RequestParameters, ValidChatRequest,
     ValidCompletionRequest, Validation, ValidationError,
 };
 use crate::openai::{
-    ChatCompletionRequest, CompletionRequest, MessageContent, OutputConstraints, PromptInput,
+    ChatCompletionRequest, CompletionRequest, MessageContent, PromptInput,
     RequestMessage, SamplingFields, StopSpec,
 };
-
-/// Most `guided_choice` strings (the shard keeps the live ones as bits of a `u64`).
-const MAX_GUIDED_CHOICES: usize = 64;
 
 /// Most `top_logprobs` of a chat request.
 const MAX_CHAT_TOP_LOGPROBS: u32 = 20;
@@ -38,8 +34,8 @@ impl Validation {
         &self,
         req: &ChatCompletionRequest,
     ) -> Result<ValidChatRequest, ValidationError> {
-        let constraint = req.constraints.constrained()?;
-        check_pattern("guided_regex", constraint.as_ref()).await?;
+        let (param, constraint) = req.constraints.constrained()?;
+        check_constraint(param, constraint.as_ref(), &self.grammars, &self.tokenizer).await?;
         for tools in ToolRequest::of(req) {
             tools.check()?;
         }
@@ -88,8 +84,8 @@ impl Validation {
         req: &CompletionRequest,
     ) -> Result<ValidCompletionRequest, ValidationError> {
         check_completion_extras(req)?;
-        let constraint = req.constraints.constrained()?;
-        check_pattern("guided_regex", constraint.as_ref()).await?;
+        let (param, constraint) = req.constraints.constrained()?;
+        check_constraint(param, constraint.as_ref(), &self.grammars, &self.tokenizer).await?;
         let top = TopLogprobs {
             param: "logprobs",
             given: req.logprobs.unwrap_or(0),
@@ -224,79 +220,6 @@ impl SamplingFields {
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false)
-    }
-}
-
-impl OutputConstraints {
-    /// What the request asks for; an error for what is not implemented or malformed.
-    fn constrained(&self) -> Result<Option<OutputConstraint>, ValidationError> {
-        let json_object = match self.response_format.as_ref().map(|f| f.kind.as_str()) {
-            None | Some("text") => false,
-            Some("json_object") => true,
-            Some(_) => {
-                return Err(ValidationError::Unsupported {
-                    param: "response_format",
-                    reason: "JSON schemas are not implemented; use `{\"type\": \
-                             \"json_object\"}` (any JSON object) or `{\"type\": \"text\"}`",
-                });
-            }
-        };
-        let unsupported = [
-            ("guided_json", &self.guided_json),
-            ("guided_grammar", &self.guided_grammar),
-        ];
-        if let Some((param, _)) = unsupported.into_iter().find(|(_, v)| v.is_some()) {
-            return Err(ValidationError::Unsupported {
-                param,
-                reason: "only `guided_choice` and `guided_regex` are implemented; \
-                         `response_format: {\"type\": \"json_object\"}` gives any JSON object",
-            });
-        }
-        let one_of = match &self.guided_choice {
-            None => Vec::new(),
-            Some(v) => guided_choices(v)?,
-        };
-        let pattern = match &self.guided_regex {
-            None => String::new(),
-            Some(v) => output_pattern("guided_regex", v)?,
-        };
-        let asked = [json_object, !one_of.is_empty(), !pattern.is_empty()];
-        if asked.iter().filter(|&&a| a).count() > 1 {
-            return Err(ValidationError::Unsupported {
-                param: if pattern.is_empty() {
-                    "guided_choice"
-                } else {
-                    "guided_regex"
-                },
-                reason: "JSON mode, `guided_choice` and `guided_regex` exclude each other",
-            });
-        }
-        Ok(if json_object {
-            Some(OutputConstraint::JsonObject)
-        } else if !one_of.is_empty() {
-            Some(OutputConstraint::OneOf(one_of))
-        } else if !pattern.is_empty() {
-            Some(OutputConstraint::Pattern(pattern))
-        } else {
-            None
-        })
-    }
-}
-
-/// `guided_choice`: 1 to [`MAX_GUIDED_CHOICES`] non-empty strings.
-fn guided_choices(v: &serde_json::Value) -> Result<Vec<String>, ValidationError> {
-    let strings: Option<Vec<String>> = v.as_array().and_then(|list| {
-        list.iter()
-            .map(|c| c.as_str().filter(|s| !s.is_empty()).map(str::to_owned))
-            .collect()
-    });
-    match strings {
-        Some(s) if (1..=MAX_GUIDED_CHOICES).contains(&s.len()) => Ok(s),
-        _ => Err(ValidationError::OutOfRange {
-            param: "guided_choice",
-            bound: "a list of 1 to 64 non-empty strings",
-            given: v.to_string().chars().take(80).collect(),
-        }),
     }
 }
 
