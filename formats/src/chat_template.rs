@@ -13,13 +13,24 @@ use serde::{Deserialize, Serialize};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
-/// One message of a conversation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One message of a conversation. The optional fields are absent from the template's view
+/// when unset, as transformers leaves them, since templates test them with `is defined`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, `tool`, …
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant's tool calls, as templates read them: `{"id", "type": "function",
+    /// "function": {"name", "arguments"}}` with `arguments` a JSON object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool message's function name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -28,8 +39,23 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
+}
+
+/// What a conversation is rendered with besides its messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RenderOptions<'a> {
+    /// End with the header of the assistant's turn.
+    pub add_generation_prompt: bool,
+    /// The tool definitions the template sees as `tools`.
+    pub tools: Option<&'a serde_json::Value>,
+    /// More variables for the template (`chat_template_kwargs`, e.g. `enable_thinking`); they
+    /// cannot replace `messages`, `tools`, `add_generation_prompt` or the special tokens.
+    pub extra: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Why a chat template could not be compiled or rendered.
@@ -71,6 +97,7 @@ struct Raised(String);
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -104,13 +131,24 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source)
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| syntax_error(&e))?;
         Ok(Self {
             env,
+            source,
             bos_token,
             eos_token,
         })
+    }
+
+    /// The template's source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether the template renders tool definitions (reads a `tools` variable).
+    pub fn renders_tools(&self) -> bool {
+        self.source.contains("tools")
     }
 
     /// Renders the conversation; with `add_generation_prompt` the template ends with the
@@ -120,28 +158,54 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
-        self.render_with_tools(messages, add_generation_prompt, None)
+        let options = RenderOptions {
+            add_generation_prompt,
+            ..RenderOptions::default()
+        };
+        self.render_with(messages, &options)
     }
 
-    /// [`Self::render`] with the tool definitions the template sees as `tools`.
-    pub fn render_with_tools(
+    /// Renders the conversation with tools and extra variables.
+    pub fn render_with(
         &self,
         messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        tools: Option<&serde_json::Value>,
+        options: &RenderOptions<'_>,
     ) -> Result<String, ChatTemplateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| render_error(&e))?;
-        let ctx = minijinja::context! {
-            messages => Value::from(Serde(messages)),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.clone().unwrap_or_default(),
-            eos_token => self.eos_token.clone().unwrap_or_default(),
-            tools => tools.map(|t| Value::from(Serde(t))),
-        };
-        template.render(ctx).map_err(|e| render_error(&e))
+        let mut vars: std::collections::BTreeMap<String, Value> = options
+            .extra
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), Value::from(Serde(v))))
+            .collect();
+        let fixed = [
+            ("messages", Value::from(Serde(messages))),
+            (
+                "add_generation_prompt",
+                Value::from(options.add_generation_prompt),
+            ),
+            (
+                "bos_token",
+                Value::from(self.bos_token.clone().unwrap_or_default()),
+            ),
+            (
+                "eos_token",
+                Value::from(self.eos_token.clone().unwrap_or_default()),
+            ),
+            (
+                "tools",
+                Value::from(options.tools.map(|t| Value::from(Serde(t)))),
+            ),
+        ];
+        for (name, value) in fixed {
+            vars.insert(name.to_owned(), value);
+        }
+        template
+            .render(Value::from(vars))
+            .map_err(|e| render_error(&e))
     }
 }
 

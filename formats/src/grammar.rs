@@ -37,7 +37,8 @@ pub enum GrammarError {
 /// JSON layout of schema-constrained outputs unless the schema's `x-guidance` says otherwise:
 /// separators as Python's `json.dumps` writes them and no other whitespace, so that a model
 /// cannot spend its tokens on blank space (small models otherwise loop on newlines).
-const JSON_LAYOUT: &str = r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
+const JSON_LAYOUT: &str =
+    r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
 
 /// Compiled grammars kept for reuse: agents send the same schemas and tools again and again.
 const CACHED_GRAMMARS: usize = 64;
@@ -92,8 +93,8 @@ impl GrammarCompiler {
         let info = TokRxInfo::new(words.len() as u32, first_eos);
         let trie = TokTrie::from(&info, &words);
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
-        let mut factory = ParserFactory::new_simple(&env)
-            .map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
         *factory.limits_mut() = limits();
         Ok(Self {
@@ -307,8 +308,48 @@ obj: %json {"type": "object", "properties": {"a": {"type": "integer"}}, "require
             .unwrap_err();
         assert!(matches!(err, GrammarError::Compile(_)), "{err}");
         let err = compiler
-            .compile(GrammarSource::JsonSchema(r#"{"type": "integer", "minimum": 5, "maximum": 1}"#))
+            .compile(GrammarSource::JsonSchema(
+                r#"{"type": "integer", "minimum": 5, "maximum": 1}"#,
+            ))
             .unwrap_err();
         assert!(matches!(err, GrammarError::Compile(_)), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod trigger_tests {
+    use super::*;
+
+    /// The shape of `tool_choice: auto`: free text, or text up to a trigger string after which
+    /// the call's grammar holds.
+    #[test]
+    fn a_call_after_free_text_is_constrained_from_its_trigger() {
+        let mut v: Vec<Option<Vec<u8>>> = vec![None];
+        v.extend((0..=255u8).map(|b| Some(vec![b])));
+        v.push(Some(b"<tool_call>".to_vec()));
+        let c = GrammarCompiler::new(&v, &[0]).unwrap();
+        let g = r#"start: FREE | lead call
+FREE: /(?s:.*)/ & ~/(?s:.*<tool_call>.*)/
+lead[stop="<tool_call>"]: /(?s:.*)/
+call: "\n" %json {"type": "object", "properties": {"name": {"const": "f"}}, "required": ["name"], "additionalProperties": false} "\n</tool_call>"
+"#;
+        let mut m = c.compile(GrammarSource::Lark(g)).unwrap();
+        for b in b"Sure. " {
+            assert!(m.consume(u32::from(*b) + 1));
+        }
+        let set = m.allowed().unwrap();
+        assert!(set[0] & 1 != 0, "eos allowed in free text");
+        assert!(m.consume(257), "the trigger token");
+        let set = m.allowed().unwrap();
+        let ok = |set: &Vec<u64>, b: u8| {
+            let id = b as usize + 1;
+            set[id / 64] & (1 << (id % 64)) != 0
+        };
+        assert!(ok(&set, b'\n') && !ok(&set, b'x') && set[0] & 1 == 0);
+        for b in b"\n{\"name\": \"f\"}\n</tool_call>" {
+            assert!(m.consume(u32::from(*b) + 1), "{}", *b as char);
+        }
+        let set = m.allowed().unwrap();
+        assert!(set[0] & 1 != 0);
     }
 }

@@ -12,8 +12,8 @@
 mod chat_template;
 mod config;
 mod error;
-mod grammar;
 pub mod gguf;
+mod grammar;
 mod hf_dir;
 mod mmap;
 mod model_files;
@@ -21,7 +21,7 @@ mod output_pattern;
 mod tokenizer;
 mod weights;
 
-pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
+pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, RenderOptions};
 pub use config::{Architecture, DType, ModelConfig, RopeScaling};
 pub use error::FormatError;
 pub use grammar::{GrammarCompiler, GrammarError, GrammarMatcher, GrammarSource};

@@ -1,6 +1,6 @@
 //! Chat templates rendered as transformers renders them.
 
-use tessera_formats::{ChatMessage, ChatTemplate};
+use tessera_formats::{ChatMessage, ChatTemplate, RenderOptions};
 
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
@@ -145,7 +145,14 @@ fn tools_are_visible_to_the_template() {
     let t = template("{% if tools %}{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}");
     let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
     assert_eq!(
-        t.render_with_tools(&[], false, Some(&tools)).unwrap(),
+        t.render_with(
+            &[],
+            &RenderOptions {
+                tools: Some(&tools),
+                ..RenderOptions::default()
+            }
+        )
+        .unwrap(),
         "{\"type\": \"function\", \"function\": {\"name\": \"f\"}}"
     );
 }

@@ -223,7 +223,12 @@ pub fn chat_template(data: &[u8]) {
         })
         .flatten();
     for template in templates() {
-        let rendered = template.render_with_tools(&messages, flags & 1 != 0, tools.as_ref());
+        let options = tessera_formats::RenderOptions {
+            add_generation_prompt: flags & 1 != 0,
+            tools: tools.as_ref(),
+            extra: None,
+        };
+        let rendered = template.render_with(&messages, &options);
         if let Ok(text) = rendered {
             // Every message's content appears verbatim (templates do not evaluate it) —
             // checked loosely: the rendered text is at least as long as the longest

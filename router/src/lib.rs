@@ -21,6 +21,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod assistant;
 pub mod batcher;
 pub mod client;
 mod detokenizer;
@@ -35,6 +36,7 @@ mod stop;
 pub mod telemetry;
 mod validation;
 
+pub use crate::assistant::{ReasoningFormat, ToolCallFormat};
 pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
 pub use crate::error::{ApiError, OpenAiError};
 pub use crate::infer::{

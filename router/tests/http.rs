@@ -591,9 +591,20 @@ async fn models_lists_the_served_model_and_any_name_or_none_is_served() {
         json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
     ] {
         let (app, mut rx) = setup(Setup::default());
-        let (resp, _) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a", "b"]).await;
+        let (resp, _) = run(
+            &app,
+            &mut rx,
+            post("/v1/chat/completions", body),
+            1,
+            &["a", "b"],
+        )
+        .await;
         assert_eq!(resp.status(), StatusCode::OK);
-        assert_eq!(json_of(resp).await["model"], MODEL, "answers name the served model");
+        assert_eq!(
+            json_of(resp).await["model"],
+            MODEL,
+            "answers name the served model"
+        );
     }
 }
 
@@ -733,8 +744,14 @@ async fn openai_validation_errors_are_400() {
             "messages",
         ),
         // Malformed or unsatisfiable constraints are refused, never answered with free text.
-        (json!({"response_format": {"type": "json_schema"}}), "response_format"),
-        (json!({"response_format": {"type": "xml"}}), "response_format"),
+        (
+            json!({"response_format": {"type": "json_schema"}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format",
+        ),
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                    "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}),
@@ -742,13 +759,19 @@ async fn openai_validation_errors_are_400() {
         ),
         (json!({"guided_json": "{not json"}), "guided_json"),
         (json!({"guided_json": [1, 2]}), "guided_json"),
-        (json!({"guided_grammar": "start: undefined_rule"}), "guided_grammar"),
+        (
+            json!({"guided_grammar": "start: undefined_rule"}),
+            "guided_grammar",
+        ),
         (json!({"guided_grammar": ""}), "guided_grammar"),
         (
             json!({"guided_json": {"type": "object"}, "guided_regex": "a+"}),
             "guided_regex",
         ),
-        (json!({"structured_outputs": {"json": 5}}), "structured_outputs"),
+        (
+            json!({"structured_outputs": {"json": 5}}),
+            "structured_outputs",
+        ),
         (json!({"guided_choice": []}), "guided_choice"),
         (json!({"guided_choice": ["a", ""]}), "guided_choice"),
         (json!({"guided_choice": "a"}), "guided_choice"),

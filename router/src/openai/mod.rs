@@ -30,11 +30,11 @@ use crate::validation::ValidGenerateRequest;
 pub(crate) use self::chat::chat_completions;
 pub(crate) use self::completions::completions;
 pub use self::logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob};
-pub(crate) use self::request::{OutputConstraints, ResponseFormat};
 pub use self::request::{
     ChatCompletionRequest, CompletionRequest, ContentPart, MessageContent, PromptInput,
     RequestMessage, SamplingFields, StopSpec, StreamOptions,
 };
+pub(crate) use self::request::{OutputConstraints, ResponseFormat};
 pub use self::response::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Completion,
     CompletionChoice, Delta, Usage,

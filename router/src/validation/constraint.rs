@@ -26,7 +26,9 @@ impl Grammars {
     /// The compiler for `tokenizer`'s vocabulary (built now if it is the first call).
     pub(crate) fn get(&self, tokenizer: &ModelTokenizer) -> Result<&GrammarCompiler, GrammarError> {
         self.0
-            .get_or_init(|| GrammarCompiler::new(&tokenizer.token_bytes(), &tokenizer.eos_token_ids))
+            .get_or_init(|| {
+                GrammarCompiler::new(&tokenizer.token_bytes(), &tokenizer.eos_token_ids)
+            })
             .as_ref()
             .map_err(Clone::clone)
     }
@@ -70,13 +72,13 @@ pub(super) fn grammar_text(
     param: &'static str,
     v: &serde_json::Value,
 ) -> Result<String, ValidationError> {
-    let text = v
-        .as_str()
-        .filter(|g| !g.trim().is_empty())
-        .ok_or_else(|| ValidationError::Constraint {
-            param,
-            message: "must be a non-empty Lark grammar (llguidance's dialect)".into(),
-        })?;
+    let text =
+        v.as_str()
+            .filter(|g| !g.trim().is_empty())
+            .ok_or_else(|| ValidationError::Constraint {
+                param,
+                message: "must be a non-empty Lark grammar (llguidance's dialect)".into(),
+            })?;
     check_size(param, text)?;
     Ok(text.to_owned())
 }
@@ -118,7 +120,10 @@ pub(super) async fn check_constraint(
                     _ => return Ok(()),
                 };
                 let compiler = grammars.get(&tokenizer).map_err(|e| e.to_string())?;
-                compiler.compile(source).map(drop).map_err(|e| e.to_string())
+                compiler
+                    .compile(source)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
             })
         }
     };
@@ -127,7 +132,9 @@ pub(super) async fn check_constraint(
             "did not compile within {} s; simplify it",
             GRAMMAR_BUDGET.as_secs()
         ))),
-        Ok(Err(e)) => Err(ValidationError::Internal(format!("the constraint check failed: {e}"))),
+        Ok(Err(e)) => Err(ValidationError::Internal(format!(
+            "the constraint check failed: {e}"
+        ))),
         Ok(Ok(result)) => result.map_err(bad),
     }
 }

@@ -13,8 +13,8 @@ use super::{
     ValidCompletionRequest, Validation, ValidationError,
 };
 use crate::openai::{
-    ChatCompletionRequest, CompletionRequest, MessageContent, PromptInput,
-    RequestMessage, SamplingFields, StopSpec,
+    ChatCompletionRequest, CompletionRequest, MessageContent, PromptInput, RequestMessage,
+    SamplingFields, StopSpec,
 };
 
 /// Most `top_logprobs` of a chat request.
