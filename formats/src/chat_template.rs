@@ -141,6 +141,11 @@ impl ChatTemplate {
         })
     }
 
+    /// The texts the template sees as `bos_token` and `eos_token`.
+    pub fn special_tokens(&self) -> (Option<String>, Option<String>) {
+        (self.bos_token.clone(), self.eos_token.clone())
+    }
+
     /// The template's source.
     pub fn source(&self) -> &str {
         &self.source

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
 
-use crate::router::{RouterConfig, RouterLimits};
+use crate::router::{ChatOptions, RouterConfig, RouterLimits};
 use crate::shard::{ShardConfig, Speculation};
 
 /// Start a Tessera cluster: N shard processes and one router, supervised together.
@@ -160,6 +160,19 @@ pub(crate) struct Args {
     #[arg(long, env = "OTLP_SERVICE_NAME")]
     pub(crate) otlp_service_name: Option<String>,
 
+    /// A Jinja chat template file to use instead of the model's.
+    #[arg(long, env = "CHAT_TEMPLATE")]
+    pub(crate) chat_template: Option<PathBuf>,
+
+    /// How the model writes tool calls: hermes, llama3_json or mistral (default: what the chat
+    /// template shows; hermes for templates that render no tools).
+    #[arg(long, env = "TOOL_CALL_PARSER")]
+    pub(crate) tool_call_parser: Option<String>,
+
+    /// Read the model's reasoning into `reasoning_content`: qwen3 or deepseek_r1.
+    #[arg(long, env = "REASONING_PARSER")]
+    pub(crate) reasoning_parser: Option<String>,
+
     /// Seconds each stage of shutdown waits (router, then shards) before moving on; what is
     /// still running after both stages is killed.
     #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value_t = 10)]
@@ -229,6 +242,11 @@ impl Args {
             prefix_caching: self.prefix_caching,
             otlp_endpoint: self.otlp_endpoint.clone(),
             otlp_service_name: self.otlp_service_name.clone(),
+            chat: ChatOptions {
+                chat_template: self.chat_template.clone(),
+                tool_call_parser: self.tool_call_parser.clone(),
+                reasoning_parser: self.reasoning_parser.clone(),
+            },
         }
     }
 }

@@ -63,6 +63,19 @@ pub(crate) struct RouterConfig {
     pub(crate) otlp_endpoint: Option<String>,
     /// Service name in traces.
     pub(crate) otlp_service_name: Option<String>,
+    /// How conversations are rendered and answers read.
+    pub(crate) chat: ChatOptions,
+}
+
+/// The chat template and the parsers of the model's output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ChatOptions {
+    /// `--chat-template`.
+    pub(crate) chat_template: Option<PathBuf>,
+    /// `--tool-call-parser`.
+    pub(crate) tool_call_parser: Option<String>,
+    /// `--reasoning-parser`.
+    pub(crate) reasoning_parser: Option<String>,
 }
 
 impl RouterConfig {
@@ -121,7 +134,10 @@ impl RouterConfig {
             spec.flag("--prefix-caching", "false");
         }
         spec.opt_flag("--otlp-endpoint", self.otlp_endpoint.as_deref())
-            .opt_flag("--otlp-service-name", self.otlp_service_name.as_deref());
+            .opt_flag("--otlp-service-name", self.otlp_service_name.as_deref())
+            .opt_flag("--chat-template", self.chat.chat_template.as_deref())
+            .opt_flag("--tool-call-parser", self.chat.tool_call_parser.as_deref())
+            .opt_flag("--reasoning-parser", self.chat.reasoning_parser.as_deref());
         // The launcher's own API_KEY variable must not reach the router under its old name.
         spec.env_remove.push("API_KEY".into());
         if let Some(key) = &self.api_key {
@@ -165,6 +181,7 @@ mod tests {
             prefix_caching: true,
             otlp_endpoint: None,
             otlp_service_name: None,
+            chat: ChatOptions::default(),
         }
     }
 

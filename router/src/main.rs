@@ -12,7 +12,10 @@ use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::ShardedClient;
 use tessera_router::client::WarmupRequest;
 use tessera_router::telemetry::TelemetryConfig;
-use tessera_router::{AppState, Infer, ModelInfo, ValidationConfig, install_recorder, serve};
+use tessera_router::{
+    AppState, Infer, ModelInfo, ReasoningFormat, ToolCallFormat, ValidationConfig,
+    install_recorder, serve,
+};
 
 /// The router of a Tessera server.
 #[derive(Parser, Debug)]
@@ -83,6 +86,34 @@ struct Args {
     /// Service name in traces.
     #[arg(long, default_value = "tessera-router")]
     otlp_service_name: String,
+    /// A Jinja chat template file to use instead of the model's.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
+    /// How the model writes tool calls: hermes, llama3_json or mistral (default: what the chat
+    /// template shows; hermes for templates that render no tools).
+    #[arg(long, value_parser = parse_tool_call_format)]
+    tool_call_parser: Option<ToolCallFormat>,
+    /// Read the model's reasoning into `reasoning_content`: qwen3 or deepseek_r1.
+    #[arg(long, value_parser = parse_reasoning_format)]
+    reasoning_parser: Option<ReasoningFormat>,
+}
+
+fn parse_tool_call_format(name: &str) -> Result<ToolCallFormat, String> {
+    ToolCallFormat::from_name(name).ok_or_else(|| {
+        format!(
+            "unknown tool-call parser; expected one of {}",
+            ToolCallFormat::NAMES
+        )
+    })
+}
+
+fn parse_reasoning_format(name: &str) -> Result<ReasoningFormat, String> {
+    ReasoningFormat::from_name(name).ok_or_else(|| {
+        format!(
+            "unknown reasoning parser; expected one of {}",
+            ReasoningFormat::NAMES
+        )
+    })
 }
 
 /// The shards' sockets exist before the router starts, but a shard may still be binding.
@@ -209,7 +240,15 @@ async fn main() -> anyhow::Result<()> {
     let prometheus = install_recorder().context("installing the metrics recorder")?;
 
     let files = ModelFiles::open(&args.model_id)?;
-    let tokenizer = Arc::new(files.tokenizer()?);
+    let mut tokenizer = files.tokenizer()?;
+    if let Some(path) = &args.chat_template {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --chat-template {}", path.display()))?;
+        tokenizer
+            .replace_chat_template(source)
+            .with_context(|| format!("--chat-template {}", path.display()))?;
+    }
+    let tokenizer = Arc::new(tokenizer);
     let served_model_name = args
         .served_model_name
         .clone()
@@ -254,6 +293,8 @@ async fn main() -> anyhow::Result<()> {
         max_total_tokens: limits.max_total_tokens,
         max_stop_sequences: args.max_stop_sequences,
         max_top_n_tokens: args.max_top_n_tokens,
+        tool_call_format: args.tool_call_parser,
+        reasoning: args.reasoning_parser,
         ..Default::default()
     })
     .info(ModelInfo {

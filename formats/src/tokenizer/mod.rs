@@ -14,7 +14,7 @@ use tokenizers::Tokenizer;
 use tokenizers::processors::template::TemplateProcessing;
 
 use crate::FormatError;
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::{ChatTemplate, ChatTemplateError};
 
 /// Encoding or decoding failed (for example an id outside the vocabulary).
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +143,22 @@ impl ModelTokenizer {
             add_bos,
             chat_template,
         })
+    }
+
+    /// Uses `source` as the chat template instead of the model's (`--chat-template`), with
+    /// the same `bos_token` and `eos_token`.
+    pub fn replace_chat_template(&mut self, source: String) -> Result<(), ChatTemplateError> {
+        let (bos, eos) = match &self.chat_template {
+            Some(t) => t.special_tokens(),
+            None => (
+                self.bos_token.as_ref().map(|(t, _)| t.clone()),
+                self.eos_token_ids
+                    .first()
+                    .and_then(|&id| self.tokenizer.id_to_token(id)),
+            ),
+        };
+        self.chat_template = Some(ChatTemplate::new(source, bos, eos)?);
+        Ok(())
     }
 
     /// Token ids of `text`. With `add_special_tokens` the post-processor adds BOS (when

@@ -10,7 +10,8 @@ mod tool_format;
 mod tool_grammar;
 
 pub use self::reasoning::ReasoningFormat;
-pub use self::tool_format::{ParsedCall, ToolCallFormat};
+pub(crate) use self::tool_format::ParsedCall;
+pub use self::tool_format::ToolCallFormat;
 pub(crate) use self::tool_grammar::{ToolChoice, ToolSpec, tool_grammar};
 
 /// A piece of the assistant's output.
@@ -79,11 +80,6 @@ impl OutputSplitter {
             blank: String::new(),
             trim_lead: false,
         }
-    }
-
-    /// Whether any tool call was read.
-    pub(crate) fn called(&self) -> bool {
-        self.calls > 0
     }
 
     /// The pieces `text` completes.

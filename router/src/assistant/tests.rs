@@ -84,10 +84,7 @@ fn one_call_and_several_calls_are_read_whatever_the_cut() {
     };
     assert_eq!(
         split(single, &[&two]),
-        [
-            content("Let me check."),
-            call("get", r#"{"city":"Oslo"}"#)
-        ]
+        [content("Let me check."), call("get", r#"{"city":"Oslo"}"#)]
     );
 }
 

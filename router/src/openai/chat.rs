@@ -7,11 +7,13 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
+use super::assistant_reply::whole_message;
 use super::logprobs::{ChatLogprobs, chat_logprob};
 use super::request::ChatCompletionRequest;
-use super::response::{AssistantMessage, ChatChoice, ChatCompletion, Meta, Usage};
+use super::response::{ChatChoice, ChatCompletion, Meta, Usage};
 use super::streaming::chat_stream;
 use super::{launch, run_all};
+use crate::assistant::OutputReading;
 use crate::error::{OpenAiError, OpenAiJson};
 use crate::infer::InferResponse;
 use crate::server::AppState;
@@ -33,7 +35,13 @@ pub(crate) async fn chat_completions(
     let meta = Meta::new(&state, "chatcmpl");
     if valid.reply.stream {
         let launched = launch(&state, valid.samples).await?;
-        let stream = chat_stream(meta, launched, valid.reply, valid.prompt_tokens);
+        let stream = chat_stream(
+            meta,
+            launched,
+            valid.reply,
+            valid.reading,
+            valid.prompt_tokens,
+        );
         return Ok(sse(stream));
     }
     let outputs = run_all(&state, valid.samples).await?;
@@ -47,32 +55,41 @@ pub(crate) async fn chat_completions(
         created: meta.created,
         model: meta.model,
         system_fingerprint: meta.system_fingerprint,
-        choices: chat_choices(valid.reply, outputs),
+        choices: chat_choices(valid.reply, valid.reading, outputs),
         usage: Usage::new(valid.prompt_tokens, completion_tokens),
     })
     .into_response())
 }
 
-/// The choices of a finished request, in order, with the tokens' logprobs when asked for.
-fn chat_choices(reply: OpenAiReply, outputs: Vec<InferResponse>) -> Vec<ChatChoice> {
+/// The choices of a finished request, in order, read as `reading` says, with the tokens'
+/// logprobs when asked for.
+fn chat_choices(
+    reply: OpenAiReply,
+    reading: OutputReading,
+    outputs: Vec<InferResponse>,
+) -> Vec<ChatChoice> {
     outputs
         .into_iter()
         .enumerate()
-        .map(|(index, o)| ChatChoice {
-            index,
-            logprobs: reply.logprobs.then(|| ChatLogprobs {
-                content: o
-                    .tokens
-                    .iter()
-                    .zip(&o.top_tokens)
-                    .map(|(t, top)| chat_logprob(t, top))
-                    .collect(),
-            }),
-            finish_reason: o.generated_text.finish_reason.openai(),
-            message: AssistantMessage {
-                role: "assistant",
-                content: o.generated_text.text,
-            },
+        .map(|(index, o)| {
+            let (message, finish_reason) = whole_message(
+                reading,
+                &o.generated_text.text,
+                o.generated_text.finish_reason.openai(),
+            );
+            ChatChoice {
+                index,
+                logprobs: reply.logprobs.then(|| ChatLogprobs {
+                    content: o
+                        .tokens
+                        .iter()
+                        .zip(&o.top_tokens)
+                        .map(|(t, top)| chat_logprob(t, top))
+                        .collect(),
+                }),
+                finish_reason,
+                message,
+            }
         })
         .collect()
 }

@@ -12,6 +12,7 @@
 //! unconstrained text. Errors use OpenAI's shape; invalid requests answer 400 (see
 //! [`crate::error`]).
 
+mod assistant_reply;
 mod chat;
 mod completions;
 mod logprobs;

@@ -133,8 +133,12 @@ pub struct RequestMessage {
     pub role: String,
     /// The content (null for an assistant message with only tool calls).
     pub content: Option<MessageContent>,
-    /// An assistant's earlier tool calls: refused, since no template here renders them.
+    /// An assistant's earlier tool calls (`arguments` as JSON text).
     pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's call id.
+    pub tool_call_id: Option<String>,
+    /// A tool message's function name (or a participant's name).
+    pub name: Option<String>,
 }
 
 /// `POST /v1/chat/completions` body.
@@ -152,14 +156,18 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token, 0..=20 (with `logprobs`).
     pub top_logprobs: Option<u32>,
-    /// Tool definitions; refused unless `tool_choice` is `"none"`.
+    /// Function tools the model may call.
     pub tools: Option<Vec<serde_json::Value>>,
-    /// `"none"` or `"auto"` (with no tools); others are refused.
+    /// `"none"`, `"auto"` (the default with tools), `"required"`, or a named function.
     pub tool_choice: Option<serde_json::Value>,
-    /// Deprecated form of `tools`; same rules.
+    /// `false`: at most one call.
+    pub parallel_tool_calls: Option<bool>,
+    /// Deprecated form of `tools`.
     pub functions: Option<Vec<serde_json::Value>>,
-    /// Deprecated form of `tool_choice`; same rules.
+    /// Deprecated form of `tool_choice`.
     pub function_call: Option<serde_json::Value>,
+    /// Extra variables for the chat template (e.g. `enable_thinking`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Sampling fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,

@@ -34,8 +34,61 @@ impl Usage {
 pub struct AssistantMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
-    /// The text.
-    pub content: String,
+    /// The answer's text (null when the message is only tool calls).
+    pub content: Option<String>,
+    /// The model's thinking, with `--reasoning-parser`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The calls the model made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// A tool call in a message.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCall {
+    /// `call_…`, unique in the response.
+    pub id: String,
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// The function of a tool call.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCall {
+    /// Its name.
+    pub name: String,
+    /// Its arguments as JSON text.
+    pub arguments: String,
+}
+
+/// A streamed piece of a tool call: the first has its id, type and name, the next ones
+/// fragments of its arguments.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    /// Which call of the message (0-based).
+    pub index: usize,
+    /// On the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `"function"`, on the call's first delta.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name (first delta) or an arguments fragment.
+    pub function: FunctionCallDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCallDelta {
+    /// On the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A fragment of the arguments' text.
+    pub arguments: String,
 }
 
 /// One choice of a chat completion.
@@ -47,7 +100,7 @@ pub struct ChatChoice {
     pub message: AssistantMessage,
     /// Token logprobs, when asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// `"stop"` or `"length"`.
+    /// `"stop"`, `"length"` or `"tool_calls"`.
     pub finish_reason: &'static str,
 }
 
@@ -79,6 +132,12 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New thinking, with `--reasoning-parser`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool-call pieces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chat chunk.

@@ -6,8 +6,10 @@ use axum::response::sse::Event;
 use futures::StreamExt;
 
 use super::Launched;
+use super::assistant_reply::ChoiceDeltas;
 use super::logprobs::{ChatLogprobs, CompletionLogprobs, chat_logprob};
 use super::response::{ChunkChoice, CompletionChoice, Delta, Meta, Usage};
+use crate::assistant::OutputReading;
 use crate::error::ApiError;
 use crate::infer::{InferError, InferStream, InferStreamResponse};
 use crate::sse::{done_event, json_event};
@@ -38,6 +40,7 @@ pub(super) fn chat_stream(
     meta: Meta,
     launched: Launched,
     reply: OpenAiReply,
+    reading: OutputReading,
     prompt_tokens: u32,
 ) -> impl futures::Stream<Item = Result<Event, Infallible>> {
     let usage_prompt_tokens = reply.include_usage.then_some(prompt_tokens);
@@ -51,8 +54,9 @@ pub(super) fn chat_stream(
     async_stream::stream! {
         let _permits = permits;
         let mut events = merged(streams);
+        let mut readers = vec![ChoiceDeltas::new(reading); n];
         for index in 0..n {
-            let delta = Delta { role: Some("assistant"), content: Some(String::new()) };
+            let delta = Delta { role: Some("assistant"), content: Some(String::new()), ..Delta::default() };
             let choice = ChunkChoice { index, delta, logprobs: None, finish_reason: None };
             yield Ok::<Event, Infallible>(chunk(vec![choice], usage_null));
         }
@@ -70,17 +74,22 @@ pub(super) fn chat_stream(
                     return;
                 }
             };
-            if logprobs || !token.text.is_empty() {
-                let choice = ChunkChoice {
-                    index,
-                    logprobs: logprobs.then(|| ChatLogprobs { content: vec![chat_logprob(&token, &top)] }),
-                    delta: Delta { role: None, content: Some(token.text) },
-                    finish_reason: None,
-                };
+            let reader = &mut readers[index];
+            let mut deltas = reader.push(&token.text);
+            if end.is_some() {
+                deltas.extend(reader.finish());
+            }
+            let mut token_logprobs = logprobs.then(|| ChatLogprobs { content: vec![chat_logprob(&token, &top)] });
+            if token_logprobs.is_some() && deltas.is_empty() {
+                deltas.push(Delta::default());
+            }
+            for delta in deltas {
+                let choice = ChunkChoice { index, logprobs: token_logprobs.take(), delta, finish_reason: None };
                 yield Ok(chunk(vec![choice], usage_null));
             }
             if let Some(reason) = end {
-                let choice = ChunkChoice { index, delta: Delta::default(), logprobs: None, finish_reason: Some(reason) };
+                let finish_reason = Some(readers[index].finish_reason(reason));
+                let choice = ChunkChoice { index, delta: Delta::default(), logprobs: None, finish_reason };
                 yield Ok(chunk(vec![choice], usage_null));
             }
         }

@@ -8,6 +8,7 @@
 //! [`ValidationError`] whose message names the field and the bound. The slow steps (templates,
 //! tokenization, compiling output patterns) run off the async runtime.
 
+mod chat;
 mod constraint;
 mod errors;
 mod native;
@@ -15,11 +16,14 @@ mod openai;
 mod parameters;
 mod prompt;
 mod structured;
+mod tools;
 mod validated;
 
 use std::sync::Arc;
 
 use tessera_formats::ModelTokenizer;
+
+use crate::assistant::{ReasoningFormat, ToolCallFormat};
 
 pub use self::errors::ValidationError;
 pub use self::parameters::RequestParameters;
@@ -45,6 +49,11 @@ pub struct ValidationConfig {
     pub max_best_of: usize,
     /// `max_new_tokens` when the request gives none, if lower than what the context allows.
     pub default_max_new_tokens: Option<u32>,
+    /// How the model writes tool calls (`--tool-call-parser`); detected from the chat
+    /// template when unset.
+    pub tool_call_format: Option<ToolCallFormat>,
+    /// How the model marks its reasoning (`--reasoning-parser`); none read when unset.
+    pub reasoning: Option<ReasoningFormat>,
 }
 
 impl Default for ValidationConfig {
@@ -56,6 +65,8 @@ impl Default for ValidationConfig {
             max_top_n_tokens: 20,
             max_best_of: 8,
             default_max_new_tokens: None,
+            tool_call_format: None,
+            reasoning: None,
         }
     }
 }

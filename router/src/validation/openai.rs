@@ -1,24 +1,17 @@
-//! The OpenAI requests' rules: chat and completions requests into the samples to run.
+//! The OpenAI requests' rules: completions requests into the samples to run, and the fields
+//! chat and completions share (`chat.rs` has the chat rules).
 //!
 //! Checks run in a fixed order (the first failure is the one reported): constrained output,
-//! then tools and messages (chat) or `best_of` and `suffix` (completions), logprobs, `n`,
-//! the prompt, the sampling fields, and last the engine's rules on each tokenized prompt.
-
-use tessera_formats::ChatMessage;
+//! then `best_of` and `suffix`, logprobs, `n`, the prompts, the sampling fields, and last the
+//! engine's rules on each tokenized prompt.
 
 use super::constraint::check_constraint;
 use super::parameters::{TopLogprobs, check_openai_temperature};
 use super::{
-    ChoiceLayout, GenerateInput, OpenAiReply, Prompt, RequestParameters, ValidChatRequest,
-    ValidCompletionRequest, Validation, ValidationError,
+    ChoiceLayout, GenerateInput, OpenAiReply, Prompt, RequestParameters, ValidCompletionRequest,
+    Validation, ValidationError,
 };
-use crate::openai::{
-    ChatCompletionRequest, CompletionRequest, MessageContent, PromptInput, RequestMessage,
-    SamplingFields, StopSpec,
-};
-
-/// Most `top_logprobs` of a chat request.
-const MAX_CHAT_TOP_LOGPROBS: u32 = 20;
+use crate::openai::{CompletionRequest, PromptInput, SamplingFields, StopSpec};
 
 /// Most `logprobs` of a completions request.
 const MAX_COMPLETION_LOGPROBS: u32 = 5;
@@ -27,55 +20,6 @@ const MAX_COMPLETION_LOGPROBS: u32 = 5;
 const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 
 impl Validation {
-    /// Validates a chat request into its `n` samples: constrained output (a pattern compiled
-    /// off the async runtime), tools, messages, logprobs, `n`, the conversation rendered with
-    /// the chat template, then the sampling fields and the rendered prompt.
-    pub(crate) async fn validate_chat(
-        &self,
-        req: &ChatCompletionRequest,
-    ) -> Result<ValidChatRequest, ValidationError> {
-        let (param, constraint) = req.constraints.constrained()?;
-        check_constraint(param, constraint.as_ref(), &self.grammars, &self.tokenizer).await?;
-        for tools in ToolRequest::of(req) {
-            tools.check()?;
-        }
-        let messages = chat_messages(&req.messages)?;
-        let top = TopLogprobs {
-            param: "top_logprobs",
-            given: req.top_logprobs.unwrap_or(0),
-            max: MAX_CHAT_TOP_LOGPROBS,
-        }
-        .check()?;
-        let logprobs = req.logprobs.unwrap_or(false);
-        let n = req.sampling.n.unwrap_or(1);
-        self.validate_n("n", n)?;
-        let text = self.render_chat(messages).await?;
-        let parameters = RequestParameters {
-            max_new_tokens: req.max_completion_tokens.or(req.max_tokens),
-            top_n_tokens: Some(if logprobs { top } else { 0 }),
-            constraint,
-            ..req.sampling.parameters()?
-        };
-        let input = GenerateInput {
-            prompt: Prompt::Text {
-                text,
-                add_special_tokens: false,
-            },
-            parameters,
-            truncate: None,
-        };
-        let valid = self.validate(input).await?;
-        Ok(ValidChatRequest {
-            prompt_tokens: valid.input_ids.len() as u32,
-            samples: valid.samples(n, req.sampling.seed),
-            reply: OpenAiReply {
-                stream: req.sampling.stream.unwrap_or(false),
-                logprobs,
-                include_usage: req.sampling.include_usage(),
-            },
-        })
-    }
-
     /// Validates a completions request into `n` samples per prompt: `best_of`, `suffix`,
     /// constrained output (a pattern compiled off the async runtime), logprobs, `n`, the
     /// prompts and their count, the sampling fields, then each prompt.
@@ -181,7 +125,7 @@ fn completion_prompts(prompt: &PromptInput) -> Result<Vec<Prompt>, ValidationErr
 impl SamplingFields {
     /// The fields as engine parameters (OpenAI samples by default), once `temperature` is
     /// within OpenAI's range; the endpoint sets the length, logprobs and constraint fields.
-    fn parameters(&self) -> Result<RequestParameters, ValidationError> {
+    pub(super) fn parameters(&self) -> Result<RequestParameters, ValidationError> {
         check_openai_temperature(self.temperature)?;
         let stop = match &self.stop {
             None => Vec::new(),
@@ -215,105 +159,10 @@ impl SamplingFields {
         })
     }
 
-    fn include_usage(&self) -> bool {
+    pub(super) fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false)
     }
-}
-
-/// A chat request's tool definitions and tool choice, under the field names it used
-/// (`tools`/`tool_choice`, or the deprecated `functions`/`function_call`).
-struct ToolRequest<'a> {
-    tools: Option<&'a [serde_json::Value]>,
-    choice: Option<&'a serde_json::Value>,
-    tools_param: &'static str,
-    choice_param: &'static str,
-}
-
-impl<'a> ToolRequest<'a> {
-    /// Both forms, the current one first.
-    fn of(req: &'a ChatCompletionRequest) -> [Self; 2] {
-        [
-            ToolRequest {
-                tools: req.tools.as_deref(),
-                choice: req.tool_choice.as_ref(),
-                tools_param: "tools",
-                choice_param: "tool_choice",
-            },
-            ToolRequest {
-                tools: req.functions.as_deref(),
-                choice: req.function_call.as_ref(),
-                tools_param: "functions",
-                choice_param: "function_call",
-            },
-        ]
-    }
-
-    /// Tool calling is not implemented: tools are accepted only when the request says not to
-    /// call them (`"none"` as the choice).
-    fn check(&self) -> Result<(), ValidationError> {
-        let unsupported = |param| ValidationError::Unsupported {
-            param,
-            reason: "tool calling is not implemented; send no tools, or `\"none\"` as the choice",
-        };
-        let called = self.choice.is_none_or(|c| c != "none");
-        if self.tools.is_some_and(|t| !t.is_empty()) && called {
-            return Err(unsupported(self.tools_param));
-        }
-        if self.choice.is_some_and(|c| c != "none" && c != "auto") {
-            return Err(unsupported(self.choice_param));
-        }
-        Ok(())
-    }
-}
-
-/// The conversation for the chat template: roles checked (`developer` is `system`), text
-/// parts joined; tool calls and other parts refused.
-fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ValidationError> {
-    messages
-        .iter()
-        .enumerate()
-        .map(|(index, m)| {
-            let bad = |message: String| ValidationError::Message { index, message };
-            if m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
-                return Err(bad(
-                    "`tool_calls` are not supported (tool calling is not implemented)".into(),
-                ));
-            }
-            let role = match m.role.as_str() {
-                "system" | "developer" => "system",
-                r @ ("user" | "assistant" | "tool") => r,
-                other => {
-                    return Err(bad(format!(
-                        "unknown role `{other}`; expected system, developer, user, assistant or tool"
-                    )));
-                }
-            };
-            let content = match &m.content {
-                None => String::new(),
-                Some(MessageContent::Text(t)) => t.clone(),
-                Some(MessageContent::Parts(parts)) => parts_text(parts).map_err(bad)?,
-            };
-            Ok(ChatMessage::new(role, content))
-        })
-        .collect()
-}
-
-/// The text of a message's parts, joined; what is wrong otherwise.
-fn parts_text(parts: &[crate::openai::ContentPart]) -> Result<String, String> {
-    let mut text = String::new();
-    for p in parts {
-        match (p.kind.as_str(), &p.text) {
-            ("text", Some(t)) => text.push_str(t),
-            ("text", None) => return Err("text part without `text`".into()),
-            (kind, _) => {
-                return Err(format!(
-                    "content parts of type `{kind}` are not supported (only `text`)"
-                ));
-            }
-        }
-    }
-    Ok(text)
 }

@@ -1,7 +1,7 @@
 //! The prompt: a conversation rendered with the chat template, text tokenized (both off the
 //! async runtime), token ids checked against the vocabulary, then truncated and measured.
 
-use tessera_formats::ChatMessage;
+use tessera_formats::{ChatMessage, RenderOptions};
 
 use super::{Validation, ValidationError};
 
@@ -32,6 +32,16 @@ pub(super) struct TokenizedPrompt {
 impl Validation {
     /// Renders a conversation with the model's chat template (generation prompt added).
     pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, ValidationError> {
+        self.render_conversation(messages, None, None)
+    }
+
+    /// Renders a conversation with tool definitions and extra template variables.
+    fn render_conversation(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        extra: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, ValidationError> {
         if messages.is_empty() {
             return Err(ValidationError::EmptyInput("messages"));
         }
@@ -40,21 +50,30 @@ impl Validation {
             .chat_template
             .as_ref()
             .ok_or(ValidationError::NoChatTemplate)?;
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            tools,
+            extra,
+        };
         template
-            .render(messages, true)
+            .render_with(messages, &options)
             .map_err(|e| ValidationError::ChatTemplate(e.to_string()))
     }
 
-    /// [`Validation::apply_chat_template`] off the async runtime (templates loop over
-    /// client-sized conversations).
+    /// [`Validation::apply_chat_template`] with tools and extra variables, off the async
+    /// runtime (templates loop over client-sized conversations).
     pub(super) async fn render_chat(
         &self,
         messages: Vec<ChatMessage>,
+        tools: Option<serde_json::Value>,
+        extra: Option<serde_json::Map<String, serde_json::Value>>,
     ) -> Result<String, ValidationError> {
         let validation = self.clone();
-        tokio::task::spawn_blocking(move || validation.apply_chat_template(&messages))
-            .await
-            .map_err(|e| ValidationError::Internal(e.to_string()))?
+        tokio::task::spawn_blocking(move || {
+            validation.render_conversation(&messages, tools.as_ref(), extra.as_ref())
+        })
+        .await
+        .map_err(|e| ValidationError::Internal(e.to_string()))?
     }
 
     /// The prompt's text and ids: text tokenized off the async runtime, ids checked against

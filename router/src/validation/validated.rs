@@ -75,6 +75,8 @@ pub(crate) struct ValidChatRequest {
     pub(crate) prompt_tokens: u32,
     /// What the response carries.
     pub(crate) reply: OpenAiReply,
+    /// How the output is read (reasoning, content, tool calls).
+    pub(crate) reading: crate::assistant::OutputReading,
 }
 
 /// A validated `/v1/completions` request.
