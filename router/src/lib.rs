@@ -70,4 +70,9 @@ pub mod openai_api {
         CompletionRequest, ContentPart, Delta, MessageContent, PromptInput, RequestMessage,
         SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
     };
+    pub use crate::openai::{
+        FunctionCall, FunctionCallDelta, JsonSchemaFormat, OutputConstraints, ResponseFormat,
+        ResponsesInput, ResponsesRequest, StructuredOutputs, TextFormat, TextOptions, ToolCall,
+        ToolCallDelta,
+    };
 }

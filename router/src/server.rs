@@ -216,6 +216,7 @@ pub fn app(state: AppState) -> Router {
     let openai = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(openai::responses))
         .route("/v1/models", get(openai::models))
         .route_layer(middleware::from_fn_with_state(state.clone(), openai_auth));
     let open = Router::new()

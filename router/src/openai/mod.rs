@@ -18,6 +18,7 @@ mod completions;
 mod logprobs;
 mod request;
 mod response;
+mod responses;
 mod streaming;
 
 use axum::Json;
@@ -32,14 +33,16 @@ pub(crate) use self::chat::chat_completions;
 pub(crate) use self::completions::completions;
 pub use self::logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob};
 pub use self::request::{
-    ChatCompletionRequest, CompletionRequest, ContentPart, MessageContent, PromptInput,
-    RequestMessage, SamplingFields, StopSpec, StreamOptions,
+    ChatCompletionRequest, CompletionRequest, ContentPart, JsonSchemaFormat, MessageContent,
+    OutputConstraints, PromptInput, RequestMessage, ResponseFormat, SamplingFields, StopSpec,
+    StreamOptions, StructuredOutputs,
 };
-pub(crate) use self::request::{OutputConstraints, ResponseFormat};
 pub use self::response::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Completion,
-    CompletionChoice, Delta, Usage,
+    CompletionChoice, Delta, FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, Usage,
 };
+pub(crate) use self::responses::responses;
+pub use self::responses::{ResponsesInput, ResponsesRequest, TextFormat, TextOptions};
 
 /// A request's choices, queued: their event streams and the permits they hold (keep them as
 /// long as the streams).
