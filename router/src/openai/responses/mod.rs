@@ -149,34 +149,56 @@ fn item_id(prefix: &str) -> String {
     format!("{prefix}_{:016x}{:08x}", random_u64(), random_u64() as u32)
 }
 
-/// A whole output's items: its reasoning, its text as one message, its calls.
+/// A whole output's items in the order the model wrote them: reasoning, text (adjacent
+/// pieces joined into one message) and calls; an empty message when there is nothing else.
 struct OutputItems(Vec<Value>);
 
 impl OutputItems {
     fn from_pieces(pieces: Vec<Piece>) -> Self {
-        let (mut reasoning, mut text, mut calls) = (String::new(), None::<String>, Vec::new());
-        for piece in pieces {
-            match piece {
-                Piece::Reasoning(t) => reasoning.push_str(&t),
-                Piece::Content(t) => text.get_or_insert_with(String::new).push_str(&t),
-                Piece::Call(c) => calls.push(c),
-            }
+        enum Open {
+            Reasoning(String),
+            Text(String),
         }
+        let close = |open: Option<Open>, items: &mut Vec<Value>| match open {
+            Some(Open::Reasoning(t)) => items.push(reasoning_item(&item_id("rs"), &t)),
+            Some(Open::Text(t)) => items.push(message_item(&item_id("msg"), &t, "completed")),
+            None => {}
+        };
         let mut items = Vec::new();
-        if !reasoning.is_empty() {
-            items.push(reasoning_item(&item_id("rs"), &reasoning));
+        let mut open = None;
+        for piece in pieces {
+            open = match (open, piece) {
+                (Some(Open::Reasoning(mut a)), Piece::Reasoning(b)) => {
+                    a.push_str(&b);
+                    Some(Open::Reasoning(a))
+                }
+                (Some(Open::Text(mut a)), Piece::Content(b)) => {
+                    a.push_str(&b);
+                    Some(Open::Text(a))
+                }
+                (prev, Piece::Reasoning(t)) => {
+                    close(prev, &mut items);
+                    Some(Open::Reasoning(t))
+                }
+                (prev, Piece::Content(t)) => {
+                    close(prev, &mut items);
+                    Some(Open::Text(t))
+                }
+                (prev, Piece::Call(call)) => {
+                    close(prev, &mut items);
+                    items.push(call_item(
+                        &item_id("fc"),
+                        &item_id("call"),
+                        &call,
+                        "completed",
+                    ));
+                    None
+                }
+            };
         }
-        if text.is_some() || calls.is_empty() {
-            let text = text.unwrap_or_default();
-            items.push(message_item(&item_id("msg"), &text, "completed"));
-        }
-        for call in &calls {
-            items.push(call_item(
-                &item_id("fc"),
-                &item_id("call"),
-                call,
-                "completed",
-            ));
+        close(open, &mut items);
+        if items.is_empty() {
+            items.push(message_item(&item_id("msg"), "", "completed"));
         }
         Self(items)
     }

@@ -1,6 +1,7 @@
 //! The Responses API's event stream, as the OpenAI SDK accumulates it: `response.created`,
 //! then per output item `output_item.added`, its deltas and `output_item.done`, then
-//! `response.completed` (or `response.incomplete`) with the whole response.
+//! `response.completed` with the whole response (`status: incomplete` when the length limit
+//! ended it).
 
 use std::convert::Infallible;
 
@@ -221,8 +222,9 @@ pub(super) fn events(
                 let length = generated.finish_reason.openai() == "length";
                 let usage = usage(prompt_tokens, generated.generated_tokens);
                 let response = shell.finished(std::mem::take(&mut emitter.done), usage, length);
-                let kind = if length { "response.incomplete" } else { "response.completed" };
-                yield Ok(emitter.event(kind, json!({"response": response})));
+                // As vLLM does: `completed` even when the length limit ended it (the status
+                // says so), since SDKs finish a stream only on that event.
+                yield Ok(emitter.event("response.completed", json!({"response": response})));
                 return;
             }
         }
