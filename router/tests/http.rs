@@ -30,6 +30,7 @@ struct Setup {
     max_concurrent: usize,
     api_key: Option<String>,
     payload_limit: usize,
+    max_input_tokens: usize,
     healthy: Arc<AtomicBool>,
 }
 
@@ -39,6 +40,7 @@ impl Default for Setup {
             max_concurrent: 8,
             api_key: None,
             payload_limit: 10_000,
+            max_input_tokens: 100,
             healthy: Arc::new(AtomicBool::new(true)),
         }
     }
@@ -49,12 +51,12 @@ fn setup(s: Setup) -> (Router, mpsc::Receiver<Entry>) {
     let healthy = s.healthy.clone();
     let state = AppState::builder(Infer::new(tx, s.max_concurrent), tokenizer(), MODEL)
         .validation(ValidationConfig {
-            max_input_tokens: 100,
-            max_total_tokens: 128,
+            max_input_tokens: s.max_input_tokens,
+            max_total_tokens: s.max_input_tokens + 28,
             max_stop_sequences: 2,
             max_top_n_tokens: 5,
             max_best_of: 4,
-            default_max_new_tokens: None,
+            ..Default::default()
         })
         .info(ModelInfo {
             model_id: "fixtures/tiny-llama".into(),
@@ -608,6 +610,44 @@ async fn models_lists_the_served_model_and_any_name_or_none_is_served() {
     }
 }
 
+/// A template that renders no tools gets them in the system message, and the output is
+/// held to a grammar of the tools' calls.
+#[tokio::test]
+async fn tools_reach_a_template_without_tools_through_the_system_message() {
+    let (app, mut rx) = setup(Setup {
+        max_input_tokens: 4000,
+        ..Setup::default()
+    });
+    let body = json!({"model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "tool_choice": "required"});
+    let (resp, entries) = run(&app, &mut rx, post("/v1/chat/completions", body), 1, &["a"]).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let r = &entries[0].request;
+    assert!(
+        r.inputs
+            .starts_with("<|im_start|>system\nBe brief.\n\n# Tools"),
+        "{}",
+        r.inputs
+    );
+    assert!(
+        r.inputs.contains("\"name\":\"get_weather\""),
+        "{}",
+        r.inputs
+    );
+    match &r.constraint {
+        Some(tessera_router::OutputConstraint::Lark(g)) => {
+            assert!(
+                g.contains("<tool_call>") && g.contains("get_weather"),
+                "{g}"
+            );
+        }
+        other => panic!("expected a tool grammar, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn chat_completion_with_n_and_logprobs() {
     let (app, mut rx) = setup(Setup::default());
@@ -717,7 +757,11 @@ async fn chat_stream_without_usage_has_no_usage_field() {
 
 #[tokio::test]
 async fn openai_validation_errors_are_400() {
-    let app = app_only();
+    let app = setup(Setup {
+        payload_limit: 2_000_000,
+        ..Setup::default()
+    })
+    .0;
     let msgs = json!([{"role": "user", "content": "hi"}]);
     for (extra, param) in [
         (json!({"temperature": 2.5}), "temperature"),
@@ -781,15 +825,51 @@ async fn openai_validation_errors_are_400() {
         ),
         (json!({"tools": [{"type": "function"}]}), "tools"),
         (
+            json!({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}),
+            "tools",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "no spaces allowed"}}]}),
+            "tools",
+        ),
+        (
+            json!({"tools": (0..1000).map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}})).collect::<Vec<_>>()}),
+            "tools",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "deep", "parameters": (0..40).fold(json!({"type": "string"}), |inner, _| json!({"type": "array", "items": inner}))}}]}),
+            "tools",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                   "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
             json!({"tools": [{"type": "function"}], "tool_choice": "auto"}),
             "tools",
         ),
         (json!({"tool_choice": "required"}), "tool_choice"),
-        (json!({"functions": [{"name": "f"}]}), "functions"),
+        (json!({"functions": [{"name": "f g"}]}), "functions"),
         (
             json!({"messages": [{"role": "assistant", "content": null,
                                  "tool_calls": [{"id": "1", "type": "function"}]}]}),
             "messages",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "content": null,
+                                 "tool_calls": [{"id": "1", "type": "function",
+                                                 "function": {"name": "f", "arguments": "{not json"}}]}]}),
+            "messages",
+        ),
+        (
+            json!({"guided_grammar": "start: ".to_string() + &"\"x\" ".repeat(100_000)}),
+            "guided_grammar",
         ),
     ] {
         let mut body = json!({"model": MODEL, "messages": msgs});
