@@ -12,7 +12,7 @@ fn validation() -> Validation {
             max_stop_sequences: 2,
             max_top_n_tokens: 5,
             max_best_of: 3,
-            default_max_new_tokens: None,
+            ..ValidationConfig::default()
         },
         byte_level(),
     )
