@@ -11,4 +11,8 @@ pub struct StoppingParams {
     pub stop_sequences: Vec<String>,
     /// Keep generating past the model's end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Stop when one of these tokens is generated (vLLM's `stop_token_ids`), as at an
+    /// end-of-sequence token.
+    #[serde(default)]
+    pub stop_token_ids: Vec<u32>,
 }

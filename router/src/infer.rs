@@ -385,6 +385,7 @@ mod tests {
                 max_new_tokens: 4,
                 stop_sequences: vec![],
                 ignore_eos: false,
+                stop_token_ids: vec![],
             },
             constraint: None,
             decoder_input_details: false,

@@ -345,6 +345,35 @@ async fn any_model_name_or_none(s: &Server) {
     }
 }
 
+/// `best_of` keeps the likeliest samples; `stop_token_ids` end generation at their token.
+async fn best_of_and_stop_token_ids(s: &Server) {
+    let (st, b) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "The", "max_tokens": 4, "n": 2, "best_of": 3, "seed": 1,
+                    "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["choices"].as_array().map(Vec::len), Some(2), "{b}");
+    assert_eq!(
+        b["usage"]["completion_tokens"], 12,
+        "every sample counts: {b}"
+    );
+    let ids = s.greedy_ids("The", 4).await;
+    let first = ids.iter().position(|&t| t == ids[1]).unwrap_or(1) as u64 + 1;
+    let (st, b) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "The", "max_tokens": 4, "temperature": 0,
+                    "stop_token_ids": [ids[1]]}),
+        )
+        .await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(b["choices"][0]["finish_reason"], "stop", "{b}");
+    assert_eq!(b["usage"]["completion_tokens"], first, "{b}");
+}
+
 #[tokio::test]
 async fn agent_calls_on_a_template_with_tools() {
     within("agents", Duration::from_secs(600), async {

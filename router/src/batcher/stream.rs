@@ -50,6 +50,7 @@ pub(crate) struct OutputStream {
     generated: u32,
     max_new_tokens: u32,
     ignore_eos: bool,
+    stop_token_ids: Vec<u32>,
     seed: Option<u64>,
     queued: Instant,
     start: Option<Instant>,
@@ -75,6 +76,7 @@ impl OutputStream {
             generated: 0,
             max_new_tokens: request.stopping.max_new_tokens,
             ignore_eos: request.stopping.ignore_eos,
+            stop_token_ids: request.stopping.stop_token_ids.clone(),
             seed: request.parameters.seed,
             queued,
             start: None,
@@ -129,6 +131,8 @@ impl OutputStream {
         if finish.is_none() {
             if !self.ignore_eos && self.special.eos.contains(&token.id) {
                 finish = Some(FinishReason::EosToken);
+            } else if self.stop_token_ids.contains(&token.id) {
+                finish = Some(FinishReason::StopSequence);
             } else if self.generated >= self.max_new_tokens {
                 finish = Some(FinishReason::Length);
             }

@@ -42,8 +42,26 @@ pub(crate) async fn completions(
         .map(|o| o.generated_text.generated_tokens)
         .sum();
     let usage = Usage::new(valid.choices.prompt_tokens, completion_tokens);
+    let outputs = likeliest(&valid.choices, outputs);
     let choices = completion_choices(&valid.choices, valid.reply, outputs);
     Ok(Json(meta.completion(choices, Some(Some(usage)))).into_response())
+}
+
+/// Per prompt, the `n` of its `best_of` samples with the highest cumulative logprob, likeliest
+/// first (all of them, in order, when `best_of` is `n`).
+fn likeliest(layout: &ChoiceLayout, outputs: Vec<InferResponse>) -> Vec<InferResponse> {
+    if layout.best_of <= layout.n {
+        return outputs;
+    }
+    let mut chosen = Vec::with_capacity(outputs.len() / layout.best_of * layout.n);
+    let mut outputs = outputs.into_iter().peekable();
+    while outputs.peek().is_some() {
+        let mut group: Vec<InferResponse> = outputs.by_ref().take(layout.best_of).collect();
+        let score = |o: &InferResponse| o.tokens.iter().map(|t| f64::from(t.logprob)).sum::<f64>();
+        group.sort_by(|a, b| score(b).total_cmp(&score(a)));
+        chosen.extend(group.into_iter().take(layout.n));
+    }
+    chosen
 }
 
 /// The choices of a finished request, in order: each one's text after its prompt's echo,

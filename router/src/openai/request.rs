@@ -104,6 +104,8 @@ pub struct SamplingFields {
     pub ignore_eos: Option<bool>,
     /// Extension (vLLM); default true.
     pub skip_special_tokens: Option<bool>,
+    /// Extension (vLLM): token ids that end the generation.
+    pub stop_token_ids: Option<Vec<u32>>,
 }
 
 /// A chat message's content: a string or a list of parts.
@@ -203,7 +205,8 @@ pub struct CompletionRequest {
     pub logprobs: Option<u32>,
     /// Prepend the prompt to the text (and its logprobs with `logprobs`).
     pub echo: Option<bool>,
-    /// Only 1 is supported.
+    /// Samples per prompt, of which the `n` with the highest cumulative logprob are returned
+    /// (not with `stream`).
     pub best_of: Option<usize>,
     /// Not supported.
     pub suffix: Option<String>,

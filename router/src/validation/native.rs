@@ -112,6 +112,7 @@ impl GenerateParameters {
             max_new_tokens: self.max_new_tokens,
             stop: self.stop,
             ignore_eos: self.ignore_eos,
+            stop_token_ids: Vec::new(),
             decoder_input_details: self.decoder_input_details,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             constraint: None,

@@ -40,7 +40,15 @@ impl Validation {
         self.validate_n("n", n)?;
         let echo = req.echo.unwrap_or(false);
         let prompts = completion_prompts(&req.prompt)?;
-        let choices = prompts.len() * n;
+        let best_of = req.best_of.unwrap_or(n);
+        if best_of < n {
+            return Err(ValidationError::OutOfRange {
+                param: "best_of",
+                bound: "at least `n`",
+                given: best_of.to_string(),
+            });
+        }
+        let choices = prompts.len() * best_of;
         self.validate_n("n", choices)
             .map_err(|_| ValidationError::TooMany {
                 param: "prompt",
@@ -58,6 +66,7 @@ impl Validation {
         let mut layout = ChoiceLayout {
             echoes: Vec::with_capacity(prompts.len()),
             n,
+            best_of,
             prompt_tokens: 0,
         };
         for prompt in prompts {
@@ -73,7 +82,7 @@ impl Validation {
             } else {
                 String::new()
             });
-            samples.extend(valid.samples(n, req.sampling.seed));
+            samples.extend(valid.samples(best_of, req.sampling.seed));
         }
         Ok(ValidCompletionRequest {
             samples,
@@ -89,10 +98,10 @@ impl Validation {
 
 /// `best_of > 1` and `suffix` are refused.
 fn check_completion_extras(req: &CompletionRequest) -> Result<(), ValidationError> {
-    if req.best_of.is_some_and(|b| b > 1) {
+    if req.best_of.is_some_and(|b| b > 1) && req.sampling.stream == Some(true) {
         return Err(ValidationError::Unsupported {
             param: "best_of",
-            reason: "only 1 is supported; use `n`",
+            reason: "cannot be streamed (the best samples are known only at the end)",
         });
     }
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
@@ -153,6 +162,7 @@ impl SamplingFields {
             max_new_tokens: None,
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             decoder_input_details: false,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             constraint: None,

@@ -38,6 +38,8 @@ pub struct RequestParameters {
     pub stop: Vec<String>,
     /// Generate past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Tokens that end the generation as an end-of-sequence token does.
+    pub stop_token_ids: Vec<u32>,
     /// Return the prompt tokens' logprobs.
     pub decoder_input_details: bool,
     /// Leave special tokens out of the text.
@@ -64,6 +66,7 @@ impl Default for RequestParameters {
             max_new_tokens: None,
             stop: Vec::new(),
             ignore_eos: false,
+            stop_token_ids: Vec::new(),
             decoder_input_details: false,
             skip_special_tokens: true,
             constraint: None,
@@ -83,6 +86,9 @@ fn check_f32(
         _ => Ok(()),
     }
 }
+
+/// Most `stop_token_ids` of a request.
+const MAX_STOP_TOKEN_IDS: usize = 64;
 
 impl Validation {
     /// `max_new_tokens` (defaulted to what the context allows), the stop sequences and
@@ -122,10 +128,30 @@ impl Validation {
         if p.stop.iter().any(String::is_empty) {
             return Err(ValidationError::EmptyStopSequence);
         }
+        if p.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(ValidationError::TooMany {
+                param: "stop_token_ids",
+                max: MAX_STOP_TOKEN_IDS,
+                given: p.stop_token_ids.len(),
+            });
+        }
+        let vocab_size = self.tokenizer.vocab_size();
+        if let Some(&id) = p
+            .stop_token_ids
+            .iter()
+            .find(|&&id| id as usize >= vocab_size)
+        {
+            return Err(ValidationError::TokenId {
+                param: "stop_token_ids",
+                token: id.to_string(),
+                vocab_size,
+            });
+        }
         Ok(StoppingParams {
             max_new_tokens,
             stop_sequences: p.stop.clone(),
             ignore_eos: p.ignore_eos,
+            stop_token_ids: p.stop_token_ids.clone(),
         })
     }
 

@@ -97,6 +97,8 @@ pub(crate) struct ChoiceLayout {
     pub(crate) echoes: Vec<String>,
     /// Choices per prompt.
     pub(crate) n: usize,
+    /// Samples run per prompt, of which the `n` likeliest are the choices.
+    pub(crate) best_of: usize,
     /// Prompt tokens, each prompt counted once.
     pub(crate) prompt_tokens: u32,
 }
