@@ -50,7 +50,7 @@ const CITIES: &str = r#"{"type": "object", "x-guidance": {"whitespace_flexible":
   "properties": {"cities": {"type": "array", "minItems": 1, "maxItems": 8, "items": {
     "type": "object", "additionalProperties": false,
     "properties": {"name": {"type": "string"}, "country": {"type": "string"},
-                   "population": {"type": "number", "minimum": 0},
+                   "population": {"type": "number"},
                    "landmarks": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
                    "coastal": {"type": "boolean"}, "note": {"type": "null"}},
     "required": ["name", "country", "population", "landmarks", "coastal"]}}},
