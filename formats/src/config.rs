@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::FormatError;
+use crate::family::{Family, FamilyKeys};
 
 /// Model families Tessera implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,12 +17,21 @@ pub enum Architecture {
     Mistral,
     /// Qwen2 (Llama with q/k/v bias).
     Qwen2,
+    /// Qwen3 (dense): per-head q/k RMSNorm before RoPE, no bias.
+    Qwen3,
+    /// Gemma 2: `(1 + w)` sandwich norms, GeGLU, scaled embeddings, soft-capping, alternating
+    /// sliding and global layers.
+    Gemma2,
+    /// Gemma 3 text (`Gemma3ForCausalLM`): Gemma 2's layers with q/k norms instead of
+    /// soft-capping, and a separate RoPE base for the sliding layers.
+    Gemma3,
 }
 
 impl Architecture {
     /// The architectures as users name them, for error messages.
-    pub const SUPPORTED: &'static str =
-        "LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2)";
+    pub const SUPPORTED: &'static str = "LlamaForCausalLM (llama), MistralForCausalLM (mistral), \
+        Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3), Gemma2ForCausalLM (gemma2), \
+        Gemma3ForCausalLM (gemma3_text; GGUF gemma3)";
 
     /// Parses an HF `architectures[0]` / `model_type` or a GGUF `general.architecture` value.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -29,6 +39,9 @@ impl Architecture {
             "LlamaForCausalLM" | "llama" => Some(Self::Llama),
             "MistralForCausalLM" | "mistral" => Some(Self::Mistral),
             "Qwen2ForCausalLM" | "qwen2" => Some(Self::Qwen2),
+            "Qwen3ForCausalLM" | "qwen3" => Some(Self::Qwen3),
+            "Gemma2ForCausalLM" | "gemma2" => Some(Self::Gemma2),
+            "Gemma3ForCausalLM" | "gemma3_text" | "gemma3" => Some(Self::Gemma3),
             _ => None,
         }
     }
@@ -107,7 +120,8 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// Whether `lm_head` reuses the embedding matrix.
     pub tie_word_embeddings: bool,
-    /// Attention window (Mistral); `None` is full causal attention.
+    /// Attention window of the layers that slide (all of Mistral's; which ones:
+    /// [`Family::layers`]); `None`: no layer does.
     pub sliding_window: Option<usize>,
     /// Whether q/k/v projections carry a bias (Qwen2).
     pub attention_bias: bool,
@@ -117,6 +131,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// `eos_token_id` from the config (one or several).
     pub eos_token_ids: Vec<u32>,
+    /// How the family's layers are made (norms, attention options, activation).
+    pub family: Family,
 }
 
 #[derive(Deserialize)]
@@ -143,6 +159,14 @@ struct RawConfig {
     torch_dtype: Option<String>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
+    hidden_act: Option<String>,
+    hidden_activation: Option<String>,
+    layer_types: Option<Vec<String>>,
+    sliding_window_pattern: Option<usize>,
+    query_pre_attn_scalar: Option<f64>,
+    attn_logit_softcapping: Option<f32>,
+    final_logit_softcapping: Option<f32>,
+    rope_local_base_freq: Option<f32>,
 }
 
 /// Reads token ids given as a number, a list of numbers, or null.
@@ -220,18 +244,33 @@ impl ModelConfig {
                 "head_dim ({head_dim}) must be even for rotary embeddings"
             ));
         }
-        // transformers 5 moved rope_theta and rope_scaling into `rope_parameters`.
-        let rope_params = raw.rope_parameters.as_ref();
-        let rope_theta = raw
-            .rope_theta
-            .or_else(|| rope_params.and_then(|p| p.get("rope_theta")?.as_f64().map(|v| v as f32)))
-            .unwrap_or(10_000.0);
-        let rope_scaling = parse_rope_scaling(raw.rope_scaling.as_ref().or(rope_params))?;
+        let rope = RopeKeys::parse(&raw, architecture)?;
+        let rope_scaling = parse_rope_scaling(rope.global)?;
         let sliding_window = match (&raw.sliding_window, raw.use_sliding_window) {
-            (_, Some(false)) if architecture == Architecture::Qwen2 => None,
+            (_, Some(false)) if matches!(architecture, Architecture::Qwen2 | Architecture::Qwen3) => {
+                None
+            }
             (Some(Value::Number(n)), _) => n.as_u64().map(|w| w as usize),
             _ => None,
         };
+        check_activation(&raw, architecture)?;
+        let keys = FamilyKeys {
+            sliding_layers: sliding_layers(&raw)?,
+            query_pre_attn_scalar: raw.query_pre_attn_scalar,
+            attention_softcap: raw.attn_logit_softcapping,
+            final_softcap: raw.final_logit_softcapping,
+            local_rope_theta: rope.local_theta,
+            ..FamilyKeys::default()
+        };
+        let family = Family::new(
+            architecture,
+            raw.num_hidden_layers,
+            head_dim,
+            raw.hidden_size,
+            sliding_window,
+            keys,
+        );
+        let rope_theta = rope.theta;
         let dtype_name = raw.dtype.as_deref().or(raw.torch_dtype.as_deref());
         let dtype = match dtype_name {
             None => None,
@@ -260,7 +299,93 @@ impl ModelConfig {
             dtype,
             bos_token_id: token_ids(raw.bos_token_id.as_ref()).first().copied(),
             eos_token_ids: token_ids(raw.eos_token_id.as_ref()),
+            family,
         }))
+    }
+}
+
+/// Where a config keeps its RoPE parameters: top-level keys (transformers 4), one
+/// `rope_parameters` object (5), or one per layer type (Gemma 3 under 5).
+struct RopeKeys<'a> {
+    theta: f32,
+    /// The scaling object of the global layers, if any.
+    global: Option<&'a Value>,
+    /// The base of the sliding layers, when they have their own (Gemma 3).
+    local_theta: Option<f32>,
+}
+
+impl<'a> RopeKeys<'a> {
+    fn parse(raw: &'a RawConfig, arch: Architecture) -> Result<Self, String> {
+        let params = raw.rope_parameters.as_ref();
+        let theta_of = |v: &Value| v.get("rope_theta")?.as_f64().map(|t| t as f32);
+        let (global, local) = match params.and_then(|p| p.get("full_attention")) {
+            Some(full) => {
+                let local = params.and_then(|p| p.get("sliding_attention"));
+                if let Some(kind) = local.and_then(|l| l.get("rope_type")?.as_str())
+                    && kind != "default"
+                {
+                    return Err(format!(
+                        "unsupported rope scaling {kind:?} of the sliding layers; supported: \
+                         default"
+                    ));
+                }
+                (Some(full), local.and_then(theta_of))
+            }
+            None => (raw.rope_scaling.as_ref().or(params), raw.rope_local_base_freq),
+        };
+        let gemma3 = arch == Architecture::Gemma3;
+        let default_theta = if gemma3 { 1_000_000.0 } else { 10_000.0 };
+        Ok(Self {
+            theta: raw
+                .rope_theta
+                .or_else(|| global.and_then(theta_of))
+                .unwrap_or(default_theta),
+            global,
+            local_theta: gemma3.then(|| local.unwrap_or(10_000.0)),
+        })
+    }
+}
+
+/// Which layers slide, from `layer_types` (transformers 5) or `sliding_window_pattern`.
+fn sliding_layers(raw: &RawConfig) -> Result<Option<Vec<bool>>, String> {
+    if let Some(types) = &raw.layer_types {
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(format!(
+                    "unsupported layer type {other:?}; supported: full_attention, \
+                     sliding_attention"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some);
+    }
+    Ok(raw.sliding_window_pattern.filter(|&p| p > 0).map(|p| {
+        (0..raw.num_hidden_layers)
+            .map(|i| (i + 1) % p != 0)
+            .collect()
+    }))
+}
+
+/// The MLP activation the config names must be the one the family's layers compute.
+fn check_activation(raw: &RawConfig, arch: Architecture) -> Result<(), String> {
+    let gemma = matches!(arch, Architecture::Gemma2 | Architecture::Gemma3);
+    let (name, expected): (Option<&str>, &[&str]) = if gemma {
+        (
+            raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()),
+            &["gelu_pytorch_tanh", "gelu_tanh"],
+        )
+    } else {
+        (raw.hidden_act.as_deref(), &["silu", "swish"])
+    };
+    match name {
+        Some(n) if !expected.contains(&n) => Err(format!(
+            "unsupported activation {n:?} for this architecture; supported: {}",
+            expected.join(", ")
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -12,6 +12,7 @@
 mod chat_template;
 mod config;
 mod error;
+mod family;
 pub mod gguf;
 mod hf_dir;
 mod mmap;
@@ -23,6 +24,7 @@ mod weights;
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 pub use config::{Architecture, DType, ModelConfig, RopeScaling};
 pub use error::FormatError;
+pub use family::{Activation, Family, LayerSpec};
 pub use model_files::ModelFiles;
 pub use output_pattern::{MAX_PATTERN_DFA_BYTES, compile_output_pattern};
 pub use tokenizer::{GgufTokenizerSpec, ModelTokenizer, TokenizeError};

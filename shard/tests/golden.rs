@@ -5,16 +5,50 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Schedule, assert_close_under_schedules, assert_goldens, load_fixture};
-use tessera_shard::{Op, OpTimes};
+use common::{
+    Schedule, assert_close_under_schedules, assert_goldens, golden, load_fixture, repo_root,
+};
+use tessera_formats::ModelFiles;
+use tessera_shard::{Model, Op, OpTimes};
 
-const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-mistral"];
+const FIXTURES: [&str; 6] = [
+    "tiny-llama",
+    "tiny-qwen2",
+    "tiny-mistral",
+    "tiny-qwen3",
+    "tiny-gemma2",
+    "tiny-gemma3",
+];
+
+/// Fixtures that also ship as a GGUF file (`model.gguf`, written as llama.cpp writes the
+/// family), checked against the same goldens.
+const GGUF_FIXTURES: [&str; 3] = ["tiny-qwen3", "tiny-gemma2", "tiny-gemma3"];
 
 #[test]
 fn logits_and_greedy_tokens_match_transformers() {
     for name in FIXTURES {
         let (model, golden) = load_fixture(name);
         assert_goldens(name, &model, &golden, 1e-4);
+    }
+}
+
+#[test]
+fn gguf_files_match_transformers() {
+    for name in GGUF_FIXTURES {
+        let path = repo_root().join("fixtures").join(name).join("model.gguf");
+        let files = ModelFiles::open(&path).unwrap();
+        let hf = ModelFiles::open(&path.with_file_name("")).unwrap();
+        // The converter stores Gemma's norms as `1 + w`: the one difference there may be.
+        let hf_family = tessera_formats::Family {
+            norm_weight_offset: files.config.family.norm_weight_offset,
+            ..hf.config.family.clone()
+        };
+        assert_eq!(
+            files.config.family, hf_family,
+            "{name}: the GGUF metadata describes other layers than config.json"
+        );
+        let model = Model::load(&files).unwrap();
+        assert_goldens(&format!("{name}.gguf"), &model, &golden(name), 1e-4);
     }
 }
 

@@ -1,6 +1,7 @@
 //! [`ModelConfig`] and [`GgufTokenizerSpec`] from GGUF metadata.
 
 use super::{GgufFile, MetadataValue};
+use crate::family::{Family, FamilyKeys};
 use crate::{Architecture, DType, FormatError, GgufTokenizerSpec, ModelConfig, RopeScaling};
 
 /// The attention head layout of a model, as [`GgufFile::attention_shape`] reads it.
@@ -9,6 +10,8 @@ struct AttentionShape {
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
+    /// Leading dimensions of each head that rotate.
+    rotary_dim: usize,
 }
 
 impl GgufFile {
@@ -127,6 +130,7 @@ impl GgufFile {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
         } = self.attention_shape(arch)?;
         let rope_theta = self
             .optional_f32(&key("rope.freq_base"))?
@@ -135,12 +139,28 @@ impl GgufFile {
         let vocab_size = self.vocab_size(arch)?;
         let dtype = self.file_dtype()?;
         let eos_token_ids = self.eos_token_ids()?;
+        let num_layers = self.required_usize(&key("block_count"))?;
+        let sliding_window = self
+            .optional_usize(&key("attention.sliding_window"))?
+            .filter(|&w| w > 0);
+        let keys = FamilyKeys {
+            rotary_dim: Some(rotary_dim),
+            ..self.family_keys(arch, architecture, num_layers)?
+        };
+        let family = Family::new(
+            architecture,
+            num_layers,
+            head_dim,
+            hidden_size,
+            sliding_window,
+            keys,
+        );
         Ok(ModelConfig {
             architecture,
             vocab_size,
             hidden_size,
             intermediate_size: self.required_usize(&key("feed_forward_length"))?,
-            num_layers: self.required_usize(&key("block_count"))?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -156,13 +176,55 @@ impl GgufFile {
             rope_scaling,
             max_position_embeddings: self.required_usize(&key("context_length"))?,
             tie_word_embeddings: self.tensor_info("output.weight").is_none(),
-            sliding_window: self
-                .optional_usize(&key("attention.sliding_window"))?
-                .filter(|&w| w > 0),
+            sliding_window,
             attention_bias: self.tensor_info("blk.0.attn_q.bias").is_some(),
             dtype,
             bos_token_id: self.optional_u32("tokenizer.ggml.bos_token_id")?,
             eos_token_ids,
+            family,
+        })
+    }
+
+    /// The family-specific keys llama.cpp writes: the sliding-layer pattern, the score scale,
+    /// soft-capping, Gemma 3's local RoPE base.
+    fn family_keys(
+        &self,
+        arch: &str,
+        architecture: Architecture,
+        num_layers: usize,
+    ) -> Result<FamilyKeys, FormatError> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let pattern_key = key("attention.sliding_window_pattern");
+        let sliding_layers = match self.metadata(&pattern_key) {
+            None => None,
+            Some(MetadataValue::Array(items)) => Some(
+                items
+                    .iter()
+                    .map(|v| v.as_bool())
+                    .collect::<Option<Vec<bool>>>()
+                    .ok_or_else(|| self.invalid(format!("{pattern_key} must hold bools")))?,
+            ),
+            // llama.cpp's `set_swa_pattern(n)`: every n-th layer is global.
+            Some(_) => self
+                .optional_usize(&pattern_key)?
+                .filter(|&n| n > 0)
+                .map(|n| (0..num_layers).map(|i| i % n < n - 1).collect()),
+        };
+        let gemma = matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3);
+        Ok(FamilyKeys {
+            sliding_layers,
+            attention_scale: self.optional_f32(&key("attention.scale"))?,
+            attention_softcap: self.optional_f32(&key("attn_logit_softcapping"))?,
+            final_softcap: self.optional_f32(&key("final_logit_softcapping"))?,
+            local_rope_theta: match architecture {
+                Architecture::Gemma3 => Some(
+                    self.optional_f32(&key("rope.freq_base_swa"))?
+                        .unwrap_or(10_000.0),
+                ),
+                _ => None,
+            },
+            norms_stored_plus_one: gemma,
+            ..FamilyKeys::default()
         })
     }
 
@@ -206,12 +268,12 @@ impl GgufFile {
                 "head size {head_dim} must be positive and even for rotary embeddings"
             )));
         }
-        if let Some(r) = self.optional_usize(&key("rope.dimension_count"))?
-            && r != head_dim
-        {
+        let rotary_dim = self
+            .optional_usize(&key("rope.dimension_count"))?
+            .unwrap_or(head_dim);
+        if rotary_dim == 0 || rotary_dim > head_dim || rotary_dim % 2 != 0 {
             return Err(self.invalid(format!(
-                "{} ({r}) differs from the head size ({head_dim}); partial rotary embeddings \
-                 are not supported",
+                "{} ({rotary_dim}) must be even and at most the head size ({head_dim})",
                 key("rope.dimension_count")
             )));
         }
@@ -220,6 +282,7 @@ impl GgufFile {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
         })
     }
 

@@ -212,13 +212,15 @@ impl GgufFile {
 
     /// The GGUF name behind a Hugging Face name, if the name maps and the tensor exists.
     fn resolve(&self, name: &str) -> Result<&TensorInfo, FormatError> {
-        let gguf_name = names::hf_to_gguf(name).ok_or_else(|| {
+        let gguf_name = names::hf_to_gguf(name, self.sandwich_norms()).ok_or_else(|| {
             FormatError::tensor(
                 &self.path,
                 name,
                 "no GGUF tensor corresponds to this name (Tessera maps model.embed_tokens, \
                  model.norm, lm_head and model.layers.N.{input_layernorm, \
-                 post_attention_layernorm, self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj})",
+                 post_attention_layernorm, pre_feedforward_layernorm, \
+                 post_feedforward_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, \
+                 mlp.{gate,up,down}_proj})",
             )
         })?;
         self.tensor_info(&gguf_name).ok_or_else(|| {
@@ -228,6 +230,14 @@ impl GgufFile {
                 format!("not in the file (looked for {gguf_name})"),
             )
         })
+    }
+
+    /// Whether the layers have Gemma's four norms (which moves `post_attention_layernorm`).
+    fn sandwich_norms(&self) -> bool {
+        matches!(
+            self.architecture().ok().and_then(Architecture::from_name),
+            Some(Architecture::Gemma2 | Architecture::Gemma3)
+        )
     }
 
     /// Whether the converter permuted q/k rows (llama.cpp's `LlamaModel`, which also converts

@@ -1,7 +1,10 @@
 //! Hugging Face tensor names to GGUF names, and undoing llama.cpp's q/k row permutation.
 
-/// The GGUF name of a Hugging Face Llama-family tensor name, if it has one.
-pub(crate) fn hf_to_gguf(name: &str) -> Option<String> {
+/// The GGUF name of a Hugging Face decoder tensor name, if it has one. With `sandwich`
+/// (Gemma's four norms per layer) `post_attention_layernorm` is the norm of the attention's
+/// output (`attn_post_norm`) and `pre_feedforward_layernorm` the MLP's input norm
+/// (`ffn_norm`); otherwise `post_attention_layernorm` is the MLP's input norm.
+pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
     match name {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
         "model.norm.weight" => return Some("output_norm.weight".into()),
@@ -19,7 +22,12 @@ pub(crate) fn hf_to_gguf(name: &str) -> Option<String> {
     };
     let gguf = match (module, suffix) {
         ("input_layernorm", "weight") => "attn_norm",
+        ("post_attention_layernorm", "weight") if sandwich => "attn_post_norm",
         ("post_attention_layernorm", "weight") => "ffn_norm",
+        ("pre_feedforward_layernorm", "weight") if sandwich => "ffn_norm",
+        ("post_feedforward_layernorm", "weight") if sandwich => "ffn_post_norm",
+        ("self_attn.q_norm", "weight") => "attn_q_norm",
+        ("self_attn.k_norm", "weight") => "attn_k_norm",
         ("self_attn.q_proj", _) => "attn_q",
         ("self_attn.k_proj", _) => "attn_k",
         ("self_attn.v_proj", _) => "attn_v",
@@ -107,7 +115,7 @@ mod tests {
             ),
         ];
         for (hf, gguf) in cases {
-            assert_eq!(hf_to_gguf(hf).as_deref(), Some(gguf), "{hf}");
+            assert_eq!(hf_to_gguf(hf, false).as_deref(), Some(gguf), "{hf}");
         }
         for bad in [
             "model.layers.x.mlp.up_proj.weight",
@@ -116,7 +124,17 @@ mod tests {
             "token_embd.weight",
             "model.layers.1.mlp.up_proj.bias.weight",
         ] {
-            assert_eq!(hf_to_gguf(bad), None, "{bad}");
+            assert_eq!(hf_to_gguf(bad, false), None, "{bad}");
+        }
+        for (hf, gguf) in [
+            ("post_attention_layernorm", "attn_post_norm"),
+            ("pre_feedforward_layernorm", "ffn_norm"),
+            ("post_feedforward_layernorm", "ffn_post_norm"),
+            ("self_attn.q_norm", "attn_q_norm"),
+        ] {
+            let name = format!("model.layers.2.{hf}.weight");
+            let want = format!("blk.2.{gguf}.weight");
+            assert_eq!(hf_to_gguf(&name, true), Some(want), "{hf}");
         }
     }
 

@@ -1,4 +1,5 @@
-//! The Llama-family decoder (Llama, Mistral, Qwen2) over a flattened variable-length batch.
+//! The decoder (Llama, Mistral, Qwen2/3, Gemma 2/3: one pass, their differences as the
+//! config's `Family`) over a flattened variable-length batch.
 //!
 //! Prefill chunks and decode tokens of different sequences share one pass: all their tokens
 //! are stacked into `[T, hidden]` activations; only attention looks at sequence boundaries,
@@ -155,6 +156,8 @@ impl Model {
         )?;
         let cfg = &files.config;
         let dims = Dims {
+            sandwich_norms: cfg.family.sandwich_norms,
+            activation: cfg.family.activation,
             hidden: cfg.hidden_size,
             head_dim: cfg.head_dim,
             heads: heads.q.len(),
@@ -168,8 +171,9 @@ impl Model {
                 weights,
                 dims,
                 inv_freq: rope::inv_freq(cfg),
+                local_inv_freq: rope::local_inv_freq(cfg),
                 eps: cfg.rms_norm_eps,
-                window: cfg.sliding_window,
+                family: cfg.family.clone(),
                 activations: ActivationDtype::Float32,
                 comm: comm.clone(),
                 world_size: partition.world_size,

@@ -2,17 +2,34 @@
 
 use tessera_formats::{ModelConfig, RopeScaling};
 
-/// `inv_freq[i] = 1 / theta^(2i / head_dim)`, adjusted by the model's rope scaling.
+/// `inv_freq[i] = 1 / theta^(2i / rotary_dim)`, adjusted by the model's rope scaling: the
+/// frequencies of the model's (global) layers.
 pub(crate) fn inv_freq(config: &ModelConfig) -> Vec<f32> {
-    let d = config.head_dim;
-    let base: Vec<f32> = (0..d / 2)
+    let base = unscaled(config.rope_theta, config.family.rotary_dim);
+    scaled(base, config.rope_scaling)
+}
+
+/// The frequencies of layers with a local RoPE (unscaled, of base `local_rope_theta`).
+pub(crate) fn local_inv_freq(config: &ModelConfig) -> Option<Vec<f32>> {
+    let f = &config.family;
+    let used = f.layers.iter().any(|l| l.local_rope);
+    f.local_rope_theta
+        .filter(|_| used)
+        .map(|theta| unscaled(theta, f.rotary_dim))
+}
+
+fn unscaled(theta: f32, d: usize) -> Vec<f32> {
+    (0..d / 2)
         .map(|i| {
             let exponent = (2 * i) as f32 / d as f32;
             // theta^x rounded once from f64 is the correctly rounded f32 torch aims for.
-            1.0 / ((config.rope_theta as f64).powf(exponent as f64) as f32)
+            1.0 / ((theta as f64).powf(exponent as f64) as f32)
         })
-        .collect();
-    match config.rope_scaling {
+        .collect()
+}
+
+fn scaled(base: Vec<f32>, scaling: Option<RopeScaling>) -> Vec<f32> {
+    match scaling {
         None => base,
         Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
         Some(RopeScaling::Llama3 {

@@ -91,8 +91,13 @@ pub(crate) struct LayerWeights {
     pub(crate) input_norm: Vec<f32>,
     /// `[q | k | v]` rows.
     pub(crate) qkv: Linear,
+    /// Per-head norms of q and k (`head_dim` each), with [`tessera_formats::Family::qk_norm`].
+    pub(crate) qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     pub(crate) o: Linear,
-    pub(crate) post_attention_norm: Vec<f32>,
+    /// Norms of the attention's and the MLP's outputs, with [`tessera_formats::Family::sandwich_norms`].
+    pub(crate) out_norms: Option<(Vec<f32>, Vec<f32>)>,
+    /// The MLP's input norm.
+    pub(crate) pre_mlp_norm: Vec<f32>,
     /// `[gate | up]` rows.
     pub(crate) gate_up: Linear,
     pub(crate) down: Linear,
@@ -177,6 +182,15 @@ impl Loader<'_> {
 
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
         self.part(name, shape, Part::Whole)
+    }
+
+    /// An RMSNorm weight as the kernels multiply by it: `offset + w` (Gemma's `1 + w`).
+    fn norm(&self, name: &str, width: usize, offset: f32) -> Result<Vec<f32>, EngineError> {
+        let mut w = self.tensor(name, &[width])?;
+        if offset != 0.0 {
+            w.iter_mut().for_each(|x| *x += offset);
+        }
+        Ok(w)
     }
 
     /// `part` of the tensor `name`, whose full shape must be `shape`.
@@ -351,11 +365,30 @@ impl ModelWeights {
         let kv_rows = heads.kv.start * hd..heads.kv.end * hd;
         let inter = config.intermediate_size;
         let inter_rows = partition.split(inter);
+        let family = &config.family;
+        let off = family.norm_weight_offset;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("model.layers.{i}");
+            let norm = |name: &str, width: usize| l.norm(&format!("{p}.{name}.weight"), width, off);
+            let qk_norm = match family.qk_norm {
+                true => Some((norm("self_attn.q_norm", hd)?, norm("self_attn.k_norm", hd)?)),
+                false => None,
+            };
+            // Gemma's `post_attention_layernorm` is the attention output's norm; Llama's is
+            // the MLP's input norm.
+            let (out_norms, pre_mlp_norm) = match family.sandwich_norms {
+                true => (
+                    Some((
+                        norm("post_attention_layernorm", h)?,
+                        norm("post_feedforward_layernorm", h)?,
+                    )),
+                    norm("pre_feedforward_layernorm", h)?,
+                ),
+                false => (None, norm("post_attention_layernorm", h)?),
+            };
             layers.push(LayerWeights {
-                input_norm: l.tensor(&format!("{p}.input_layernorm.weight"), &[h])?,
+                input_norm: norm("input_layernorm", h)?,
                 qkv: l.fused(
                     &format!("{p}.self_attn"),
                     &[
@@ -365,9 +398,10 @@ impl ModelWeights {
                     ],
                     h,
                 )?,
+                qk_norm,
                 o: l.row_parallel(&format!("{p}.self_attn.o_proj"), h, q_out, q_rows.clone())?,
-                post_attention_norm: l
-                    .tensor(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                out_norms,
+                pre_mlp_norm,
                 gate_up: l.fused(
                     &format!("{p}.mlp"),
                     &[
@@ -396,7 +430,7 @@ impl ModelWeights {
             embed: l.for_compute(l.matrix("model.embed_tokens.weight", [vocab_size, h], rows)?),
             vocab,
             layers,
-            final_norm: l.tensor("model.norm.weight", &[h])?,
+            final_norm: l.norm("model.norm.weight", h, off)?,
             lm_head,
         })
     }
@@ -523,6 +557,7 @@ mod tests {
             dtype: None,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
+            family: tessera_formats::Family::llama(1, 16, None),
         }
     }
 
