@@ -18,9 +18,15 @@ the goldens mean the same thing (last-position logits, 20 greedy tokens, uncache
                  q/k norms, layers [sliding, full, sliding] (window 8) with the local RoPE base
                  10000 and a linearly scaled (factor 2) global RoPE of base 1e6.
 
-Each directory also holds `model.gguf` (f32 tensors): llama.cpp's architecture name and tensor
-names, Gemma's norms stored as 1 + w (as the converter does), no q/k permutation (these
-architectures are converted without it), and the BPE tokenizer as a `gpt2` vocabulary.
+  * tiny-phi3:   Phi3ForCausalLM: fused qkv_proj and gate_up_proj, partial rotary (8 of 16),
+                 LongRoPE (original context 64, short and long factors, attention factor).
+  * tiny-llama-yarn:    Llama with YaRN (factor 4, original context 32).
+  * tiny-llama-dynamic: Llama with dynamic NTK (factor 2, max_position_embeddings 64); no GGUF.
+
+Each directory but tiny-llama-dynamic also holds `model.gguf` (f32 tensors): llama.cpp's architecture name and tensor
+names, Gemma's norms stored as 1 + w (as the converter does), q/k rows permuted for `llama`
+only (the others are converted without it), Phi-3's projections kept fused and its LongRoPE
+factors as rope_factors_short/long tensors, and the BPE tokenizer as a `gpt2` vocabulary.
 """
 
 import sys
@@ -32,6 +38,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_test_models as base  # noqa: E402
 from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
@@ -70,6 +80,8 @@ def gguf_name(hf: str) -> str | None:
         "mlp.gate_proj": "ffn_gate",
         "mlp.up_proj": "ffn_up",
         "mlp.down_proj": "ffn_down",
+        "self_attn.qkv_proj": "attn_qkv",
+        "mlp.gate_up_proj": "ffn_up",
     }
     if module in names:
         return f"blk.{layer}.{names[module]}.{suffix}"
@@ -90,9 +102,15 @@ def gemma_norm_names(hf: str) -> str | None:
     return f"blk.{parts[2]}.{names[module]}.{parts[-1]}" if module in names else None
 
 
-def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool) -> None:
+def llama_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's `LlamaModel.permute`: rotate-half rows to interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool, tensors=None) -> None:
     """`model`'s weights as f32 tensors in `out/model.gguf`, with the metadata llama.cpp reads."""
     cfg = model.config
+    tensors = tensors or {}
     w = gguf.GGUFWriter(str(out / "model.gguf"), arch)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -100,8 +118,9 @@ def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool) -> None:
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_file_type(0)
     extra(w)
@@ -129,7 +148,12 @@ def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool) -> None:
         data = p.detach().float()
         if gemma and name.endswith("norm.weight"):
             data = data + 1.0
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            data = llama_permute(data, heads)
         w.add_tensor(target, data.numpy().astype(np.float32))
+    for t, values in tensors.items():
+        w.add_tensor(t, np.asarray(values, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -143,7 +167,7 @@ def json_merges(tok) -> list[str]:
     return [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
 
 
-def build(name, config, cls, seed, tok, arch, extra, gemma=False, check=None):
+def build(name, config, cls, seed, tok, arch, extra, gemma=False, check=None, gguf_tensors=None):
     out = base.fresh_dir(name)
     torch.manual_seed(base.SEED)
     model = cls(config)
@@ -158,7 +182,8 @@ def build(name, config, cls, seed, tok, arch, extra, gemma=False, check=None):
     base.save_tokenizer(tok, out)
     base.save_generation_config(out, base.IM_END_ID)
     base.write_golden(name, out, tok, "float32")
-    write_gguf(out, base.reload(out), arch, tok, extra, gemma)
+    if arch is not None:
+        write_gguf(out, base.reload(out), arch, tok, extra, gemma, gguf_tensors)
     if check:
         check(out, tok)
 
@@ -238,6 +263,81 @@ def make_gemma3(tok) -> None:
     build("tiny-gemma3", cfg, Gemma3ForCausalLM, base.SEED + 6, tok, "gemma3", extra, True)
 
 
+def make_phi3(tok) -> None:
+    # Rotary dims 16 * 0.5 = 8: four frequencies, four factors each. The original context 64
+    # puts the longest prompt (115 tokens) past it and every other prompt (with its 20 greedy
+    # tokens) inside it, so no golden path crosses from short to long factors.
+    short, long_ = [1.0, 1.3, 2.1, 3.0], [1.2, 2.5, 6.0, 11.0]
+    cfg = Phi3Config(**COMMON, num_hidden_layers=2, hidden_act="silu", tie_word_embeddings=False,
+                     original_max_position_embeddings=64,
+                     rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                      "partial_rotary_factor": 0.5, "short_factor": short,
+                                      "long_factor": long_})
+    factor = 256 / 64
+    attn = (1 + np.log(factor) / np.log(64)) ** 0.5
+
+    def extra(w):
+        w.add_rope_freq_base(10000.0)
+        w.add_rope_dimension_count(8)
+        w.add_float32("phi3.rope.scaling.attn_factor", float(attn))
+        w.add_uint32("phi3.rope.scaling.original_context_length", 64)
+
+    build("tiny-phi3", cfg, Phi3ForCausalLM, base.SEED + 8, tok, "phi3", extra,
+          gguf_tensors={"rope_factors_short.weight": short, "rope_factors_long.weight": long_})
+
+
+def make_llama_yarn(tok) -> None:
+    # Original context 32, factor 4: with head_dim 16 and base 1e4 YaRN's blend runs over
+    # frequencies 0..2, so one is kept, one blended and six interpolated.
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0}
+    cfg = LlamaConfig(**dict(COMMON, hidden_act="silu"), num_hidden_layers=2, head_dim=16,
+                      tie_word_embeddings=False, rope_parameters=rope)
+    mscale = 0.1 * np.log(4.0) + 1.0
+
+    def extra(w):
+        w.add_rope_freq_base(10000.0)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+        w.add_rope_scaling_orig_ctx_len(32)
+        w.add_float32("llama.rope.scaling.attn_factor", float(mscale))
+
+    build("tiny-llama-yarn", cfg, LlamaForCausalLM, base.SEED + 9, tok, "llama", extra)
+
+
+@torch.no_grad()
+def greedy_with_cache(model, ids, n):
+    """Greedy decoding with transformers' KV cache, and the smallest top-1/top-2 gap: the
+    reference for dynamic NTK, whose frequencies change with the length, so that a cache
+    (theirs, Tessera's) keeps each key's rotation while a full recomputation would not."""
+    out = model(torch.tensor([ids]), use_cache=True)
+    past, new, gap = out.past_key_values, [], float("inf")
+    for _ in range(n):
+        logits = out.logits[0, -1]
+        top = torch.topk(logits, 2).values
+        gap = min(gap, float(top[0] - top[1]))
+        new.append(int(torch.argmax(logits)))
+        out = model(torch.tensor([[new[-1]]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+    return new, gap
+
+
+def make_llama_dynamic(tok) -> None:
+    # Dynamic NTK past max_position_embeddings 64: the longest prompt (115 tokens) grows the
+    # base, the others stay within it. Greedy goldens are the cached path (see
+    # greedy_with_cache); no GGUF (llama.cpp has no dynamic NTK).
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    cfg = LlamaConfig(**dict(COMMON, hidden_act="silu", max_position_embeddings=64), num_hidden_layers=2, head_dim=16, tie_word_embeddings=False,
+                      rope_parameters=rope)
+    uncached = base.greedy
+    base.greedy = greedy_with_cache
+    try:
+        # The first seeds' weights give near-ties on a greedy path; the next one is clear.
+        build("tiny-llama-dynamic", cfg, LlamaForCausalLM, base.SEED + 16, tok, None, None)
+    finally:
+        base.greedy = uncached
+
+
 def main() -> None:
     torch.manual_seed(base.SEED)
     torch.use_deterministic_algorithms(True)
@@ -246,6 +346,9 @@ def main() -> None:
     make_qwen3(tok)
     make_gemma2(tok)
     make_gemma3(tok)
+    make_phi3(tok)
+    make_llama_yarn(tok)
+    make_llama_dynamic(tok)
     print("done")
 
 

@@ -14,7 +14,33 @@ pub enum Activation {
     GeluTanh,
 }
 
-/// One decoder layer's attention options.
+/// How a model names its experts' tensors (in Hugging Face files; GGUF names are the same
+/// for both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertNames {
+    /// `mlp.gate`, `mlp.experts.E.{gate,up,down}_proj` (Qwen MoE).
+    Qwen,
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` (Mixtral).
+    Mixtral,
+}
+
+/// A sparse mixture-of-experts MLP: a router's softmax picks `top_k` of `experts` SiLU·mul
+/// MLPs per token, whose outputs are summed with the picked probabilities as weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moe {
+    /// Experts per sparse layer.
+    pub experts: usize,
+    /// Experts each token goes through.
+    pub top_k: usize,
+    /// Inner width of one expert.
+    pub expert_intermediate: usize,
+    /// Whether the picked probabilities are renormalised to sum to 1.
+    pub norm_topk_prob: bool,
+    /// Tensor names in Hugging Face files.
+    pub names: ExpertNames,
+}
+
+/// One decoder layer's attention options, and whether its MLP is sparse.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerSpec {
     /// How many positions back a query sees, itself included; `None`: all of them.
@@ -22,6 +48,8 @@ pub struct LayerSpec {
     /// Whether the layer rotates with [`Family::local_rope_theta`] instead of the model's RoPE
     /// (Gemma 3's sliding layers).
     pub local_rope: bool,
+    /// Whether the layer's MLP is [`Family::moe`] (else the dense MLP).
+    pub sparse: bool,
 }
 
 /// The layer structure of a model, read from its config (see the module documentation).
@@ -49,6 +77,8 @@ pub struct Family {
     pub rotary_dim: usize,
     /// The unscaled RoPE base of layers with [`LayerSpec::local_rope`] (Gemma 3's 10 000).
     pub local_rope_theta: Option<f32>,
+    /// The sparse MLP of the layers with [`LayerSpec::sparse`], if the model has one.
+    pub moe: Option<Moe>,
     /// Per layer, in order.
     pub layers: Vec<LayerSpec>,
 }
@@ -67,6 +97,9 @@ pub(crate) struct FamilyKeys {
     pub(crate) local_rope_theta: Option<f32>,
     /// Whether norm weights are stored as `1 + w` already (llama.cpp's Gemma converter).
     pub(crate) norms_stored_plus_one: bool,
+    pub(crate) moe: Option<Moe>,
+    /// Which layers are sparse when not all are (`decoder_sparse_step`, `mlp_only_layers`).
+    pub(crate) sparse_layers: Option<Vec<bool>>,
 }
 
 impl Architecture {
@@ -81,8 +114,8 @@ impl Architecture {
     /// every sixth.
     fn slides_by_default(self, i: usize) -> bool {
         match self {
-            Self::Gemma2 => (i + 1) % 2 != 0,
-            Self::Gemma3 => (i + 1) % 6 != 0,
+            Self::Gemma2 => !(i + 1).is_multiple_of(2),
+            Self::Gemma3 => !(i + 1).is_multiple_of(6),
             _ => true,
         }
     }
@@ -106,9 +139,14 @@ impl Family {
                     Some(listed) => listed.get(i).copied().unwrap_or(false),
                     None => arch.slides_by_default(i),
                 };
+                let sparse = match &keys.sparse_layers {
+                    Some(listed) => listed.get(i).copied().unwrap_or(false),
+                    None => true,
+                };
                 LayerSpec {
                     window: window.filter(|_| slides),
                     local_rope: slides && keys.local_rope_theta.is_some(),
+                    sparse: sparse && keys.moe.is_some(),
                 }
             })
             .collect();
@@ -124,7 +162,10 @@ impl Family {
                 0.0
             },
             sandwich_norms: gemma,
-            qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Gemma3),
+            qk_norm: matches!(
+                arch,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
             activation: if gemma {
                 Activation::GeluTanh
             } else {
@@ -136,6 +177,7 @@ impl Family {
             final_softcap: keys.final_softcap,
             rotary_dim: keys.rotary_dim.unwrap_or(head_dim),
             local_rope_theta: keys.local_rope_theta,
+            moe: keys.moe,
             layers,
         }
     }

@@ -24,7 +24,7 @@ mod weights;
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError};
 pub use config::{Architecture, DType, ModelConfig, RopeScaling};
 pub use error::FormatError;
-pub use family::{Activation, Family, LayerSpec};
+pub use family::{Activation, ExpertNames, Family, LayerSpec, Moe};
 pub use model_files::ModelFiles;
 pub use output_pattern::{MAX_PATTERN_DFA_BYTES, compile_output_pattern};
 pub use tokenizer::{GgufTokenizerSpec, ModelTokenizer, TokenizeError};

@@ -1,7 +1,7 @@
 //! [`ModelConfig`] and [`GgufTokenizerSpec`] from GGUF metadata.
 
 use super::{GgufFile, MetadataValue};
-use crate::family::{Family, FamilyKeys};
+use crate::family::{ExpertNames, Family, FamilyKeys, Moe};
 use crate::{Architecture, DType, FormatError, GgufTokenizerSpec, ModelConfig, RopeScaling};
 
 /// The attention head layout of a model, as [`GgufFile::attention_shape`] reads it.
@@ -135,7 +135,10 @@ impl GgufFile {
         let rope_theta = self
             .optional_f32(&key("rope.freq_base"))?
             .unwrap_or(10_000.0);
-        let rope_scaling = self.rope_scaling(arch, head_dim, rope_theta)?;
+        let rope_scaling = match self.long_rope(arch, rotary_dim)? {
+            Some(long) => Some(long),
+            None => self.rope_scaling(arch, head_dim, rope_theta)?,
+        };
         let vocab_size = self.vocab_size(arch)?;
         let dtype = self.file_dtype()?;
         let eos_token_ids = self.eos_token_ids()?;
@@ -211,7 +214,38 @@ impl GgufFile {
                 .map(|n| (0..num_layers).map(|i| i % n < n - 1).collect()),
         };
         let gemma = matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3);
+        let moe = match self.optional_usize(&key("expert_count"))? {
+            None | Some(0) => None,
+            Some(experts) => {
+                let top_k = self.required_usize(&key("expert_used_count"))?;
+                if top_k == 0 || top_k > experts {
+                    return Err(self.invalid(format!(
+                        "{} ({top_k}) must be between 1 and the experts ({experts})",
+                        key("expert_used_count")
+                    )));
+                }
+                let expert_intermediate = match self
+                    .optional_usize(&key("expert_feed_forward_length"))?
+                {
+                    Some(n) => n,
+                    None => self.required_usize(&key("feed_forward_length"))?,
+                };
+                Some(Moe {
+                    experts,
+                    top_k,
+                    expert_intermediate,
+                    norm_topk_prob: self
+                        .optional_bool(&key("expert_weights_norm"))?
+                        .unwrap_or(true),
+                    names: match architecture {
+                        Architecture::Llama | Architecture::Mixtral => ExpertNames::Mixtral,
+                        _ => ExpertNames::Qwen,
+                    },
+                })
+            }
+        };
         Ok(FamilyKeys {
+            moe,
             sliding_layers,
             attention_scale: self.optional_f32(&key("attention.scale"))?,
             attention_softcap: self.optional_f32(&key("attn_logit_softcapping"))?,
@@ -271,7 +305,7 @@ impl GgufFile {
         let rotary_dim = self
             .optional_usize(&key("rope.dimension_count"))?
             .unwrap_or(head_dim);
-        if rotary_dim == 0 || rotary_dim > head_dim || rotary_dim % 2 != 0 {
+        if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
             return Err(self.invalid(format!(
                 "{} ({rotary_dim}) must be even and at most the head size ({head_dim})",
                 key("rope.dimension_count")
@@ -337,6 +371,51 @@ impl GgufFile {
         Ok(eos_token_ids)
     }
 
+    /// LongRoPE as llama.cpp's Phi-3 converter writes it: `rope_factors_short.weight` and
+    /// `rope_factors_long.weight` tensors, the original context and the attention factor.
+    fn long_rope(&self, arch: &str, rotary_dim: usize) -> Result<Option<RopeScaling>, FormatError> {
+        let (Some(_), Some(_)) = (
+            self.tensor_info("rope_factors_short.weight"),
+            self.tensor_info("rope_factors_long.weight"),
+        ) else {
+            return Ok(None);
+        };
+        let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+        let original = self
+            .optional_usize(&key("original_context_length"))?
+            .ok_or_else(|| {
+                self.invalid(format!(
+                    "LongRoPE factors need {}",
+                    key("original_context_length")
+                ))
+            })?;
+        let factors = |name: &str| -> Result<Vec<f32>, FormatError> {
+            let f = self.load_gguf_f32(name)?;
+            match f.len() == rotary_dim / 2 {
+                true => Ok(f),
+                false => Err(self.invalid(format!(
+                    "{name} has {} values; the rotary dimensions need {}",
+                    f.len(),
+                    rotary_dim / 2
+                ))),
+            }
+        };
+        let context = self.required_usize(&format!("{arch}.context_length"))?;
+        let attention_factor = match self.optional_f32(&key("attn_factor"))? {
+            Some(f) => f,
+            None => crate::config::longrope_attention_factor(
+                context as f64 / original as f64,
+                original,
+            ) as f32,
+        };
+        Ok(Some(RopeScaling::LongRope {
+            short_factor: factors("rope_factors_short.weight")?,
+            long_factor: factors("rope_factors_long.weight")?,
+            original_max_position_embeddings: original,
+            attention_factor,
+        }))
+    }
+
     /// `{arch}.rope.scaling.*`, or Llama 3 scaling recovered from a `rope_freqs.weight`
     /// tensor (llama.cpp bakes Llama 3.1 scaling into per-frequency divisors).
     fn rope_scaling(
@@ -355,10 +434,37 @@ impl GgufFile {
                 })?;
                 Some(RopeScaling::Linear { factor })
             }
+            Some("yarn") => {
+                let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+                let factor = self.optional_f32(&factor_key)?.ok_or_else(|| {
+                    self.invalid(format!("yarn rope scaling needs {factor_key}"))
+                })?;
+                let original = self
+                    .optional_usize(&key("original_context_length"))?
+                    .ok_or_else(|| {
+                        self.invalid(format!(
+                            "yarn rope scaling needs {}",
+                            key("original_context_length")
+                        ))
+                    })?;
+                let attention_factor = match self.optional_f32(&key("attn_factor"))? {
+                    Some(f) => f,
+                    None => crate::config::yarn_mscale(factor as f64, 1.0) as f32,
+                };
+                Some(RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: original as f32,
+                    beta_fast: self.optional_f32(&key("yarn_beta_fast"))?.unwrap_or(32.0),
+                    beta_slow: self.optional_f32(&key("yarn_beta_slow"))?.unwrap_or(1.0),
+                    attention_factor,
+                    truncate: true,
+                })
+            }
             Some(other) => {
                 return Err(self.invalid(format!(
-                    "unsupported rope scaling {other:?}; supported: none, linear, and Llama 3 \
-                     scaling given as a rope_freqs.weight tensor"
+                    "unsupported rope scaling {other:?}; supported: none, linear, yarn, Llama 3 \
+                     scaling given as a rope_freqs.weight tensor, and LongRoPE as \
+                     rope_factors_short/long tensors"
                 )));
             }
         };

@@ -32,12 +32,40 @@ pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
         ("self_attn.k_proj", _) => "attn_k",
         ("self_attn.v_proj", _) => "attn_v",
         ("self_attn.o_proj", _) => "attn_output",
+        // Phi-3's fused projections, which llama.cpp keeps fused.
+        ("self_attn.qkv_proj", _) => "attn_qkv",
+        ("mlp.gate_up_proj", "weight") => "ffn_up",
         ("mlp.gate_proj", "weight") => "ffn_gate",
+        // The MoE router.
+        ("mlp.gate" | "block_sparse_moe.gate", "weight") => "ffn_gate_inp",
         ("mlp.up_proj", "weight") => "ffn_up",
         ("mlp.down_proj", "weight") => "ffn_down",
         _ => return None,
     };
     Some(format!("blk.{layer}.{gguf}.{suffix}"))
+}
+
+/// For one expert's matrix (`model.layers.N.mlp.experts.E.gate_proj.weight`, or Mixtral's
+/// `block_sparse_moe.experts.E.w1.weight`), the GGUF tensor that stacks every expert's
+/// (`blk.N.ffn_gate_exps.weight`) and `E`.
+pub(crate) fn hf_expert_to_gguf(name: &str) -> Option<(String, usize)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let rest = rest
+        .strip_prefix("mlp.experts.")
+        .or_else(|| rest.strip_prefix("block_sparse_moe.experts."))?;
+    let (expert, matrix) = rest.split_once('.')?;
+    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(layer) || !all_digits(expert) {
+        return None;
+    }
+    let stacked = match matrix {
+        "gate_proj.weight" | "w1.weight" => "ffn_gate_exps",
+        "up_proj.weight" | "w3.weight" => "ffn_up_exps",
+        "down_proj.weight" | "w2.weight" => "ffn_down_exps",
+        _ => return None,
+    };
+    Some((format!("blk.{layer}.{stacked}.weight"), expert.parse().ok()?))
 }
 
 /// Whether this GGUF tensor is a q or k projection (weight or bias), and which head count
@@ -136,6 +164,23 @@ mod tests {
             let want = format!("blk.2.{gguf}.weight");
             assert_eq!(hf_to_gguf(&name, true), Some(want), "{hf}");
         }
+    }
+
+    #[test]
+    fn expert_matrices_are_slices_of_the_stacked_tensors() {
+        assert_eq!(
+            hf_expert_to_gguf("model.layers.3.mlp.experts.7.up_proj.weight"),
+            Some(("blk.3.ffn_up_exps.weight".into(), 7))
+        );
+        assert_eq!(
+            hf_expert_to_gguf("model.layers.0.block_sparse_moe.experts.12.w2.weight"),
+            Some(("blk.0.ffn_down_exps.weight".into(), 12))
+        );
+        assert_eq!(hf_expert_to_gguf("model.layers.0.mlp.experts.x.w2.weight"), None);
+        assert_eq!(
+            hf_to_gguf("model.layers.1.block_sparse_moe.gate.weight", false).as_deref(),
+            Some("blk.1.ffn_gate_inp.weight")
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use tessera_kernels::cpu::{
 use super::backend::{Backend, Dims, Norm, Proj};
 use super::batch::FlatBatch;
 use super::op_times::{Op, OpTimes};
+use super::rope::Rope;
 use super::weights::{Linear, ModelWeights};
 use crate::EngineError;
 use crate::comm::Communicator;
@@ -22,9 +23,9 @@ use crate::kv_cache::HostPages;
 pub(crate) struct CpuBackend {
     pub(crate) weights: ModelWeights,
     pub(crate) dims: Dims,
-    pub(crate) inv_freq: Vec<f32>,
+    pub(crate) rope: Rope,
     /// The rotary frequencies of layers with their own (local) RoPE, if any layer has one.
-    pub(crate) local_inv_freq: Option<Vec<f32>>,
+    pub(crate) local_rope: Option<Rope>,
     pub(crate) eps: f32,
     /// The layers' structure and attention options.
     pub(crate) family: Family,
@@ -168,11 +169,11 @@ impl Backend for CpuBackend {
 
     fn upload<'a>(&'a self, flat: &'a FlatBatch<'a>) -> Result<CpuBatch<'a>, EngineError> {
         let (cos, sin, local) = self.timed(Op::Embed, || {
-            let (cos, sin) = rope_kernel::cos_sin(&self.inv_freq, &flat.positions);
+            let (cos, sin) = self.rope.cos_sin(&flat.seqs, &flat.positions);
             let local = self
-                .local_inv_freq
+                .local_rope
                 .as_ref()
-                .map(|f| rope_kernel::cos_sin(f, &flat.positions));
+                .map(|r| r.cos_sin(&flat.seqs, &flat.positions));
             (cos, sin, local)
         });
         Ok(CpuBatch {

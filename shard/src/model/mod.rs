@@ -170,8 +170,8 @@ impl Model {
             compute: Compute::Cpu(CpuBackend {
                 weights,
                 dims,
-                inv_freq: rope::inv_freq(cfg),
-                local_inv_freq: rope::local_inv_freq(cfg),
+                rope: rope::Rope::new(cfg),
+                local_rope: rope::Rope::local(cfg),
                 eps: cfg.rms_norm_eps,
                 family: cfg.family.clone(),
                 activations: ActivationDtype::Float32,

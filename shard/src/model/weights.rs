@@ -367,6 +367,48 @@ impl ModelWeights {
         let inter_rows = partition.split(inter);
         let family = &config.family;
         let off = family.norm_weight_offset;
+        let shift = |r: &Range<usize>, by: usize| r.start + by..r.end + by;
+        // q, k and v (gate and up) from their own tensors, or this rank's rows of each part
+        // of one fused tensor (Phi-3's `qkv_proj` and `gate_up_proj`).
+        let qkv = |p: &str| {
+            let attn = format!("{p}.self_attn");
+            if source.contains(&format!("{attn}.q_proj.weight")) {
+                return l.fused(
+                    &attn,
+                    &[
+                        ("q_proj", q_out, q_rows.clone()),
+                        ("k_proj", kv_out, kv_rows.clone()),
+                        ("v_proj", kv_out, kv_rows.clone()),
+                    ],
+                    h,
+                );
+            }
+            let all = q_out + 2 * kv_out;
+            let parts = [
+                ("qkv_proj", all, q_rows.clone()),
+                ("qkv_proj", all, shift(&kv_rows, q_out)),
+                ("qkv_proj", all, shift(&kv_rows, q_out + kv_out)),
+            ];
+            l.fused(&attn, &parts, h)
+        };
+        let gate_up = |p: &str| {
+            let mlp = format!("{p}.mlp");
+            if source.contains(&format!("{mlp}.gate_proj.weight")) {
+                return l.fused(
+                    &mlp,
+                    &[
+                        ("gate_proj", inter, inter_rows.clone()),
+                        ("up_proj", inter, inter_rows.clone()),
+                    ],
+                    h,
+                );
+            }
+            let parts = [
+                ("gate_up_proj", 2 * inter, inter_rows.clone()),
+                ("gate_up_proj", 2 * inter, shift(&inter_rows, inter)),
+            ];
+            l.fused(&mlp, &parts, h)
+        };
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("model.layers.{i}");
@@ -389,27 +431,12 @@ impl ModelWeights {
             };
             layers.push(LayerWeights {
                 input_norm: norm("input_layernorm", h)?,
-                qkv: l.fused(
-                    &format!("{p}.self_attn"),
-                    &[
-                        ("q_proj", q_out, q_rows.clone()),
-                        ("k_proj", kv_out, kv_rows.clone()),
-                        ("v_proj", kv_out, kv_rows.clone()),
-                    ],
-                    h,
-                )?,
+                qkv: qkv(&p)?,
                 qk_norm,
                 o: l.row_parallel(&format!("{p}.self_attn.o_proj"), h, q_out, q_rows.clone())?,
                 out_norms,
                 pre_mlp_norm,
-                gate_up: l.fused(
-                    &format!("{p}.mlp"),
-                    &[
-                        ("gate_proj", inter, inter_rows.clone()),
-                        ("up_proj", inter, inter_rows.clone()),
-                    ],
-                    h,
-                )?,
+                gate_up: gate_up(&p)?,
                 down: l.row_parallel(
                     &format!("{p}.mlp.down_proj"),
                     h,

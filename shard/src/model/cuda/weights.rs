@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use rayon::prelude::*;
-use tessera_formats::{Activation, Family};
+use tessera_formats::Activation;
 use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use tessera_kernels::cuda::{Gemm, GpuDevice, GpuFloat, GpuKernels, GpuQuant, PtxCache};
@@ -126,9 +126,12 @@ impl Uploader<'_> {
     }
 }
 
-/// The first of a family's features the CUDA kernels lack, if it has one.
-fn unsupported(family: &Family) -> Option<&'static str> {
+/// The first of a model's features the CUDA kernels lack, if it has one.
+fn unsupported(cpu: &CpuBackend) -> Option<&'static str> {
+    let family = &cpu.family;
+    let plain_rope = matches!(cpu.rope.fixed(), Some((_, f)) if f == 1.0);
     [
+        (!plain_rope, "length-dependent or attention-scaled RoPE"),
         (family.qk_norm, "per-head q/k norms"),
         (family.activation != Activation::Silu, "the GeGLU activation"),
         (family.embedding_scale.is_some(), "scaled embeddings"),
@@ -161,7 +164,7 @@ impl<T: DeviceElem> CudaBackend<T> {
         device: GpuDevice,
         options: &CudaOptions,
     ) -> Result<Self, EngineError> {
-        if let Some(missing) = unsupported(&cpu.family) {
+        if let Some(missing) = unsupported(&cpu) {
             return Err(EngineError::Device(format!(
                 "the CUDA backend does not implement {missing} yet; run this model on the CPU"
             )));
@@ -184,7 +187,8 @@ impl<T: DeviceElem> CudaBackend<T> {
         let lm_head = w.lm_head.as_ref().map(|m| up.lm_head(m)).transpose()?;
         let largest_quant = largest_quant(&layers, lm_head.as_ref());
         let final_norm = up.put(&w.final_norm)?;
-        let inv_freq = stream.clone_htod(&cpu.inv_freq).map_err(device_error)?;
+        let (freqs, _) = cpu.rope.fixed().unwrap_or_default();
+        let inv_freq = stream.clone_htod(freqs).map_err(device_error)?;
         stream.synchronize().map_err(device_error)?;
         Ok(CudaBackend {
             kernels,
