@@ -22,6 +22,8 @@ the goldens mean the same thing (last-position logits, 20 greedy tokens, uncache
                  LongRoPE (original context 64, short and long factors, attention factor).
   * tiny-llama-yarn:    Llama with YaRN (factor 4, original context 32).
   * tiny-llama-dynamic: Llama with dynamic NTK (factor 2, max_position_embeddings 64); no GGUF.
+  * tiny-qwen3-moe: Qwen3-MoE, 4 experts top 2 (renormalised), layer 1 dense (mlp_only_layers).
+  * tiny-mixtral:   Mixtral, 4 experts top 2; GGUF `llama` with ffn_*_exps and ffn_gate_inp.
 
 Each directory but tiny-llama-dynamic also holds `model.gguf` (f32 tensors): llama.cpp's architecture name and tensor
 names, Gemma's norms stored as 1 + w (as the converter does), q/k rows permuted for `llama`
@@ -33,6 +35,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import safetensors.torch
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,6 +43,10 @@ import make_test_models as base  # noqa: E402
 from transformers import (  # noqa: E402
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Gemma2Config,
@@ -82,6 +89,8 @@ def gguf_name(hf: str) -> str | None:
         "mlp.down_proj": "ffn_down",
         "self_attn.qkv_proj": "attn_qkv",
         "mlp.gate_up_proj": "ffn_up",
+        "mlp.gate": "ffn_gate_inp",
+        "block_sparse_moe.gate": "ffn_gate_inp",
     }
     if module in names:
         return f"blk.{layer}.{names[module]}.{suffix}"
@@ -100,6 +109,22 @@ def gemma_norm_names(hf: str) -> str | None:
     }
     module = ".".join(parts[3:-1])
     return f"blk.{parts[2]}.{names[module]}.{parts[-1]}" if module in names else None
+
+
+EXPERT_MATRICES = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": "ffn_up_exps",
+                   "w3": "ffn_up_exps", "down_proj": "ffn_down_exps", "w2": "ffn_down_exps"}
+
+
+def stack_experts(state) -> dict:
+    """Every layer's expert matrices as llama.cpp's 3-D `ffn_*_exps` tensors ([E, rows, cols])."""
+    groups: dict = {}
+    for name, p in state.items():
+        parts = name.split(".")
+        if ".experts." not in name:
+            continue
+        layer, expert, matrix = parts[2], int(parts[5]), parts[6]
+        groups.setdefault(f"blk.{layer}.{EXPERT_MATRICES[matrix]}.weight", {})[expert] = p.float()
+    return {k: torch.stack([v[e] for e in sorted(v)]) for k, v in groups.items()}
 
 
 def llama_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -137,7 +162,16 @@ def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool, tensors=Non
     w.add_add_bos_token(False)
     w.add_chat_template(base.CHAT_TEMPLATE)
     seen = set()
-    for name, p in model.state_dict().items():
+    # The tensors as written on disk (transformers fuses experts in memory, not on disk).
+    state = {k: v.float() for k, v in safetensors.torch.load_file(str(out / "model.safetensors")).items()}
+    if "lm_head.weight" not in state and not cfg.tie_word_embeddings:
+        raise ValueError("untied model without lm_head.weight")
+    for name, stacked in stack_experts(state).items():
+        data = stacked.numpy().astype(np.float32)
+        w.add_tensor(name, data)
+    for name, p in state.items():
+        if ".experts." in name:
+            continue
         target = (gemma_norm_names(name) if gemma else None) or gguf_name(name)
         if target is None or target in seen:
             assert target is not None or name == "lm_head.weight", name
@@ -309,7 +343,9 @@ def make_llama_yarn(tok) -> None:
 def greedy_with_cache(model, ids, n):
     """Greedy decoding with transformers' KV cache, and the smallest top-1/top-2 gap: the
     reference for dynamic NTK, whose frequencies change with the length, so that a cache
-    (theirs, Tessera's) keeps each key's rotation while a full recomputation would not."""
+    (theirs, Tessera's) keeps each key's rotation while a full recomputation would not.
+    (transformers' dynamic RoPE also remembers the longest length it has seen, so the
+    cross-check that runs after this on the same model warns for the longest prompt.)"""
     out = model(torch.tensor([ids]), use_cache=True)
     past, new, gap = out.past_key_values, [], float("inf")
     for _ in range(n):
@@ -338,6 +374,38 @@ def make_llama_dynamic(tok) -> None:
         base.greedy = uncached
 
 
+def make_qwen3_moe(tok) -> None:
+    # 3 layers: sparse, dense (mlp_only_layers), sparse; 4 experts of width 32, top 2,
+    # renormalised.
+    cfg = Qwen3MoeConfig(**dict(COMMON, hidden_act="silu"), num_hidden_layers=3, head_dim=16,
+                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                         tie_word_embeddings=False)
+
+    def extra(w):
+        w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+        w.add_expert_count(4)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(32)
+
+    build("tiny-qwen3-moe", cfg, Qwen3MoeForCausalLM, base.SEED + 20, tok, "qwen3moe", extra)
+
+
+def make_mixtral(tok) -> None:
+    # 2 layers of 4 experts (width 64), top 2; GGUF as llama.cpp writes Mixtral: `llama` with
+    # expert tensors, q/k permuted.
+    cfg = MixtralConfig(**dict(COMMON, hidden_act="silu", intermediate_size=64),
+                        num_hidden_layers=2, head_dim=16, num_local_experts=4,
+                        num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False)
+
+    def extra(w):
+        w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+        w.add_expert_count(4)
+        w.add_expert_used_count(2)
+
+    build("tiny-mixtral", cfg, MixtralForCausalLM, base.SEED + 21, tok, "llama", extra)
+
+
 def main() -> None:
     torch.manual_seed(base.SEED)
     torch.use_deterministic_algorithms(True)
@@ -349,6 +417,8 @@ def main() -> None:
     make_phi3(tok)
     make_llama_yarn(tok)
     make_llama_dynamic(tok)
+    make_qwen3_moe(tok)
+    make_mixtral(tok)
     print("done")
 
 

@@ -303,58 +303,13 @@ impl ModelConfig {
                 "head_dim ({head_dim}) must be even for rotary embeddings"
             ));
         }
-        let rope = RopeKeys::parse(&raw, architecture)?;
-        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(4096);
-        let rotary_factor = raw
-            .partial_rotary_factor
-            .or_else(|| rope.global?.get("partial_rotary_factor")?.as_f64())
-            .unwrap_or(1.0);
-        let rotary_dim = (head_dim as f64 * rotary_factor) as usize;
-        if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
-            return Err(format!(
-                "partial_rotary_factor {rotary_factor} gives {rotary_dim} rotary dimensions of \
-                 {head_dim}; they must be even and at least 2"
-            ));
-        }
-        let context = ContextLengths {
-            max: max_position_embeddings,
-            original: raw.original_max_position_embeddings,
-        };
-        let phi3 = architecture == Architecture::Phi3;
-        let rope_scaling = parse_rope_scaling(rope.global, context, rotary_dim, phi3)?;
-        let sliding_window = match (&raw.sliding_window, raw.use_sliding_window) {
-            (_, Some(false))
-                if matches!(
-                    architecture,
-                    Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe
-                ) =>
-            {
-                None
-            }
-            (Some(Value::Number(n)), _) => n.as_u64().map(|w| w as usize),
-            _ => None,
-        };
-        check_activation(&raw, architecture)?;
-        let keys = FamilyKeys {
-            sliding_layers: sliding_layers(&raw)?,
-            query_pre_attn_scalar: raw.query_pre_attn_scalar,
-            attention_softcap: raw.attn_logit_softcapping,
-            final_softcap: raw.final_logit_softcapping,
-            local_rope_theta: rope.local_theta,
-            rotary_dim: Some(rotary_dim),
-            moe: moe(&raw, architecture)?,
-            sparse_layers: sparse_layers(&raw),
-            ..FamilyKeys::default()
-        };
-        let family = Family::new(
-            architecture,
-            raw.num_hidden_layers,
-            head_dim,
-            raw.hidden_size,
+        let Layers {
+            rope_theta,
+            rope_scaling,
             sliding_window,
-            keys,
-        );
-        let rope_theta = rope.theta;
+            family,
+        } = layers(&raw, architecture, head_dim)?;
+        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(4096);
         let dtype_name = raw.dtype.as_deref().or(raw.torch_dtype.as_deref());
         let dtype = match dtype_name {
             None => None,
@@ -388,6 +343,74 @@ impl ModelConfig {
     }
 }
 
+/// What a config says about RoPE and the layers.
+struct Layers {
+    rope_theta: f32,
+    rope_scaling: Option<RopeScaling>,
+    sliding_window: Option<usize>,
+    family: Family,
+}
+
+fn layers(raw: &RawConfig, architecture: Architecture, head_dim: usize) -> Result<Layers, String> {
+    let rope = RopeKeys::parse(raw, architecture)?;
+    let max_position_embeddings = raw.max_position_embeddings.unwrap_or(4096);
+    let rotary_factor = raw
+        .partial_rotary_factor
+        .or_else(|| rope.global?.get("partial_rotary_factor")?.as_f64())
+        .unwrap_or(1.0);
+    let rotary_dim = (head_dim as f64 * rotary_factor) as usize;
+    if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
+        return Err(format!(
+            "partial_rotary_factor {rotary_factor} gives {rotary_dim} rotary dimensions of \
+             {head_dim}; they must be even and at least 2"
+        ));
+    }
+    let context = ContextLengths {
+        max: max_position_embeddings,
+        original: raw.original_max_position_embeddings,
+    };
+    let phi3 = architecture == Architecture::Phi3;
+    let rope_scaling = parse_rope_scaling(rope.global, context, rotary_dim, phi3)?;
+    let sliding_window = match (&raw.sliding_window, raw.use_sliding_window) {
+        (_, Some(false))
+            if matches!(
+                architecture,
+                Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe
+            ) =>
+        {
+            None
+        }
+        (Some(Value::Number(n)), _) => n.as_u64().map(|w| w as usize),
+        _ => None,
+    };
+    check_activation(raw, architecture)?;
+    let keys = FamilyKeys {
+        sliding_layers: sliding_layers(raw)?,
+        query_pre_attn_scalar: raw.query_pre_attn_scalar,
+        attention_softcap: raw.attn_logit_softcapping,
+        final_softcap: raw.final_logit_softcapping,
+        local_rope_theta: rope.local_theta,
+        rotary_dim: Some(rotary_dim),
+        moe: moe(raw, architecture)?,
+        sparse_layers: sparse_layers(&raw),
+        ..FamilyKeys::default()
+    };
+    let family = Family::new(
+        architecture,
+        raw.num_hidden_layers,
+        head_dim,
+        raw.hidden_size,
+        sliding_window,
+        keys,
+    );
+    Ok(Layers {
+        rope_theta: rope.theta,
+        rope_scaling,
+        sliding_window,
+        family,
+    })
+}
+
 /// Where a config keeps its RoPE parameters: top-level keys (transformers 4), one
 /// `rope_parameters` object (5), or one per layer type (Gemma 3 under 5).
 struct RopeKeys<'a> {
@@ -415,7 +438,10 @@ impl<'a> RopeKeys<'a> {
                 }
                 (Some(full), local.and_then(theta_of))
             }
-            None => (raw.rope_scaling.as_ref().or(params), raw.rope_local_base_freq),
+            None => (
+                raw.rope_scaling.as_ref().or(params),
+                raw.rope_local_base_freq,
+            ),
         };
         let gemma3 = arch == Architecture::Gemma3;
         let default_theta = if gemma3 { 1_000_000.0 } else { 10_000.0 };
@@ -457,13 +483,13 @@ fn sliding_layers(raw: &RawConfig) -> Result<Option<Vec<bool>>, String> {
 fn moe(raw: &RawConfig, arch: Architecture) -> Result<Option<Moe>, String> {
     let (experts, intermediate, norm, names) = match arch {
         Architecture::Qwen3Moe => (
-            raw.num_experts,
+            raw.num_experts.or(raw.num_local_experts),
             raw.moe_intermediate_size,
             raw.norm_topk_prob.unwrap_or(false),
             ExpertNames::Qwen,
         ),
         Architecture::Mixtral => (
-            raw.num_local_experts,
+            raw.num_local_experts.or(raw.num_experts),
             Some(raw.intermediate_size),
             true,
             ExpertNames::Mixtral,
@@ -512,7 +538,9 @@ fn check_activation(raw: &RawConfig, arch: Architecture) -> Result<(), String> {
     let gemma = matches!(arch, Architecture::Gemma2 | Architecture::Gemma3);
     let (name, expected): (Option<&str>, &[&str]) = if gemma {
         (
-            raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()),
+            raw.hidden_activation
+                .as_deref()
+                .or(raw.hidden_act.as_deref()),
             &["gelu_pytorch_tanh", "gelu_tanh"],
         )
     } else {
@@ -596,7 +624,8 @@ fn parse_rope_scaling(
             }))
         }
         "longrope" => {
-            let original = original.ok_or("longrope scaling needs original_max_position_embeddings")?;
+            let original =
+                original.ok_or("longrope scaling needs original_max_position_embeddings")?;
             let factors = |key: &str| -> Result<Vec<f32>, String> {
                 let list = v.get(key).and_then(Value::as_array);
                 let values: Option<Vec<f32>> = list
@@ -710,5 +739,52 @@ mod tests {
             "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"dtype":"int3"}"#,
         );
         assert!(r.unwrap_err().contains("int3"));
+    }
+
+    fn fixture(name: &str) -> ModelConfig {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures")
+            .join(name)
+            .join("config.json");
+        ModelConfig::from_hf_file(&path).unwrap()
+    }
+
+    #[test]
+    fn family_descriptions_of_the_fixtures() {
+        let g = fixture("tiny-gemma3").family;
+        let windows: Vec<_> = g.layers.iter().map(|l| (l.window, l.local_rope)).collect();
+        assert_eq!(windows, [(Some(8), true), (None, false), (Some(8), true)]);
+        assert_eq!(
+            (g.norm_weight_offset, g.qk_norm, g.sandwich_norms),
+            (1.0, true, true)
+        );
+        assert_eq!(g.local_rope_theta, Some(10_000.0));
+        assert_eq!(g.attention_scale, (24f64).powf(-0.5) as f32);
+        let g2 = fixture("tiny-gemma2");
+        assert_eq!(
+            (g2.family.attention_softcap, g2.family.final_softcap),
+            (Some(5.0), Some(8.0))
+        );
+        let phi = fixture("tiny-phi3");
+        assert_eq!(phi.family.rotary_dim, 8);
+        assert!(matches!(
+            phi.rope_scaling,
+            Some(RopeScaling::LongRope { original_max_position_embeddings: 64, ref long_factor, .. })
+                if long_factor.len() == 4
+        ));
+        let moe = fixture("tiny-qwen3-moe").family;
+        let sparse: Vec<_> = moe.layers.iter().map(|l| l.sparse).collect();
+        assert_eq!(sparse, [true, false, true]);
+        assert_eq!(
+            moe.moe.map(|m| (m.experts, m.top_k, m.norm_topk_prob)),
+            Some((4, 2, true))
+        );
+        assert!(
+            fixture("tiny-llama")
+                .family
+                .layers
+                .iter()
+                .all(|l| !l.sparse)
+        );
     }
 }

@@ -201,13 +201,24 @@ mod tests {
 
     #[test]
     fn gemma_layers_alternate_and_llama_layers_all_slide() {
-        let g = Family::new(Architecture::Gemma2, 4, 16, 64, Some(8), FamilyKeys::default());
+        let g = Family::new(
+            Architecture::Gemma2,
+            4,
+            16,
+            64,
+            Some(8),
+            FamilyKeys::default(),
+        );
         let windows: Vec<_> = g.layers.iter().map(|l| l.window).collect();
         assert_eq!(windows, [Some(8), None, Some(8), None]);
         assert_eq!(g.embedding_scale, Some(8.0));
         assert_eq!(g.norm_weight_offset, 1.0);
         let l = Family::llama(2, 16, Some(4));
-        assert!(l.layers.iter().all(|s| s.window == Some(4) && !s.local_rope));
+        assert!(
+            l.layers
+                .iter()
+                .all(|s| s.window == Some(4) && !s.local_rope)
+        );
         assert_eq!((l.attention_scale, l.rotary_dim), (0.25, 16));
     }
 }

@@ -11,7 +11,7 @@ use common::{
 use tessera_formats::ModelFiles;
 use tessera_shard::{Model, Op, OpTimes};
 
-const FIXTURES: [&str; 9] = [
+const FIXTURES: [&str; 11] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-mistral",
@@ -21,16 +21,20 @@ const FIXTURES: [&str; 9] = [
     "tiny-phi3",
     "tiny-llama-yarn",
     "tiny-llama-dynamic",
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
 ];
 
 /// Fixtures that also ship as a GGUF file (`model.gguf`, written as llama.cpp writes the
 /// family), checked against the same goldens.
-const GGUF_FIXTURES: [&str; 5] = [
+const GGUF_FIXTURES: [&str; 7] = [
     "tiny-qwen3",
     "tiny-gemma2",
     "tiny-gemma3",
     "tiny-phi3",
     "tiny-llama-yarn",
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
 ];
 
 /// Fixtures whose rotary frequencies depend on a sequence's length (LongRoPE, dynamic NTK):

@@ -133,6 +133,8 @@ fn fixtures_match_the_single_shard_engine() {
         ("tiny-phi3", &[2][..]),
         ("tiny-phi3/model.gguf", &[2][..]),
         ("tiny-llama-yarn", &[2][..]),
+        ("tiny-qwen3-moe", &[2][..]),
+        ("tiny-mixtral/model.gguf", &[2][..]),
     ] {
         let dir = fixture.split('/').next().unwrap_or(fixture);
         let golden = common::golden(dir);

@@ -224,12 +224,11 @@ impl GgufFile {
                         key("expert_used_count")
                     )));
                 }
-                let expert_intermediate = match self
-                    .optional_usize(&key("expert_feed_forward_length"))?
-                {
-                    Some(n) => n,
-                    None => self.required_usize(&key("feed_forward_length"))?,
-                };
+                let expert_intermediate =
+                    match self.optional_usize(&key("expert_feed_forward_length"))? {
+                        Some(n) => n,
+                        None => self.required_usize(&key("feed_forward_length"))?,
+                    };
                 Some(Moe {
                     experts,
                     top_k,
@@ -244,8 +243,19 @@ impl GgufFile {
                 })
             }
         };
+        // A layer is sparse where the file has its router (dense layers among sparse ones, as
+        // Qwen's `mlp_only_layers` makes them, have none).
+        let sparse_layers = moe.map(|_| {
+            (0..num_layers)
+                .map(|i| {
+                    self.tensor_info(&format!("blk.{i}.ffn_gate_inp.weight"))
+                        .is_some()
+                })
+                .collect()
+        });
         Ok(FamilyKeys {
             moe,
+            sparse_layers,
             sliding_layers,
             attention_scale: self.optional_f32(&key("attention.scale"))?,
             attention_softcap: self.optional_f32(&key("attn_logit_softcapping"))?,
@@ -403,10 +413,10 @@ impl GgufFile {
         let context = self.required_usize(&format!("{arch}.context_length"))?;
         let attention_factor = match self.optional_f32(&key("attn_factor"))? {
             Some(f) => f,
-            None => crate::config::longrope_attention_factor(
-                context as f64 / original as f64,
-                original,
-            ) as f32,
+            None => {
+                crate::config::longrope_attention_factor(context as f64 / original as f64, original)
+                    as f32
+            }
         };
         Ok(Some(RopeScaling::LongRope {
             short_factor: factors("rope_factors_short.weight")?,
@@ -436,9 +446,9 @@ impl GgufFile {
             }
             Some("yarn") => {
                 let key = |k: &str| format!("{arch}.rope.scaling.{k}");
-                let factor = self.optional_f32(&factor_key)?.ok_or_else(|| {
-                    self.invalid(format!("yarn rope scaling needs {factor_key}"))
-                })?;
+                let factor = self
+                    .optional_f32(&factor_key)?
+                    .ok_or_else(|| self.invalid(format!("yarn rope scaling needs {factor_key}")))?;
                 let original = self
                     .optional_usize(&key("original_context_length"))?
                     .ok_or_else(|| {

@@ -65,7 +65,10 @@ pub(crate) fn hf_expert_to_gguf(name: &str) -> Option<(String, usize)> {
         "down_proj.weight" | "w2.weight" => "ffn_down_exps",
         _ => return None,
     };
-    Some((format!("blk.{layer}.{stacked}.weight"), expert.parse().ok()?))
+    Some((
+        format!("blk.{layer}.{stacked}.weight"),
+        expert.parse().ok()?,
+    ))
 }
 
 /// Whether this GGUF tensor is a q or k projection (weight or bias), and which head count
@@ -176,7 +179,10 @@ mod tests {
             hf_expert_to_gguf("model.layers.0.block_sparse_moe.experts.12.w2.weight"),
             Some(("blk.0.ffn_down_exps.weight".into(), 12))
         );
-        assert_eq!(hf_expert_to_gguf("model.layers.0.mlp.experts.x.w2.weight"), None);
+        assert_eq!(
+            hf_expert_to_gguf("model.layers.0.mlp.experts.x.w2.weight"),
+            None
+        );
         assert_eq!(
             hf_to_gguf("model.layers.1.block_sparse_moe.gate.weight", false).as_deref(),
             Some("blk.1.ffn_gate_inp.weight")

@@ -169,7 +169,10 @@ mod tests {
                 let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
                 let want = 0.5 * x * (1.0 + inner.tanh()) * row[d + i] as f64;
                 let got = out[r * d + i] as f64;
-                assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{x}: {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{x}: {got} vs {want}"
+                );
             }
         }
     }

@@ -131,7 +131,9 @@ mod tests {
     #[test]
     fn head_norms_normalise_each_head_in_place_and_leave_the_rest() {
         let (hd, heads, stride, offset) = (8, 3, 40, 5);
-        let x: Vec<f32> = (0..2 * stride).map(|i| (i as f32 * 0.7).cos() * 2.0).collect();
+        let x: Vec<f32> = (0..2 * stride)
+            .map(|i| (i as f32 * 0.7).cos() * 2.0)
+            .collect();
         let w: Vec<f32> = (0..hd).map(|i| 0.5 + i as f32 * 0.1).collect();
         let mut got = x.clone();
         rms_norm_heads(&mut got, stride, offset, heads, &w, 1e-6);

@@ -128,6 +128,19 @@ pub(crate) trait Backend {
         width: usize,
     ) -> Result<(), EngineError>;
 
+    /// Whether layer `layer`'s MLP is a mixture of experts ([`Self::moe`]).
+    fn sparse_mlp(&self, layer: usize) -> bool;
+
+    /// `out = Σ_picked p_e · expert_e(x)` of layer `layer`'s sparse MLP, for `rows` rows of
+    /// `x` (this rank's part of each expert: the sum over ranks follows).
+    fn moe(
+        &self,
+        layer: usize,
+        x: &Self::Act,
+        out: &mut Self::Act,
+        rows: usize,
+    ) -> Result<(), EngineError>;
+
     /// Sums `x` across the tensor-parallel ranks (nothing with one rank).
     fn all_reduce(&self, x: &mut Self::Act) -> Result<(), EngineError>;
 

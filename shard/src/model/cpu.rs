@@ -15,7 +15,7 @@ use super::backend::{Backend, Dims, Norm, Proj};
 use super::batch::FlatBatch;
 use super::op_times::{Op, OpTimes};
 use super::rope::Rope;
-use super::weights::{Linear, ModelWeights};
+use super::weights::{Linear, Mlp, ModelWeights};
 use crate::EngineError;
 use crate::comm::Communicator;
 use crate::kv_cache::HostPages;
@@ -139,9 +139,10 @@ impl CpuBackend {
     fn norm_weight(&self, norm: Norm) -> Result<&[f32], EngineError> {
         let layers = &self.weights.layers;
         let out_norms = |l: usize| {
-            layers[l].out_norms.as_ref().ok_or_else(|| {
-                EngineError::InvalidBatch(format!("layer {l} has no output norms"))
-            })
+            layers[l]
+                .out_norms
+                .as_ref()
+                .ok_or_else(|| EngineError::InvalidBatch(format!("layer {l} has no output norms")))
         };
         Ok(match norm {
             Norm::Input(l) => &layers[l].input_norm,
@@ -151,14 +152,19 @@ impl CpuBackend {
         })
     }
 
-    fn projection(&self, layer: usize, proj: Proj) -> &Linear {
+    fn projection(&self, layer: usize, proj: Proj) -> Result<&Linear, EngineError> {
         let l = &self.weights.layers[layer];
-        match proj {
+        let dense = || {
+            l.mlp.dense().ok_or_else(|| {
+                EngineError::InvalidBatch(format!("layer {layer}'s MLP is not dense"))
+            })
+        };
+        Ok(match proj {
             Proj::Qkv => &l.qkv,
             Proj::O => &l.o,
-            Proj::GateUp => &l.gate_up,
-            Proj::Down => &l.down,
-        }
+            Proj::GateUp => dense()?.0,
+            Proj::Down => dense()?.1,
+        })
     }
 }
 
@@ -241,7 +247,7 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         rows: usize,
     ) -> Result<(), EngineError> {
-        let l = self.projection(layer, proj);
+        let l = self.projection(layer, proj)?;
         debug_assert_eq!(out.len(), rows * l.out_features());
         let op = match proj {
             Proj::Qkv => Op::Qkv,
@@ -278,6 +284,29 @@ impl Backend for CpuBackend {
         self.timed(Op::SiluMul, || match act {
             Activation::Silu => activation::silu_mul(gate_up, width, out),
             Activation::GeluTanh => activation::gelu_tanh_mul(gate_up, width, out),
+        });
+        Ok(())
+    }
+
+    fn sparse_mlp(&self, layer: usize) -> bool {
+        matches!(self.weights.layers[layer].mlp, Mlp::Sparse(_))
+    }
+
+    fn moe(
+        &self,
+        layer: usize,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let (Mlp::Sparse(weights), Some(moe)) = (&self.weights.layers[layer].mlp, &self.family.moe)
+        else {
+            return Err(EngineError::InvalidBatch(format!(
+                "layer {layer}'s MLP is not sparse"
+            )));
+        };
+        self.timed(Op::GateUp, || {
+            super::moe::forward(weights, moe, x, rows, self.activations, out)
         });
         Ok(())
     }

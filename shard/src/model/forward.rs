@@ -64,9 +64,13 @@ pub(crate) fn run<B: Backend>(
             std::mem::swap(&mut proj, &mut out_normed);
         }
         b.add_rms_norm(Norm::PreMlp(li), &mut residual, &proj, &mut normed, t)?;
-        b.linear(li, Proj::GateUp, &normed, &mut gate_up, t)?;
-        b.gated(d.activation, &gate_up, &mut act, t, d.intermediate)?;
-        b.linear(li, Proj::Down, &act, &mut proj, t)?;
+        if b.sparse_mlp(li) {
+            b.moe(li, &normed, &mut proj, t)?;
+        } else {
+            b.linear(li, Proj::GateUp, &normed, &mut gate_up, t)?;
+            b.gated(d.activation, &gate_up, &mut act, t, d.intermediate)?;
+            b.linear(li, Proj::Down, &act, &mut proj, t)?;
+        }
         b.all_reduce(&mut proj)?;
         if d.sandwich_norms {
             b.rms_norm(Norm::MlpOut(li), &proj, &mut out_normed, t)?;

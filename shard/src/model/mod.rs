@@ -18,6 +18,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod forward;
+mod moe;
 mod op_times;
 mod rope;
 mod weights;
@@ -162,7 +163,11 @@ impl Model {
             head_dim: cfg.head_dim,
             heads: heads.q.len(),
             kv_heads: heads.kv.len(),
-            intermediate: weights.layers.first().map_or(0, |l| l.down.in_features()),
+            intermediate: weights
+                .layers
+                .iter()
+                .find_map(|l| l.mlp.dense())
+                .map_or(0, |(_, down)| down.in_features()),
         };
         Ok(Self {
             config: cfg.clone(),

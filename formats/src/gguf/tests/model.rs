@@ -125,7 +125,10 @@ fn model_config_errors_name_the_problem() {
         .model_config()
         .unwrap_err()
         .to_string();
-    assert!(err.contains("unsupported rope scaling \"dynamic\""), "{err}");
+    assert!(
+        err.contains("unsupported rope scaling \"dynamic\""),
+        "{err}"
+    );
 
     let (w, _, _) = tiny_model("llama", false, true);
     let w = w.kv("llama.rope.scaling.type", V::String("yarn".into()));
@@ -134,7 +137,10 @@ fn model_config_errors_name_the_problem() {
         .model_config()
         .unwrap_err()
         .to_string();
-    assert!(err.contains("yarn rope scaling needs llama.rope.scaling.factor"), "{err}");
+    assert!(
+        err.contains("yarn rope scaling needs llama.rope.scaling.factor"),
+        "{err}"
+    );
 
     let (w, _, _) = tiny_model("llama", false, true);
     let mut w = w;

@@ -745,11 +745,18 @@ fn soft_capped_attention_matches_the_naive_kernel_and_stays_row_invariant() {
         let d = max_abs_diff(&capped, &naive);
         assert!(d < 2e-5, "hd {hd} ctx {ctx}: tiled vs naive {d}");
         let uncapped = run(&problem(&q, &whole, None), false);
-        assert!(max_abs_diff(&capped, &uncapped) > 1e-2, "the cap changed nothing");
+        assert!(
+            max_abs_diff(&capped, &uncapped) > 1e-2,
+            "the cap changed nothing"
+        );
         let w = heads * hd;
         let last = rows - 1;
         let alone = [seq(0, 1, first + last)];
         let one = run(&problem(&q[last * w..], &alone, Some(2.0)), false);
-        assert_eq!(one, capped[last * w..], "hd {hd}: the last row alone differs");
+        assert_eq!(
+            one,
+            capped[last * w..],
+            "hd {hd}: the last row alone differs"
+        );
     }
 }

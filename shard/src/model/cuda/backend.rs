@@ -294,6 +294,23 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         }
     }
 
+    fn sparse_mlp(&self, _layer: usize) -> bool {
+        // `upload` refuses sparse models.
+        false
+    }
+
+    fn moe(
+        &self,
+        _layer: usize,
+        _x: &CudaSlice<T>,
+        _out: &mut CudaSlice<T>,
+        _rows: usize,
+    ) -> Result<(), EngineError> {
+        Err(EngineError::Device(
+            "the CUDA backend has no mixture-of-experts MLP".into(),
+        ))
+    }
+
     fn all_reduce(&self, x: &mut CudaSlice<T>) -> Result<(), EngineError> {
         if self.world_size == 1 {
             return Ok(());

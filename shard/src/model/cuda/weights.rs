@@ -101,6 +101,10 @@ impl Uploader<'_> {
     }
 
     fn layer<T: DeviceElem>(&self, l: &LayerWeights) -> Result<GpuLayer<T>, EngineError> {
+        // `upload` refuses sparse models first.
+        let (gate_up, down) = l.mlp.dense().ok_or_else(|| {
+            EngineError::Device("the CUDA backend has no mixture-of-experts MLP".into())
+        })?;
         Ok(GpuLayer {
             input_norm: self.put(&l.input_norm)?,
             pre_mlp_norm: self.put(&l.pre_mlp_norm)?,
@@ -110,8 +114,8 @@ impl Uploader<'_> {
             },
             qkv: self.linear(&l.qkv)?,
             o: self.linear(&l.o)?,
-            gate_up: self.linear(&l.gate_up)?,
-            down: self.linear(&l.down)?,
+            gate_up: self.linear(gate_up)?,
+            down: self.linear(down)?,
         })
     }
 
@@ -132,8 +136,12 @@ fn unsupported(cpu: &CpuBackend) -> Option<&'static str> {
     let plain_rope = matches!(cpu.rope.fixed(), Some((_, f)) if f == 1.0);
     [
         (!plain_rope, "length-dependent or attention-scaled RoPE"),
+        (family.moe.is_some(), "mixture-of-experts MLPs"),
         (family.qk_norm, "per-head q/k norms"),
-        (family.activation != Activation::Silu, "the GeGLU activation"),
+        (
+            family.activation != Activation::Silu,
+            "the GeGLU activation",
+        ),
         (family.embedding_scale.is_some(), "scaled embeddings"),
         (family.attention_softcap.is_some(), "attention soft-capping"),
         (family.final_softcap.is_some(), "final-logit soft-capping"),
@@ -259,9 +267,10 @@ impl<T: DeviceElem> CudaBackend<T> {
 
     pub(super) fn norm_weight(&self, norm: Norm) -> Result<&CudaSlice<T>, EngineError> {
         let out_norms = |l: usize| {
-            self.layers[l].out_norms.as_ref().ok_or_else(|| {
-                EngineError::InvalidBatch(format!("layer {l} has no output norms"))
-            })
+            self.layers[l]
+                .out_norms
+                .as_ref()
+                .ok_or_else(|| EngineError::InvalidBatch(format!("layer {l} has no output norms")))
         };
         Ok(match norm {
             Norm::Input(l) => &self.layers[l].input_norm,
