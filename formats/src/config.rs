@@ -392,7 +392,7 @@ fn layers(raw: &RawConfig, architecture: Architecture, head_dim: usize) -> Resul
         local_rope_theta: rope.local_theta,
         rotary_dim: Some(rotary_dim),
         moe: moe(raw, architecture)?,
-        sparse_layers: sparse_layers(&raw),
+        sparse_layers: sparse_layers(raw),
         ..FamilyKeys::default()
     };
     let family = Family::new(

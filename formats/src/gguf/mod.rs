@@ -325,7 +325,7 @@ impl WeightSource for GgufFile {
         let info: &TensorInfo = &resolved;
         let shape: Vec<usize> = info.dims.iter().rev().copied().collect();
         let mut data = vec![0.0f32; info.elements()];
-        self.convert(&info, self.tensor_bytes(&info), &mut data)?;
+        self.convert(info, self.tensor_bytes(info), &mut data)?;
         let rows = shape.first().copied().unwrap_or(0);
         if let Some(n_head) = self.permuted_heads(name, info, rows)? {
             data = names::unpermute_rows(&data, rows, n_head);

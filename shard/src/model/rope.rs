@@ -153,9 +153,9 @@ impl Rope {
         seqs: &[AttentionSeq<'_>],
         positions: &[u32],
     ) -> (Vec<f32>, Vec<f32>) {
-        let (mut cos, mut sin) = match self.by_length {
-            None => rope_kernel::cos_sin(&self.base, positions),
-            Some(_) => {
+        let (mut cos, mut sin) = match self.fixed() {
+            Some((freqs, _)) => rope_kernel::cos_sin(freqs, positions),
+            None => {
                 let (mut cos, mut sin) = (Vec::new(), Vec::new());
                 for s in seqs {
                     let freqs = self.freqs(s.first_position + s.rows);
