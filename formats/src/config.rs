@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::FormatError;
+use crate::family::{ExpertNames, Family, FamilyKeys, Moe};
 
 /// Model families Tessera implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,12 +17,31 @@ pub enum Architecture {
     Mistral,
     /// Qwen2 (Llama with q/k/v bias).
     Qwen2,
+    /// Qwen3 (dense): per-head q/k RMSNorm before RoPE, no bias.
+    Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, sparse MoE MLPs.
+    Qwen3Moe,
+    /// Mixtral: Mistral's attention, sparse MoE MLPs (GGUF: `llama` with experts).
+    Mixtral,
+    /// Phi-3, Phi-3.5 and Phi-4 (`Phi3ForCausalLM`): Llama's layer with fused `qkv_proj` and
+    /// `gate_up_proj`, partial rotary, LongRoPE.
+    Phi3,
+    /// Gemma 2: `(1 + w)` sandwich norms, GeGLU, scaled embeddings, soft-capping, alternating
+    /// sliding and global layers.
+    Gemma2,
+    /// Gemma 3 text (`Gemma3ForCausalLM`): Gemma 2's layers with q/k norms instead of
+    /// soft-capping, and a separate RoPE base for the sliding layers.
+    Gemma3,
 }
 
 impl Architecture {
     /// The architectures as users name them, for error messages.
-    pub const SUPPORTED: &'static str =
-        "LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2)";
+    pub const SUPPORTED: &'static str = "LlamaForCausalLM (llama), MistralForCausalLM (mistral), \
+        Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3), Qwen3MoeForCausalLM (qwen3_moe; \
+        GGUF qwen3moe), MixtralForCausalLM (mixtral; GGUF llama with experts), \
+        Phi3ForCausalLM (phi3), \
+        Gemma2ForCausalLM (gemma2), \
+        Gemma3ForCausalLM (gemma3_text; GGUF gemma3)";
 
     /// Parses an HF `architectures[0]` / `model_type` or a GGUF `general.architecture` value.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -29,13 +49,19 @@ impl Architecture {
             "LlamaForCausalLM" | "llama" => Some(Self::Llama),
             "MistralForCausalLM" | "mistral" => Some(Self::Mistral),
             "Qwen2ForCausalLM" | "qwen2" => Some(Self::Qwen2),
+            "Qwen3ForCausalLM" | "qwen3" => Some(Self::Qwen3),
+            "Phi3ForCausalLM" | "phi3" => Some(Self::Phi3),
+            "Qwen3MoeForCausalLM" | "qwen3_moe" | "qwen3moe" => Some(Self::Qwen3Moe),
+            "MixtralForCausalLM" | "mixtral" => Some(Self::Mixtral),
+            "Gemma2ForCausalLM" | "gemma2" => Some(Self::Gemma2),
+            "Gemma3ForCausalLM" | "gemma3_text" | "gemma3" => Some(Self::Gemma3),
             _ => None,
         }
     }
 }
 
 /// How rotary position frequencies are adjusted for long contexts.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
     /// Positions divided by `factor`.
     Linear {
@@ -52,6 +78,43 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         /// The context length the model was pre-trained with.
         original_max_position_embeddings: f32,
+    },
+    /// YaRN: frequencies between two wavelength bounds blended from interpolated (÷ `factor`)
+    /// to extrapolated, cos/sin scaled by `attention_factor`.
+    Yarn {
+        /// Interpolation factor.
+        factor: f32,
+        /// The context length the model was pre-trained with.
+        original_max_position_embeddings: f32,
+        /// Rotations at which frequencies stop being extrapolated.
+        beta_fast: f32,
+        /// Rotations at which frequencies are fully interpolated.
+        beta_slow: f32,
+        /// Factor of cos and sin.
+        attention_factor: f32,
+        /// Whether the blend's bounds are rounded outwards to whole dimensions.
+        truncate: bool,
+    },
+    /// LongRoPE (Phi-3): each frequency divided by its `short_factor` while a sequence is at
+    /// most `original_max_position_embeddings` long, by its `long_factor` past that; cos/sin
+    /// scaled by `attention_factor`.
+    LongRope {
+        /// Divisors for sequences within the original context.
+        short_factor: Vec<f32>,
+        /// Divisors for longer sequences.
+        long_factor: Vec<f32>,
+        /// The context length the model was pre-trained with.
+        original_max_position_embeddings: usize,
+        /// Factor of cos and sin.
+        attention_factor: f32,
+    },
+    /// Dynamic NTK: past `original_max_position_embeddings`, the base grows with the
+    /// sequence's length `L` to `θ · (factor · L / original - (factor - 1))^(d / (d - 2))`.
+    DynamicNtk {
+        /// Scaling factor.
+        factor: f32,
+        /// The context length the model was pre-trained with.
+        original_max_position_embeddings: usize,
     },
 }
 
@@ -107,7 +170,8 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// Whether `lm_head` reuses the embedding matrix.
     pub tie_word_embeddings: bool,
-    /// Attention window (Mistral); `None` is full causal attention.
+    /// Attention window of the layers that slide (all of Mistral's; which ones:
+    /// [`Family::layers`]); `None`: no layer does.
     pub sliding_window: Option<usize>,
     /// Whether q/k/v projections carry a bias (Qwen2).
     pub attention_bias: bool,
@@ -117,6 +181,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// `eos_token_id` from the config (one or several).
     pub eos_token_ids: Vec<u32>,
+    /// How the family's layers are made (norms, attention options, activation).
+    pub family: Family,
 }
 
 #[derive(Deserialize)]
@@ -143,6 +209,23 @@ struct RawConfig {
     torch_dtype: Option<String>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
+    hidden_act: Option<String>,
+    hidden_activation: Option<String>,
+    layer_types: Option<Vec<String>>,
+    sliding_window_pattern: Option<usize>,
+    query_pre_attn_scalar: Option<f64>,
+    attn_logit_softcapping: Option<f32>,
+    final_logit_softcapping: Option<f32>,
+    rope_local_base_freq: Option<f32>,
+    partial_rotary_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
 }
 
 /// Reads token ids given as a number, a list of numbers, or null.
@@ -220,18 +303,13 @@ impl ModelConfig {
                 "head_dim ({head_dim}) must be even for rotary embeddings"
             ));
         }
-        // transformers 5 moved rope_theta and rope_scaling into `rope_parameters`.
-        let rope_params = raw.rope_parameters.as_ref();
-        let rope_theta = raw
-            .rope_theta
-            .or_else(|| rope_params.and_then(|p| p.get("rope_theta")?.as_f64().map(|v| v as f32)))
-            .unwrap_or(10_000.0);
-        let rope_scaling = parse_rope_scaling(raw.rope_scaling.as_ref().or(rope_params))?;
-        let sliding_window = match (&raw.sliding_window, raw.use_sliding_window) {
-            (_, Some(false)) if architecture == Architecture::Qwen2 => None,
-            (Some(Value::Number(n)), _) => n.as_u64().map(|w| w as usize),
-            _ => None,
-        };
+        let Layers {
+            rope_theta,
+            rope_scaling,
+            sliding_window,
+            family,
+        } = layers(&raw, architecture, head_dim)?;
+        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(4096);
         let dtype_name = raw.dtype.as_deref().or(raw.torch_dtype.as_deref());
         let dtype = match dtype_name {
             None => None,
@@ -251,7 +329,7 @@ impl ModelConfig {
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
+            max_position_embeddings,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             sliding_window,
             attention_bias: raw
@@ -260,25 +338,260 @@ impl ModelConfig {
             dtype,
             bos_token_id: token_ids(raw.bos_token_id.as_ref()).first().copied(),
             eos_token_ids: token_ids(raw.eos_token_id.as_ref()),
+            family,
         }))
     }
 }
 
-fn parse_rope_scaling(value: Option<&Value>) -> Result<Option<RopeScaling>, String> {
+/// What a config says about RoPE and the layers.
+struct Layers {
+    rope_theta: f32,
+    rope_scaling: Option<RopeScaling>,
+    sliding_window: Option<usize>,
+    family: Family,
+}
+
+fn layers(raw: &RawConfig, architecture: Architecture, head_dim: usize) -> Result<Layers, String> {
+    let rope = RopeKeys::parse(raw, architecture)?;
+    let max_position_embeddings = raw.max_position_embeddings.unwrap_or(4096);
+    let rotary_factor = raw
+        .partial_rotary_factor
+        .or_else(|| rope.global?.get("partial_rotary_factor")?.as_f64())
+        .unwrap_or(1.0);
+    let rotary_dim = (head_dim as f64 * rotary_factor) as usize;
+    if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
+        return Err(format!(
+            "partial_rotary_factor {rotary_factor} gives {rotary_dim} rotary dimensions of \
+             {head_dim}; they must be even and at least 2"
+        ));
+    }
+    let context = ContextLengths {
+        max: max_position_embeddings,
+        original: raw.original_max_position_embeddings,
+    };
+    let phi3 = architecture == Architecture::Phi3;
+    let rope_scaling = parse_rope_scaling(rope.global, context, rotary_dim, phi3)?;
+    let sliding_window = match (&raw.sliding_window, raw.use_sliding_window) {
+        (_, Some(false))
+            if matches!(
+                architecture,
+                Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe
+            ) =>
+        {
+            None
+        }
+        (Some(Value::Number(n)), _) => n.as_u64().map(|w| w as usize),
+        _ => None,
+    };
+    check_activation(raw, architecture)?;
+    let keys = FamilyKeys {
+        sliding_layers: sliding_layers(raw)?,
+        query_pre_attn_scalar: raw.query_pre_attn_scalar,
+        attention_softcap: raw.attn_logit_softcapping,
+        final_softcap: raw.final_logit_softcapping,
+        local_rope_theta: rope.local_theta,
+        rotary_dim: Some(rotary_dim),
+        moe: moe(raw, architecture)?,
+        sparse_layers: sparse_layers(raw),
+        ..FamilyKeys::default()
+    };
+    let family = Family::new(
+        architecture,
+        raw.num_hidden_layers,
+        head_dim,
+        raw.hidden_size,
+        sliding_window,
+        keys,
+    );
+    Ok(Layers {
+        rope_theta: rope.theta,
+        rope_scaling,
+        sliding_window,
+        family,
+    })
+}
+
+/// Where a config keeps its RoPE parameters: top-level keys (transformers 4), one
+/// `rope_parameters` object (5), or one per layer type (Gemma 3 under 5).
+struct RopeKeys<'a> {
+    theta: f32,
+    /// The scaling object of the global layers, if any.
+    global: Option<&'a Value>,
+    /// The base of the sliding layers, when they have their own (Gemma 3).
+    local_theta: Option<f32>,
+}
+
+impl<'a> RopeKeys<'a> {
+    fn parse(raw: &'a RawConfig, arch: Architecture) -> Result<Self, String> {
+        let params = raw.rope_parameters.as_ref();
+        let theta_of = |v: &Value| v.get("rope_theta")?.as_f64().map(|t| t as f32);
+        let (global, local) = match params.and_then(|p| p.get("full_attention")) {
+            Some(full) => {
+                let local = params.and_then(|p| p.get("sliding_attention"));
+                if let Some(kind) = local.and_then(|l| l.get("rope_type")?.as_str())
+                    && kind != "default"
+                {
+                    return Err(format!(
+                        "unsupported rope scaling {kind:?} of the sliding layers; supported: \
+                         default"
+                    ));
+                }
+                (Some(full), local.and_then(theta_of))
+            }
+            None => (
+                raw.rope_scaling.as_ref().or(params),
+                raw.rope_local_base_freq,
+            ),
+        };
+        let gemma3 = arch == Architecture::Gemma3;
+        let default_theta = if gemma3 { 1_000_000.0 } else { 10_000.0 };
+        Ok(Self {
+            theta: raw
+                .rope_theta
+                .or_else(|| global.and_then(theta_of))
+                .unwrap_or(default_theta),
+            global,
+            local_theta: gemma3.then(|| local.unwrap_or(10_000.0)),
+        })
+    }
+}
+
+/// Which layers slide, from `layer_types` (transformers 5) or `sliding_window_pattern`.
+fn sliding_layers(raw: &RawConfig) -> Result<Option<Vec<bool>>, String> {
+    if let Some(types) = &raw.layer_types {
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(format!(
+                    "unsupported layer type {other:?}; supported: full_attention, \
+                     sliding_attention"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some);
+    }
+    Ok(raw.sliding_window_pattern.filter(|&p| p > 0).map(|p| {
+        (0..raw.num_hidden_layers)
+            .map(|i| !(i + 1).is_multiple_of(p))
+            .collect()
+    }))
+}
+
+/// The sparse MLP of a Qwen3-MoE or Mixtral config.
+fn moe(raw: &RawConfig, arch: Architecture) -> Result<Option<Moe>, String> {
+    let (experts, intermediate, norm, names) = match arch {
+        Architecture::Qwen3Moe => (
+            raw.num_experts.or(raw.num_local_experts),
+            raw.moe_intermediate_size,
+            raw.norm_topk_prob.unwrap_or(false),
+            ExpertNames::Qwen,
+        ),
+        Architecture::Mixtral => (
+            raw.num_local_experts.or(raw.num_experts),
+            Some(raw.intermediate_size),
+            true,
+            ExpertNames::Mixtral,
+        ),
+        _ => return Ok(None),
+    };
+    let (Some(experts), Some(top_k), Some(expert_intermediate)) =
+        (experts, raw.num_experts_per_tok, intermediate)
+    else {
+        return Err(
+            "a mixture-of-experts config needs num_experts (num_local_experts), \
+             num_experts_per_tok and moe_intermediate_size"
+                .into(),
+        );
+    };
+    if top_k == 0 || top_k > experts {
+        return Err(format!(
+            "num_experts_per_tok ({top_k}) must be between 1 and the experts ({experts})"
+        ));
+    }
+    Ok(Some(Moe {
+        experts,
+        top_k,
+        expert_intermediate,
+        norm_topk_prob: norm,
+        names,
+    }))
+}
+
+/// Which layers are sparse under `decoder_sparse_step` and `mlp_only_layers` (Qwen MoE).
+fn sparse_layers(raw: &RawConfig) -> Option<Vec<bool>> {
+    if raw.decoder_sparse_step.is_none() && raw.mlp_only_layers.is_none() {
+        return None;
+    }
+    let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
+    let dense = raw.mlp_only_layers.clone().unwrap_or_default();
+    Some(
+        (0..raw.num_hidden_layers)
+            .map(|i| !dense.contains(&i) && (i + 1).is_multiple_of(step))
+            .collect(),
+    )
+}
+
+/// The MLP activation the config names must be the one the family's layers compute.
+fn check_activation(raw: &RawConfig, arch: Architecture) -> Result<(), String> {
+    let gemma = matches!(arch, Architecture::Gemma2 | Architecture::Gemma3);
+    let (name, expected): (Option<&str>, &[&str]) = if gemma {
+        (
+            raw.hidden_activation
+                .as_deref()
+                .or(raw.hidden_act.as_deref()),
+            &["gelu_pytorch_tanh", "gelu_tanh"],
+        )
+    } else {
+        (raw.hidden_act.as_deref(), &["silu", "swish"])
+    };
+    match name {
+        Some(n) if !expected.contains(&n) => Err(format!(
+            "unsupported activation {n:?} for this architecture; supported: {}",
+            expected.join(", ")
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The context lengths a RoPE scaling falls back on when its object omits them.
+#[derive(Clone, Copy)]
+struct ContextLengths {
+    max: usize,
+    /// A top-level `original_max_position_embeddings` (Phi-3 keeps it there).
+    original: Option<usize>,
+}
+
+/// `value`'s scaling; with `phi3`, the older names of LongRoPE (`su`, `yarn`) are LongRoPE,
+/// as transformers reads Phi-3 configs.
+fn parse_rope_scaling(
+    value: Option<&Value>,
+    context: ContextLengths,
+    rotary_dim: usize,
+    phi3: bool,
+) -> Result<Option<RopeScaling>, String> {
     let Some(v) = value.filter(|v| v.is_object()) else {
         return Ok(None);
     };
-    let kind = v
+    let kind = match v
         .get("rope_type")
         .or_else(|| v.get("type"))
         .and_then(Value::as_str)
-        .unwrap_or("default");
+        .unwrap_or("default")
+    {
+        "su" | "yarn" if phi3 => "longrope",
+        kind => kind,
+    };
+    let opt = |key: &str| v.get(key).and_then(Value::as_f64);
     let num = |key: &str| -> Result<f32, String> {
-        v.get(key)
-            .and_then(Value::as_f64)
+        opt(key)
             .map(|x| x as f32)
             .ok_or_else(|| format!("rope scaling {kind:?} needs a numeric {key:?}"))
     };
+    let original = context
+        .original
+        .or_else(|| opt("original_max_position_embeddings").map(|x| x as usize));
     match kind {
         "default" => Ok(None),
         "linear" => Ok(Some(RopeScaling::Linear {
@@ -290,9 +603,78 @@ fn parse_rope_scaling(value: Option<&Value>) -> Result<Option<RopeScaling>, Stri
             high_freq_factor: num("high_freq_factor")?,
             original_max_position_embeddings: num("original_max_position_embeddings")?,
         })),
+        "yarn" => {
+            let original = original.unwrap_or(context.max);
+            let factor = opt("factor").unwrap_or(context.max as f64 / original as f64);
+            let attention_factor = opt("attention_factor").unwrap_or_else(|| {
+                match (opt("mscale"), opt("mscale_all_dim")) {
+                    (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                        yarn_mscale(factor, m) / yarn_mscale(factor, all)
+                    }
+                    _ => yarn_mscale(factor, 1.0),
+                }
+            });
+            Ok(Some(RopeScaling::Yarn {
+                factor: factor as f32,
+                original_max_position_embeddings: original as f32,
+                beta_fast: opt("beta_fast").unwrap_or(32.0) as f32,
+                beta_slow: opt("beta_slow").unwrap_or(1.0) as f32,
+                attention_factor: attention_factor as f32,
+                truncate: v.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            }))
+        }
+        "longrope" => {
+            let original =
+                original.ok_or("longrope scaling needs original_max_position_embeddings")?;
+            let factors = |key: &str| -> Result<Vec<f32>, String> {
+                let list = v.get(key).and_then(Value::as_array);
+                let values: Option<Vec<f32>> = list
+                    .map(|l| l.iter().map(|x| x.as_f64().map(|x| x as f32)).collect())
+                    .unwrap_or(None);
+                match values {
+                    Some(f) if f.len() == rotary_dim / 2 => Ok(f),
+                    _ => Err(format!(
+                        "longrope scaling needs {key:?}: {} numbers (one per rotary frequency)",
+                        rotary_dim / 2
+                    )),
+                }
+            };
+            let factor = opt("factor").unwrap_or(context.max as f64 / original as f64);
+            Ok(Some(RopeScaling::LongRope {
+                short_factor: factors("short_factor")?,
+                long_factor: factors("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor: opt("attention_factor")
+                    .unwrap_or_else(|| longrope_attention_factor(factor, original))
+                    as f32,
+            }))
+        }
+        "dynamic" => Ok(Some(RopeScaling::DynamicNtk {
+            factor: num("factor")?,
+            original_max_position_embeddings: context.max,
+        })),
         other => Err(format!(
-            "unsupported rope scaling {other:?}; supported: default, linear, llama3"
+            "unsupported rope scaling {other:?}; supported: default, linear, llama3, yarn, \
+             longrope, dynamic"
         )),
+    }
+}
+
+/// YaRN's attention factor for `factor` (transformers' `get_mscale`).
+pub(crate) fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * factor.ln() + 1.0
+    }
+}
+
+/// LongRoPE's default attention factor: `√(1 + ln(factor) / ln(original))`.
+pub(crate) fn longrope_attention_factor(factor: f64, original: usize) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        (1.0 + factor.ln() / (original as f64).ln()).sqrt()
     }
 }
 
@@ -357,5 +739,52 @@ mod tests {
             "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"dtype":"int3"}"#,
         );
         assert!(r.unwrap_err().contains("int3"));
+    }
+
+    fn fixture(name: &str) -> ModelConfig {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures")
+            .join(name)
+            .join("config.json");
+        ModelConfig::from_hf_file(&path).unwrap()
+    }
+
+    #[test]
+    fn family_descriptions_of_the_fixtures() {
+        let g = fixture("tiny-gemma3").family;
+        let windows: Vec<_> = g.layers.iter().map(|l| (l.window, l.local_rope)).collect();
+        assert_eq!(windows, [(Some(8), true), (None, false), (Some(8), true)]);
+        assert_eq!(
+            (g.norm_weight_offset, g.qk_norm, g.sandwich_norms),
+            (1.0, true, true)
+        );
+        assert_eq!(g.local_rope_theta, Some(10_000.0));
+        assert_eq!(g.attention_scale, (24f64).powf(-0.5) as f32);
+        let g2 = fixture("tiny-gemma2");
+        assert_eq!(
+            (g2.family.attention_softcap, g2.family.final_softcap),
+            (Some(5.0), Some(8.0))
+        );
+        let phi = fixture("tiny-phi3");
+        assert_eq!(phi.family.rotary_dim, 8);
+        assert!(matches!(
+            phi.rope_scaling,
+            Some(RopeScaling::LongRope { original_max_position_embeddings: 64, ref long_factor, .. })
+                if long_factor.len() == 4
+        ));
+        let moe = fixture("tiny-qwen3-moe").family;
+        let sparse: Vec<_> = moe.layers.iter().map(|l| l.sparse).collect();
+        assert_eq!(sparse, [true, false, true]);
+        assert_eq!(
+            moe.moe.map(|m| (m.experts, m.top_k, m.norm_topk_prob)),
+            Some((4, 2, true))
+        );
+        assert!(
+            fixture("tiny-llama")
+                .family
+                .layers
+                .iter()
+                .all(|l| !l.sparse)
+        );
     }
 }

@@ -12,6 +12,7 @@
 mod chat_template;
 mod config;
 mod error;
+mod family;
 pub mod gguf;
 mod grammar;
 mod hf_dir;
@@ -24,6 +25,7 @@ mod weights;
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, RenderOptions};
 pub use config::{Architecture, DType, ModelConfig, RopeScaling};
 pub use error::FormatError;
+pub use family::{Activation, ExpertNames, Family, LayerSpec, Moe};
 pub use grammar::{GrammarCompiler, GrammarError, GrammarMatcher, GrammarSource};
 pub use model_files::ModelFiles;
 pub use output_pattern::{MAX_PATTERN_DFA_BYTES, compile_output_pattern};

@@ -362,6 +362,7 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
                 seqs: &seqs,
                 scale,
                 window: None,
+                softcap: None,
             };
             attention::paged_attention(&problem, &mut out);
             black_box(&out);

@@ -333,6 +333,7 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
         seqs: &seqs,
         scale,
         window,
+        softcap: None,
     };
     cpu::attention::paged_attention(&problem, &mut want);
     let (gk, gv) = (up::<T>(d, &fx.ck), up::<T>(d, &fx.cv));
@@ -413,6 +414,7 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
         seqs: &seqs,
         scale,
         window,
+        softcap: None,
     };
     cpu::attention::paged_attention(&problem, &mut want);
     let (gk, gv) = (up::<T>(d, &ck), up::<T>(d, &cv));

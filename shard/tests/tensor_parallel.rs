@@ -126,8 +126,18 @@ fn fixtures_match_the_single_shard_engine() {
         ("tiny-llama", &[2, 4][..]),
         ("tiny-qwen2", &[2][..]),
         ("tiny-mistral", &[2, 4][..]),
+        ("tiny-qwen3", &[2][..]),
+        ("tiny-gemma2", &[2][..]),
+        ("tiny-gemma3", &[2][..]),
+        ("tiny-gemma3/model.gguf", &[2][..]),
+        ("tiny-phi3", &[2][..]),
+        ("tiny-phi3/model.gguf", &[2][..]),
+        ("tiny-llama-yarn", &[2][..]),
+        ("tiny-qwen3-moe", &[2][..]),
+        ("tiny-mixtral/model.gguf", &[2][..]),
     ] {
-        let (_, golden) = common::load_fixture(fixture);
+        let dir = fixture.split('/').next().unwrap_or(fixture);
+        let golden = common::golden(dir);
         let base: Vec<Vec<u32>> = golden
             .prompts
             .iter()

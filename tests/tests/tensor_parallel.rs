@@ -72,9 +72,17 @@ async fn greedy(
 async fn two_shards_match_one_shard_on_every_fixture() {
     within(
         "two_shards_match_one_shard",
-        Duration::from_secs(400),
+        Duration::from_secs(900),
         async {
-            for model in ["tiny-llama", "tiny-qwen2", "tiny-mistral"] {
+            for model in [
+                "tiny-llama",
+                "tiny-qwen2",
+                "tiny-mistral",
+                "tiny-qwen3",
+                "tiny-gemma2",
+                "tiny-gemma3",
+                "tiny-phi3",
+            ] {
                 let prompts = prompts(model);
                 let (one, two) = tokio::join!(
                     Server::start(model, &["--num-shard", "1"]),

@@ -1,6 +1,7 @@
 //! [`ModelConfig`] and [`GgufTokenizerSpec`] from GGUF metadata.
 
 use super::{GgufFile, MetadataValue};
+use crate::family::{ExpertNames, Family, FamilyKeys, Moe};
 use crate::{Architecture, DType, FormatError, GgufTokenizerSpec, ModelConfig, RopeScaling};
 
 /// The attention head layout of a model, as [`GgufFile::attention_shape`] reads it.
@@ -9,6 +10,8 @@ struct AttentionShape {
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
+    /// Leading dimensions of each head that rotate.
+    rotary_dim: usize,
 }
 
 impl GgufFile {
@@ -127,20 +130,40 @@ impl GgufFile {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
         } = self.attention_shape(arch)?;
         let rope_theta = self
             .optional_f32(&key("rope.freq_base"))?
             .unwrap_or(10_000.0);
-        let rope_scaling = self.rope_scaling(arch, head_dim, rope_theta)?;
+        let rope_scaling = match self.long_rope(arch, rotary_dim)? {
+            Some(long) => Some(long),
+            None => self.rope_scaling(arch, head_dim, rope_theta)?,
+        };
         let vocab_size = self.vocab_size(arch)?;
         let dtype = self.file_dtype()?;
         let eos_token_ids = self.eos_token_ids()?;
+        let num_layers = self.required_usize(&key("block_count"))?;
+        let sliding_window = self
+            .optional_usize(&key("attention.sliding_window"))?
+            .filter(|&w| w > 0);
+        let keys = FamilyKeys {
+            rotary_dim: Some(rotary_dim),
+            ..self.family_keys(arch, architecture, num_layers)?
+        };
+        let family = Family::new(
+            architecture,
+            num_layers,
+            head_dim,
+            hidden_size,
+            sliding_window,
+            keys,
+        );
         Ok(ModelConfig {
             architecture,
             vocab_size,
             hidden_size,
             intermediate_size: self.required_usize(&key("feed_forward_length"))?,
-            num_layers: self.required_usize(&key("block_count"))?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -156,13 +179,96 @@ impl GgufFile {
             rope_scaling,
             max_position_embeddings: self.required_usize(&key("context_length"))?,
             tie_word_embeddings: self.tensor_info("output.weight").is_none(),
-            sliding_window: self
-                .optional_usize(&key("attention.sliding_window"))?
-                .filter(|&w| w > 0),
+            sliding_window,
             attention_bias: self.tensor_info("blk.0.attn_q.bias").is_some(),
             dtype,
             bos_token_id: self.optional_u32("tokenizer.ggml.bos_token_id")?,
             eos_token_ids,
+            family,
+        })
+    }
+
+    /// The family-specific keys llama.cpp writes: the sliding-layer pattern, the score scale,
+    /// soft-capping, Gemma 3's local RoPE base.
+    fn family_keys(
+        &self,
+        arch: &str,
+        architecture: Architecture,
+        num_layers: usize,
+    ) -> Result<FamilyKeys, FormatError> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let pattern_key = key("attention.sliding_window_pattern");
+        let sliding_layers = match self.metadata(&pattern_key) {
+            None => None,
+            Some(MetadataValue::Array(items)) => Some(
+                items
+                    .iter()
+                    .map(|v| v.as_bool())
+                    .collect::<Option<Vec<bool>>>()
+                    .ok_or_else(|| self.invalid(format!("{pattern_key} must hold bools")))?,
+            ),
+            // llama.cpp's `set_swa_pattern(n)`: every n-th layer is global.
+            Some(_) => self
+                .optional_usize(&pattern_key)?
+                .filter(|&n| n > 0)
+                .map(|n| (0..num_layers).map(|i| i % n < n - 1).collect()),
+        };
+        let gemma = matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3);
+        let moe = match self.optional_usize(&key("expert_count"))? {
+            None | Some(0) => None,
+            Some(experts) => {
+                let top_k = self.required_usize(&key("expert_used_count"))?;
+                if top_k == 0 || top_k > experts {
+                    return Err(self.invalid(format!(
+                        "{} ({top_k}) must be between 1 and the experts ({experts})",
+                        key("expert_used_count")
+                    )));
+                }
+                let expert_intermediate =
+                    match self.optional_usize(&key("expert_feed_forward_length"))? {
+                        Some(n) => n,
+                        None => self.required_usize(&key("feed_forward_length"))?,
+                    };
+                Some(Moe {
+                    experts,
+                    top_k,
+                    expert_intermediate,
+                    norm_topk_prob: self
+                        .optional_bool(&key("expert_weights_norm"))?
+                        .unwrap_or(true),
+                    names: match architecture {
+                        Architecture::Llama | Architecture::Mixtral => ExpertNames::Mixtral,
+                        _ => ExpertNames::Qwen,
+                    },
+                })
+            }
+        };
+        // A layer is sparse where the file has its router (dense layers among sparse ones, as
+        // Qwen's `mlp_only_layers` makes them, have none).
+        let sparse_layers = moe.map(|_| {
+            (0..num_layers)
+                .map(|i| {
+                    self.tensor_info(&format!("blk.{i}.ffn_gate_inp.weight"))
+                        .is_some()
+                })
+                .collect()
+        });
+        Ok(FamilyKeys {
+            moe,
+            sparse_layers,
+            sliding_layers,
+            attention_scale: self.optional_f32(&key("attention.scale"))?,
+            attention_softcap: self.optional_f32(&key("attn_logit_softcapping"))?,
+            final_softcap: self.optional_f32(&key("final_logit_softcapping"))?,
+            local_rope_theta: match architecture {
+                Architecture::Gemma3 => Some(
+                    self.optional_f32(&key("rope.freq_base_swa"))?
+                        .unwrap_or(10_000.0),
+                ),
+                _ => None,
+            },
+            norms_stored_plus_one: gemma,
+            ..FamilyKeys::default()
         })
     }
 
@@ -206,12 +312,12 @@ impl GgufFile {
                 "head size {head_dim} must be positive and even for rotary embeddings"
             )));
         }
-        if let Some(r) = self.optional_usize(&key("rope.dimension_count"))?
-            && r != head_dim
-        {
+        let rotary_dim = self
+            .optional_usize(&key("rope.dimension_count"))?
+            .unwrap_or(head_dim);
+        if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
             return Err(self.invalid(format!(
-                "{} ({r}) differs from the head size ({head_dim}); partial rotary embeddings \
-                 are not supported",
+                "{} ({rotary_dim}) must be even and at most the head size ({head_dim})",
                 key("rope.dimension_count")
             )));
         }
@@ -220,6 +326,7 @@ impl GgufFile {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
         })
     }
 
@@ -274,6 +381,51 @@ impl GgufFile {
         Ok(eos_token_ids)
     }
 
+    /// LongRoPE as llama.cpp's Phi-3 converter writes it: `rope_factors_short.weight` and
+    /// `rope_factors_long.weight` tensors, the original context and the attention factor.
+    fn long_rope(&self, arch: &str, rotary_dim: usize) -> Result<Option<RopeScaling>, FormatError> {
+        let (Some(_), Some(_)) = (
+            self.tensor_info("rope_factors_short.weight"),
+            self.tensor_info("rope_factors_long.weight"),
+        ) else {
+            return Ok(None);
+        };
+        let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+        let original = self
+            .optional_usize(&key("original_context_length"))?
+            .ok_or_else(|| {
+                self.invalid(format!(
+                    "LongRoPE factors need {}",
+                    key("original_context_length")
+                ))
+            })?;
+        let factors = |name: &str| -> Result<Vec<f32>, FormatError> {
+            let f = self.load_gguf_f32(name)?;
+            match f.len() == rotary_dim / 2 {
+                true => Ok(f),
+                false => Err(self.invalid(format!(
+                    "{name} has {} values; the rotary dimensions need {}",
+                    f.len(),
+                    rotary_dim / 2
+                ))),
+            }
+        };
+        let context = self.required_usize(&format!("{arch}.context_length"))?;
+        let attention_factor = match self.optional_f32(&key("attn_factor"))? {
+            Some(f) => f,
+            None => {
+                crate::config::longrope_attention_factor(context as f64 / original as f64, original)
+                    as f32
+            }
+        };
+        Ok(Some(RopeScaling::LongRope {
+            short_factor: factors("rope_factors_short.weight")?,
+            long_factor: factors("rope_factors_long.weight")?,
+            original_max_position_embeddings: original,
+            attention_factor,
+        }))
+    }
+
     /// `{arch}.rope.scaling.*`, or Llama 3 scaling recovered from a `rope_freqs.weight`
     /// tensor (llama.cpp bakes Llama 3.1 scaling into per-frequency divisors).
     fn rope_scaling(
@@ -292,10 +444,37 @@ impl GgufFile {
                 })?;
                 Some(RopeScaling::Linear { factor })
             }
+            Some("yarn") => {
+                let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+                let factor = self
+                    .optional_f32(&factor_key)?
+                    .ok_or_else(|| self.invalid(format!("yarn rope scaling needs {factor_key}")))?;
+                let original = self
+                    .optional_usize(&key("original_context_length"))?
+                    .ok_or_else(|| {
+                        self.invalid(format!(
+                            "yarn rope scaling needs {}",
+                            key("original_context_length")
+                        ))
+                    })?;
+                let attention_factor = match self.optional_f32(&key("attn_factor"))? {
+                    Some(f) => f,
+                    None => crate::config::yarn_mscale(factor as f64, 1.0) as f32,
+                };
+                Some(RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: original as f32,
+                    beta_fast: self.optional_f32(&key("yarn_beta_fast"))?.unwrap_or(32.0),
+                    beta_slow: self.optional_f32(&key("yarn_beta_slow"))?.unwrap_or(1.0),
+                    attention_factor,
+                    truncate: true,
+                })
+            }
             Some(other) => {
                 return Err(self.invalid(format!(
-                    "unsupported rope scaling {other:?}; supported: none, linear, and Llama 3 \
-                     scaling given as a rope_freqs.weight tensor"
+                    "unsupported rope scaling {other:?}; supported: none, linear, yarn, Llama 3 \
+                     scaling given as a rope_freqs.weight tensor, and LongRoPE as \
+                     rope_factors_short/long tensors"
                 )));
             }
         };

@@ -23,6 +23,7 @@ mod reader;
 mod tests;
 mod types;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -210,24 +211,94 @@ impl GgufFile {
         Ok(Some(n_head))
     }
 
-    /// The GGUF name behind a Hugging Face name, if the name maps and the tensor exists.
-    fn resolve(&self, name: &str) -> Result<&TensorInfo, FormatError> {
-        let gguf_name = names::hf_to_gguf(name).ok_or_else(|| {
+    /// The GGUF tensor behind a Hugging Face name, if the name maps and the tensor exists: a
+    /// whole tensor, or one expert's matrix of a stacked 3-D expert tensor (as a 2-D tensor
+    /// of its bytes).
+    fn resolve(&self, name: &str) -> Result<Cow<'_, TensorInfo>, FormatError> {
+        if let Some((gguf_name, expert)) = names::hf_expert_to_gguf(name) {
+            return self.expert_slice(name, &gguf_name, expert).map(Cow::Owned);
+        }
+        let gguf_name = names::hf_to_gguf(name, self.sandwich_norms()).ok_or_else(|| {
             FormatError::tensor(
                 &self.path,
                 name,
                 "no GGUF tensor corresponds to this name (Tessera maps model.embed_tokens, \
                  model.norm, lm_head and model.layers.N.{input_layernorm, \
-                 post_attention_layernorm, self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj})",
+                 post_attention_layernorm, pre_feedforward_layernorm, \
+                 post_feedforward_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, \
+                 self_attn.qkv_proj, mlp.{gate,up,down}_proj, mlp.gate_up_proj, mlp.gate, \
+                 mlp.experts.E.*, block_sparse_moe.*})",
             )
         })?;
-        self.tensor_info(&gguf_name).ok_or_else(|| {
+        self.tensor_info(&gguf_name)
+            .map(Cow::Borrowed)
+            .ok_or_else(|| {
+                FormatError::tensor(
+                    &self.path,
+                    name,
+                    format!("not in the file (looked for {gguf_name})"),
+                )
+            })
+    }
+
+    /// Expert `expert`'s matrix of the stacked tensor `gguf_name` (`[experts, rows, cols]`).
+    fn expert_slice(
+        &self,
+        name: &str,
+        gguf_name: &str,
+        expert: usize,
+    ) -> Result<TensorInfo, FormatError> {
+        let info = self.tensor_info(gguf_name).ok_or_else(|| {
             FormatError::tensor(
                 &self.path,
                 name,
                 format!("not in the file (looked for {gguf_name})"),
             )
+        })?;
+        let &[cols, rows, experts] = info.dims.as_slice() else {
+            return Err(FormatError::tensor(
+                &self.path,
+                gguf_name,
+                format!("expert tensors have 3 dimensions, not {}", info.dims.len()),
+            ));
+        };
+        if expert >= experts {
+            return Err(FormatError::tensor(
+                &self.path,
+                name,
+                format!("expert {expert} is not in {gguf_name} ({experts} experts)"),
+            ));
+        }
+        let matrix = TensorInfo {
+            name: info.name.clone(),
+            dims: vec![cols, rows],
+            ggml_type: info.ggml_type,
+            start: info.start,
+            n_bytes: 0,
+        };
+        let bytes = Self::row_bytes(&matrix)
+            .map(|b| b * rows)
+            .filter(|b| b * experts == info.n_bytes)
+            .ok_or_else(|| {
+                FormatError::tensor(
+                    &self.path,
+                    gguf_name,
+                    "expert matrices are not whole blocks of equal size",
+                )
+            })?;
+        Ok(TensorInfo {
+            start: info.start + expert * bytes,
+            n_bytes: bytes,
+            ..matrix
         })
+    }
+
+    /// Whether the layers have Gemma's four norms (which moves `post_attention_layernorm`).
+    fn sandwich_norms(&self) -> bool {
+        matches!(
+            self.architecture().ok().and_then(Architecture::from_name),
+            Some(Architecture::Gemma2 | Architecture::Gemma3)
+        )
     }
 
     /// Whether the converter permuted q/k rows (llama.cpp's `LlamaModel`, which also converts
@@ -250,9 +321,11 @@ impl WeightSource for GgufFile {
     }
 
     fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
-        let info = self.resolve(name)?;
+        let resolved = self.resolve(name)?;
+        let info: &TensorInfo = &resolved;
         let shape: Vec<usize> = info.dims.iter().rev().copied().collect();
-        let mut data = self.load_gguf_f32(&info.name)?;
+        let mut data = vec![0.0f32; info.elements()];
+        self.convert(info, self.tensor_bytes(info), &mut data)?;
         let rows = shape.first().copied().unwrap_or(0);
         if let Some(n_head) = self.permuted_heads(name, info, rows)? {
             data = names::unpermute_rows(&data, rows, n_head);
@@ -264,7 +337,8 @@ impl WeightSource for GgufFile {
     /// Q4_K, Q5_K, Q6_K) as their bytes; permuted q/k rows are moved back whole (a row is a
     /// whole number of blocks, so this is exact).
     fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
-        let info = self.resolve(name)?;
+        let resolved = self.resolve(name)?;
+        let info: &TensorInfo = &resolved;
         let Some(rows) = info.dims.get(1).copied() else {
             return Ok(None);
         };
@@ -280,7 +354,8 @@ impl WeightSource for GgufFile {
         dim: usize,
         range: Range<usize>,
     ) -> Result<Option<NativeTensor>, FormatError> {
-        let info = self.resolve(name)?;
+        let resolved = self.resolve(name)?;
+        let info: &TensorInfo = &resolved;
         let Some(format) = info.ggml_type.weight_format() else {
             return Ok(None);
         };
@@ -345,7 +420,8 @@ impl WeightSource for GgufFile {
         dim: usize,
         range: Range<usize>,
     ) -> Result<HostTensor, FormatError> {
-        let info = self.resolve(name)?;
+        let resolved = self.resolve(name)?;
+        let info: &TensorInfo = &resolved;
         let shape: Vec<usize> = info.dims.iter().rev().copied().collect();
         if split_at_dim(&shape, dim, &range).is_none() {
             return Err(bad_slice(&self.path, name, &shape, dim, &range));

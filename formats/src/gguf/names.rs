@@ -1,7 +1,10 @@
 //! Hugging Face tensor names to GGUF names, and undoing llama.cpp's q/k row permutation.
 
-/// The GGUF name of a Hugging Face Llama-family tensor name, if it has one.
-pub(crate) fn hf_to_gguf(name: &str) -> Option<String> {
+/// The GGUF name of a Hugging Face decoder tensor name, if it has one. With `sandwich`
+/// (Gemma's four norms per layer) `post_attention_layernorm` is the norm of the attention's
+/// output (`attn_post_norm`) and `pre_feedforward_layernorm` the MLP's input norm
+/// (`ffn_norm`); otherwise `post_attention_layernorm` is the MLP's input norm.
+pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
     match name {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
         "model.norm.weight" => return Some("output_norm.weight".into()),
@@ -19,17 +22,53 @@ pub(crate) fn hf_to_gguf(name: &str) -> Option<String> {
     };
     let gguf = match (module, suffix) {
         ("input_layernorm", "weight") => "attn_norm",
+        ("post_attention_layernorm", "weight") if sandwich => "attn_post_norm",
         ("post_attention_layernorm", "weight") => "ffn_norm",
+        ("pre_feedforward_layernorm", "weight") if sandwich => "ffn_norm",
+        ("post_feedforward_layernorm", "weight") if sandwich => "ffn_post_norm",
+        ("self_attn.q_norm", "weight") => "attn_q_norm",
+        ("self_attn.k_norm", "weight") => "attn_k_norm",
         ("self_attn.q_proj", _) => "attn_q",
         ("self_attn.k_proj", _) => "attn_k",
         ("self_attn.v_proj", _) => "attn_v",
         ("self_attn.o_proj", _) => "attn_output",
+        // Phi-3's fused projections, which llama.cpp keeps fused.
+        ("self_attn.qkv_proj", _) => "attn_qkv",
+        ("mlp.gate_up_proj", "weight") => "ffn_up",
         ("mlp.gate_proj", "weight") => "ffn_gate",
+        // The MoE router.
+        ("mlp.gate" | "block_sparse_moe.gate", "weight") => "ffn_gate_inp",
         ("mlp.up_proj", "weight") => "ffn_up",
         ("mlp.down_proj", "weight") => "ffn_down",
         _ => return None,
     };
     Some(format!("blk.{layer}.{gguf}.{suffix}"))
+}
+
+/// For one expert's matrix (`model.layers.N.mlp.experts.E.gate_proj.weight`, or Mixtral's
+/// `block_sparse_moe.experts.E.w1.weight`), the GGUF tensor that stacks every expert's
+/// (`blk.N.ffn_gate_exps.weight`) and `E`.
+pub(crate) fn hf_expert_to_gguf(name: &str) -> Option<(String, usize)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let rest = rest
+        .strip_prefix("mlp.experts.")
+        .or_else(|| rest.strip_prefix("block_sparse_moe.experts."))?;
+    let (expert, matrix) = rest.split_once('.')?;
+    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(layer) || !all_digits(expert) {
+        return None;
+    }
+    let stacked = match matrix {
+        "gate_proj.weight" | "w1.weight" => "ffn_gate_exps",
+        "up_proj.weight" | "w3.weight" => "ffn_up_exps",
+        "down_proj.weight" | "w2.weight" => "ffn_down_exps",
+        _ => return None,
+    };
+    Some((
+        format!("blk.{layer}.{stacked}.weight"),
+        expert.parse().ok()?,
+    ))
 }
 
 /// Whether this GGUF tensor is a q or k projection (weight or bias), and which head count
@@ -107,7 +146,7 @@ mod tests {
             ),
         ];
         for (hf, gguf) in cases {
-            assert_eq!(hf_to_gguf(hf).as_deref(), Some(gguf), "{hf}");
+            assert_eq!(hf_to_gguf(hf, false).as_deref(), Some(gguf), "{hf}");
         }
         for bad in [
             "model.layers.x.mlp.up_proj.weight",
@@ -116,8 +155,38 @@ mod tests {
             "token_embd.weight",
             "model.layers.1.mlp.up_proj.bias.weight",
         ] {
-            assert_eq!(hf_to_gguf(bad), None, "{bad}");
+            assert_eq!(hf_to_gguf(bad, false), None, "{bad}");
         }
+        for (hf, gguf) in [
+            ("post_attention_layernorm", "attn_post_norm"),
+            ("pre_feedforward_layernorm", "ffn_norm"),
+            ("post_feedforward_layernorm", "ffn_post_norm"),
+            ("self_attn.q_norm", "attn_q_norm"),
+        ] {
+            let name = format!("model.layers.2.{hf}.weight");
+            let want = format!("blk.2.{gguf}.weight");
+            assert_eq!(hf_to_gguf(&name, true), Some(want), "{hf}");
+        }
+    }
+
+    #[test]
+    fn expert_matrices_are_slices_of_the_stacked_tensors() {
+        assert_eq!(
+            hf_expert_to_gguf("model.layers.3.mlp.experts.7.up_proj.weight"),
+            Some(("blk.3.ffn_up_exps.weight".into(), 7))
+        );
+        assert_eq!(
+            hf_expert_to_gguf("model.layers.0.block_sparse_moe.experts.12.w2.weight"),
+            Some(("blk.0.ffn_down_exps.weight".into(), 12))
+        );
+        assert_eq!(
+            hf_expert_to_gguf("model.layers.0.mlp.experts.x.w2.weight"),
+            None
+        );
+        assert_eq!(
+            hf_to_gguf("model.layers.1.block_sparse_moe.gate.weight", false).as_deref(),
+            Some("blk.1.ffn_gate_inp.weight")
+        );
     }
 
     #[test]

@@ -30,6 +30,37 @@ pub fn silu_mul_with(kernels: &Kernels, gate_up: &[f32], d: usize, out: &mut [f3
     }
 }
 
+/// `out[t, i] = gelu_tanh(gate_up[t, i]) * gate_up[t, d + i]`: Gemma's GeGLU, with GELU's
+/// tanh approximation as torch computes it (`0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`).
+pub fn gelu_tanh_mul(gate_up: &[f32], d: usize, out: &mut [f32]) {
+    assert_eq!(gate_up.len(), 2 * out.len());
+    if d == 0 {
+        return;
+    }
+    let row = |(o, gu): (&mut [f32], &[f32])| {
+        let (g, u) = gu.split_at(d);
+        for ((o, &x), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = gelu_tanh(x) * u;
+        }
+    };
+    if out.len() == d {
+        row((out, gate_up));
+    } else {
+        out.par_chunks_mut(d)
+            .zip(gate_up.par_chunks(2 * d))
+            .for_each(row);
+    }
+}
+
+/// GELU's tanh approximation, in torch's order of operations.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const BETA: f32 = 0.797_884_6; // √(2/π)
+    const KAPPA: f32 = 0.044_715;
+    let inner = BETA * (x + KAPPA * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+
 /// `e^x` for `x` in `[EXP_MIN, EXP_MAX]`: `x = n·ln 2 + r` (Cody–Waite, `|r| <= ln 2 / 2`),
 /// then `2^n · P(r)` with the Taylor polynomial of degree 7 (truncation below 1e-8
 /// relative), highest coefficient first for Horner's scheme.
@@ -122,6 +153,26 @@ mod tests {
                         o[i]
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_tanh_mul_is_the_tanh_approximation_times_up() {
+        let d = 37;
+        let gu: Vec<f32> = (0..4 * d).map(|i| (i as f32 * 0.37).sin() * 6.0).collect();
+        let mut out = vec![0f32; 2 * d];
+        gelu_tanh_mul(&gu, d, &mut out);
+        for (r, row) in gu.chunks(2 * d).enumerate() {
+            for i in 0..d {
+                let x = row[i] as f64;
+                let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+                let want = 0.5 * x * (1.0 + inner.tanh()) * row[d + i] as f64;
+                let got = out[r * d + i] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{x}: {got} vs {want}"
+                );
             }
         }
     }

@@ -48,6 +48,27 @@ pub fn add_rms_norm(residual: &mut [f32], x: &[f32], weight: &[f32], eps: f32, o
         .for_each(row);
 }
 
+/// RMSNorm in place of every head of every row: `x` is rows of `row_stride` values whose
+/// `heads` heads of `weight.len()` start at `offset` (q or k inside a fused qkv buffer), each
+/// head normalised on its own (Qwen3's and Gemma 3's q/k norms).
+pub fn rms_norm_heads(
+    x: &mut [f32],
+    row_stride: usize,
+    offset: usize,
+    heads: usize,
+    weight: &[f32],
+    eps: f32,
+) {
+    let d = weight.len();
+    let mut head = vec![0f32; d];
+    for row in x.chunks_exact_mut(row_stride) {
+        for h in row[offset..offset + heads * d].chunks_exact_mut(d) {
+            head.copy_from_slice(h);
+            norm_row(&head, weight, eps, h);
+        }
+    }
+}
+
 #[inline]
 fn norm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let sum_sq = super::matmul::dot(x, x);
@@ -105,5 +126,24 @@ mod tests {
         rms_norm(&r2, &w, 1e-5, &mut sep);
         assert_eq!(r, r2);
         assert_eq!(fused, sep);
+    }
+
+    #[test]
+    fn head_norms_normalise_each_head_in_place_and_leave_the_rest() {
+        let (hd, heads, stride, offset) = (8, 3, 40, 5);
+        let x: Vec<f32> = (0..2 * stride)
+            .map(|i| (i as f32 * 0.7).cos() * 2.0)
+            .collect();
+        let w: Vec<f32> = (0..hd).map(|i| 0.5 + i as f32 * 0.1).collect();
+        let mut got = x.clone();
+        rms_norm_heads(&mut got, stride, offset, heads, &w, 1e-6);
+        for (row, (g, x)) in got.chunks(stride).zip(x.chunks(stride)).enumerate() {
+            let span = offset..offset + heads * hd;
+            let mut want = vec![0f32; heads * hd];
+            rms_norm(&x[span.clone()], &w, 1e-6, &mut want);
+            assert_eq!(&g[span.clone()], &want[..], "row {row}");
+            assert_eq!(&g[..offset], &x[..offset]);
+            assert_eq!(&g[span.end..], &x[span.end..]);
+        }
     }
 }

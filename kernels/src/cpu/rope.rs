@@ -18,7 +18,8 @@ pub fn cos_sin(inv_freq: &[f32], positions: &[u32]) -> (Vec<f32>, Vec<f32>) {
 
 /// Rotates every head of every token in place. `x` is `[tokens, heads, head_dim]` with rows
 /// of `row_stride` values (so q and k can be rotated inside a fused qkv buffer), heads starting
-/// at `offset` within each row; `cos`/`sin` come from [`cos_sin`] with `head_dim / 2` columns.
+/// at `offset` within each row; `cos`/`sin` come from [`cos_sin`] with `head_dim / 2` columns,
+/// or fewer: then only each head's first `2 · columns` values rotate (partial rotary).
 pub fn apply_rope(
     x: &mut [f32],
     row_stride: usize,
@@ -28,15 +29,17 @@ pub fn apply_rope(
     cos: &[f32],
     sin: &[f32],
 ) {
-    let half = head_dim / 2;
-    let tokens = cos.len() / half;
-    assert!(x.len() >= tokens * row_stride);
+    let tokens = x.len() / row_stride.max(1);
+    let Some(half) = cos.len().checked_div(tokens) else {
+        return;
+    };
+    assert!(2 * half <= head_dim && cos.len() == tokens * half);
     for t in 0..tokens {
         let c = &cos[t * half..(t + 1) * half];
         let s = &sin[t * half..(t + 1) * half];
         let row = &mut x[t * row_stride + offset..t * row_stride + offset + heads * head_dim];
         for head in row.chunks_exact_mut(head_dim) {
-            rotate_head(head, c, s);
+            rotate_head(&mut head[..2 * half], c, s);
         }
     }
 }
@@ -69,5 +72,18 @@ mod tests {
         assert!((n0 - n1).abs() < 1e-5);
         // Pair (x[0], x[2]) rotates by 3 rad.
         assert!((x[4] - (3f32.cos() - 3.0 * 3f32.sin())).abs() < 1e-6);
+    }
+
+    #[test]
+    fn partial_rotary_rotates_the_leading_dimensions_only() {
+        let (cos, sin) = cos_sin(&[1.0, 0.1], &[5]);
+        let x: Vec<f32> = (0..8).map(|i| i as f32 + 1.0).collect();
+        let mut got = x.clone();
+        // Heads of 8, of which the first 4 rotate.
+        apply_rope(&mut got, 8, 0, 1, 8, &cos, &sin);
+        let mut want = x[..4].to_vec();
+        rotate_head(&mut want, &cos, &sin);
+        assert_eq!(&got[..4], &want[..]);
+        assert_eq!(&got[4..], &x[4..]);
     }
 }

@@ -186,6 +186,7 @@ mod tests {
             dtype: None,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
+            family: tessera_formats::Family::llama(1, 16, None),
         }
     }
 

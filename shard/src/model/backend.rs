@@ -2,6 +2,8 @@
 //! (`super::forward`) is written once against this trait; the CPU backend (`super::cpu`) and
 //! the CUDA one (`super::cuda`, feature `cuda`) each own their weights and buffers.
 
+use tessera_formats::Activation;
+
 use super::batch::FlatBatch;
 use crate::EngineError;
 use crate::kv_cache::PageStore;
@@ -12,7 +14,11 @@ pub(crate) enum Norm {
     /// Before attention in layer `i`.
     Input(usize),
     /// Before the MLP in layer `i`.
-    PostAttention(usize),
+    PreMlp(usize),
+    /// Of the attention's output in layer `i`, before its residual add (sandwich norms).
+    AttentionOut(usize),
+    /// Of the MLP's output in layer `i`, before its residual add (sandwich norms).
+    MlpOut(usize),
 }
 
 /// Which projection of a layer to multiply by.
@@ -28,9 +34,13 @@ pub(crate) enum Proj {
     Down,
 }
 
-/// This rank's widths of one layer's tensors.
+/// This rank's widths of one layer's tensors, and the layer's structure.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Dims {
+    /// Norms on the attention and MLP outputs ([`Norm::AttentionOut`], [`Norm::MlpOut`]).
+    pub(crate) sandwich_norms: bool,
+    /// The MLP's gate activation.
+    pub(crate) activation: Activation,
     pub(crate) hidden: usize,
     pub(crate) head_dim: usize,
     /// Query heads of this rank.
@@ -64,7 +74,8 @@ pub(crate) trait Backend {
     /// A zeroed buffer of `len` values.
     fn zeros(&self, len: usize) -> Result<Self::Act, EngineError>;
 
-    /// This rank's embedding rows of the batch's tokens (zero rows for other ranks' tokens).
+    /// This rank's embedding rows of the batch's tokens, scaled as the family scales them
+    /// (zero rows for other ranks' tokens).
     fn embed(&self, batch: &Self::Batch<'_>, out: &mut Self::Act) -> Result<(), EngineError>;
 
     fn rms_norm(
@@ -95,8 +106,9 @@ pub(crate) trait Backend {
         rows: usize,
     ) -> Result<(), EngineError>;
 
-    /// Rotates q and k, writes k and v into layer `layer`'s pages, and attends: `out` gets
-    /// `[rows, heads · head_dim]`.
+    /// Normalises q and k per head where the layer does, rotates them, writes k and v into
+    /// layer `layer`'s pages, and attends (with the layer's window, scale and soft-cap):
+    /// `out` gets `[rows, heads · head_dim]`.
     fn attention(
         &self,
         layer: usize,
@@ -106,20 +118,35 @@ pub(crate) trait Backend {
         out: &mut Self::Act,
     ) -> Result<(), EngineError>;
 
-    /// `out = silu(gate) · up` of `[gate | up]` rows of `2 · width`.
-    fn silu_mul(
+    /// `out = act(gate) · up` of `[gate | up]` rows of `2 · width`.
+    fn gated(
         &self,
+        act: Activation,
         gate_up: &Self::Act,
         out: &mut Self::Act,
         rows: usize,
         width: usize,
     ) -> Result<(), EngineError>;
 
+    /// Whether layer `layer`'s MLP is a mixture of experts ([`Self::moe`]).
+    fn sparse_mlp(&self, layer: usize) -> bool;
+
+    /// `out = Σ_picked p_e · expert_e(x)` of layer `layer`'s sparse MLP, for `rows` rows of
+    /// `x` (this rank's part of each expert: the sum over ranks follows).
+    fn moe(
+        &self,
+        layer: usize,
+        x: &Self::Act,
+        out: &mut Self::Act,
+        rows: usize,
+    ) -> Result<(), EngineError>;
+
     /// Sums `x` across the tensor-parallel ranks (nothing with one rank).
     fn all_reduce(&self, x: &mut Self::Act) -> Result<(), EngineError>;
 
     /// Final norm of `residual + proj` and this rank's vocabulary slice of the LM head, for
-    /// the batch's logit rows: `[logit rows, local vocab]`.
+    /// the batch's logit rows: `[logit rows, local vocab]`, soft-capped where the family caps
+    /// them.
     fn logits(
         &self,
         batch: &Self::Batch<'_>,

@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use tessera_formats::{Activation, Family};
 use tessera_kernels::cpu::attention::{
-    self, AttentionSeq, KvElem, KvLayout, NewKv, PagedAttention, PagedKv, PagedKvMut,
+    self, AttentionSeq, KvElem, KvLayout, NewKv, PagedAttention, PagedKv, PagedKvMut, softcap,
 };
 use tessera_kernels::cpu::{
     ActivationDtype, activation, linear_weights_as, norm, rope as rope_kernel,
@@ -13,7 +14,8 @@ use tessera_kernels::cpu::{
 use super::backend::{Backend, Dims, Norm, Proj};
 use super::batch::FlatBatch;
 use super::op_times::{Op, OpTimes};
-use super::weights::{Linear, ModelWeights};
+use super::rope::Rope;
+use super::weights::{Linear, Mlp, ModelWeights};
 use crate::EngineError;
 use crate::comm::Communicator;
 use crate::kv_cache::HostPages;
@@ -21,20 +23,25 @@ use crate::kv_cache::HostPages;
 pub(crate) struct CpuBackend {
     pub(crate) weights: ModelWeights,
     pub(crate) dims: Dims,
-    pub(crate) inv_freq: Vec<f32>,
+    pub(crate) rope: Rope,
+    /// The rotary frequencies of layers with their own (local) RoPE, if any layer has one.
+    pub(crate) local_rope: Option<Rope>,
     pub(crate) eps: f32,
-    pub(crate) window: Option<usize>,
+    /// The layers' structure and attention options.
+    pub(crate) family: Family,
     pub(crate) activations: ActivationDtype,
     pub(crate) comm: Arc<dyn Communicator>,
     pub(crate) world_size: usize,
     pub(crate) op_times: Option<Arc<OpTimes>>,
 }
 
-/// A pass on the CPU: the flattened batch and its tokens' rotary cosines and sines.
+/// A pass on the CPU: the flattened batch and its tokens' rotary cosines and sines (and those
+/// of the local RoPE, when some layers have one).
 pub(crate) struct CpuBatch<'a> {
     flat: &'a FlatBatch<'a>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    local: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 impl CpuBackend {
@@ -57,10 +64,18 @@ impl CpuBackend {
     ) {
         let d = self.dims;
         let qkv_width = d.qkv_width();
+        let spec = self.family.layers[layer];
+        let (cos, sin) = match (&batch.local, spec.local_rope) {
+            (Some((cos, sin)), true) => (cos, sin),
+            _ => (&batch.cos, &batch.sin),
+        };
+        if let Some((q_norm, k_norm)) = &self.weights.layers[layer].qk_norm {
+            let k_offset = d.heads * d.head_dim;
+            norm::rms_norm_heads(qkv, qkv_width, 0, d.heads, q_norm, self.eps);
+            norm::rms_norm_heads(qkv, qkv_width, k_offset, d.kv_heads, k_norm, self.eps);
+        }
         // Queries rotate in place; keys rotate as they are written into the cache.
-        rope_kernel::apply_rope(
-            qkv, qkv_width, 0, d.heads, d.head_dim, &batch.cos, &batch.sin,
-        );
+        rope_kernel::apply_rope(qkv, qkv_width, 0, d.heads, d.head_dim, cos, sin);
         let step = AttentionStep {
             layout: KvLayout {
                 block_size: batch.flat.block_size,
@@ -73,12 +88,13 @@ impl CpuBackend {
                 k_offset: d.heads * d.head_dim,
                 v_offset: (d.heads + d.kv_heads) * d.head_dim,
                 slots: &batch.flat.slots,
-                rope: Some((&batch.cos, &batch.sin)),
+                rope: Some((cos, sin)),
             },
             heads: d.heads,
             seqs: &batch.flat.seqs,
-            scale: 1.0 / (d.head_dim as f32).sqrt(),
-            window: self.window,
+            scale: self.family.attention_scale,
+            window: spec.window,
+            softcap: self.family.attention_softcap,
         };
         match kv {
             HostPages::F32(layers) => step.run(&mut layers[layer], out),
@@ -114,24 +130,41 @@ impl CpuBackend {
             &mut logits,
             self.activations,
         );
+        if let Some(cap) = self.family.final_softcap {
+            logits.iter_mut().for_each(|x| *x = softcap(*x, cap));
+        }
         logits
     }
 
-    fn norm_weight(&self, norm: Norm) -> &[f32] {
-        match norm {
-            Norm::Input(l) => &self.weights.layers[l].input_norm,
-            Norm::PostAttention(l) => &self.weights.layers[l].post_attention_norm,
-        }
+    fn norm_weight(&self, norm: Norm) -> Result<&[f32], EngineError> {
+        let layers = &self.weights.layers;
+        let out_norms = |l: usize| {
+            layers[l]
+                .out_norms
+                .as_ref()
+                .ok_or_else(|| EngineError::InvalidBatch(format!("layer {l} has no output norms")))
+        };
+        Ok(match norm {
+            Norm::Input(l) => &layers[l].input_norm,
+            Norm::PreMlp(l) => &layers[l].pre_mlp_norm,
+            Norm::AttentionOut(l) => &out_norms(l)?.0,
+            Norm::MlpOut(l) => &out_norms(l)?.1,
+        })
     }
 
-    fn projection(&self, layer: usize, proj: Proj) -> &Linear {
+    fn projection(&self, layer: usize, proj: Proj) -> Result<&Linear, EngineError> {
         let l = &self.weights.layers[layer];
-        match proj {
+        let dense = || {
+            l.mlp.dense().ok_or_else(|| {
+                EngineError::InvalidBatch(format!("layer {layer}'s MLP is not dense"))
+            })
+        };
+        Ok(match proj {
             Proj::Qkv => &l.qkv,
             Proj::O => &l.o,
-            Proj::GateUp => &l.gate_up,
-            Proj::Down => &l.down,
-        }
+            Proj::GateUp => dense()?.0,
+            Proj::Down => dense()?.1,
+        })
     }
 }
 
@@ -141,10 +174,20 @@ impl Backend for CpuBackend {
     type Batch<'a> = CpuBatch<'a>;
 
     fn upload<'a>(&'a self, flat: &'a FlatBatch<'a>) -> Result<CpuBatch<'a>, EngineError> {
-        let (cos, sin) = self.timed(Op::Embed, || {
-            rope_kernel::cos_sin(&self.inv_freq, &flat.positions)
+        let (cos, sin, local) = self.timed(Op::Embed, || {
+            let (cos, sin) = self.rope.cos_sin(&flat.seqs, &flat.positions);
+            let local = self
+                .local_rope
+                .as_ref()
+                .map(|r| r.cos_sin(&flat.seqs, &flat.positions));
+            (cos, sin, local)
         });
-        Ok(CpuBatch { flat, cos, sin })
+        Ok(CpuBatch {
+            flat,
+            cos,
+            sin,
+            local,
+        })
     }
 
     fn zeros(&self, len: usize) -> Result<Vec<f32>, EngineError> {
@@ -160,6 +203,9 @@ impl Backend for CpuBackend {
             for (row, &id) in out.chunks_exact_mut(h).zip(&batch.flat.input_ids) {
                 if vocab.contains(&(id as usize)) {
                     self.weights.embed.row_f32(id as usize - vocab.start, row);
+                    if let Some(scale) = self.family.embedding_scale {
+                        row.iter_mut().for_each(|x| *x *= scale);
+                    }
                 }
             }
         });
@@ -173,9 +219,8 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         _rows: usize,
     ) -> Result<(), EngineError> {
-        self.timed(Op::Norm, || {
-            norm::rms_norm(x, self.norm_weight(which), self.eps, out)
-        });
+        let weight = self.norm_weight(which)?;
+        self.timed(Op::Norm, || norm::rms_norm(x, weight, self.eps, out));
         Ok(())
     }
 
@@ -187,8 +232,9 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         _rows: usize,
     ) -> Result<(), EngineError> {
+        let weight = self.norm_weight(which)?;
         self.timed(Op::Norm, || {
-            norm::add_rms_norm(residual, x, self.norm_weight(which), self.eps, out)
+            norm::add_rms_norm(residual, x, weight, self.eps, out)
         });
         Ok(())
     }
@@ -201,7 +247,7 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         rows: usize,
     ) -> Result<(), EngineError> {
-        let l = self.projection(layer, proj);
+        let l = self.projection(layer, proj)?;
         debug_assert_eq!(out.len(), rows * l.out_features());
         let op = match proj {
             Proj::Qkv => Op::Qkv,
@@ -227,14 +273,41 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn silu_mul(
+    fn gated(
         &self,
+        act: Activation,
         gate_up: &Vec<f32>,
         out: &mut Vec<f32>,
         _rows: usize,
         width: usize,
     ) -> Result<(), EngineError> {
-        self.timed(Op::SiluMul, || activation::silu_mul(gate_up, width, out));
+        self.timed(Op::SiluMul, || match act {
+            Activation::Silu => activation::silu_mul(gate_up, width, out),
+            Activation::GeluTanh => activation::gelu_tanh_mul(gate_up, width, out),
+        });
+        Ok(())
+    }
+
+    fn sparse_mlp(&self, layer: usize) -> bool {
+        matches!(self.weights.layers[layer].mlp, Mlp::Sparse(_))
+    }
+
+    fn moe(
+        &self,
+        layer: usize,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+    ) -> Result<(), EngineError> {
+        let (Mlp::Sparse(weights), Some(moe)) = (&self.weights.layers[layer].mlp, &self.family.moe)
+        else {
+            return Err(EngineError::InvalidBatch(format!(
+                "layer {layer}'s MLP is not sparse"
+            )));
+        };
+        self.timed(Op::GateUp, || {
+            super::moe::forward(weights, moe, x, rows, self.activations, out)
+        });
         Ok(())
     }
 
@@ -268,6 +341,7 @@ struct AttentionStep<'a> {
     seqs: &'a [AttentionSeq<'a>],
     scale: f32,
     window: Option<usize>,
+    softcap: Option<f32>,
 }
 
 impl AttentionStep<'_> {
@@ -283,6 +357,7 @@ impl AttentionStep<'_> {
             seqs: self.seqs,
             scale: self.scale,
             window: self.window,
+            softcap: self.softcap,
         };
         attention::paged_attention(&problem, out);
     }

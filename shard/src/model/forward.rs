@@ -1,6 +1,9 @@
-//! The decoder's forward pass, written once for every backend: embedding, then per layer
-//! RMSNorm → qkv → RoPE + cache write + attention → o_proj (+ all-reduce) → residual + RMSNorm
-//! → gate/up → SiLU·mul → down (+ all-reduce), then the final norm and the LM head.
+//! The decoder's forward pass, written once for every backend and family: embedding, then per
+//! layer RMSNorm → qkv → (q/k norms,) RoPE + cache write + attention → o_proj (+ all-reduce)
+//! (→ output norm) → residual + RMSNorm → gate/up → act·mul → down (+ all-reduce) (→ output
+//! norm), then the final norm and the LM head. What varies by family is data: `Dims` says
+//! whether the output norms exist and which activation gates, the backend's attention reads
+//! each layer's options.
 
 use super::backend::{Backend, Dims, Norm, Proj};
 use super::batch::FlatBatch;
@@ -40,6 +43,12 @@ pub(crate) fn run<B: Backend>(
     let mut proj = b.zeros(t * d.hidden)?;
     let mut gate_up = b.zeros(t * 2 * d.intermediate)?;
     let mut act = b.zeros(t * d.intermediate)?;
+    // The output norms' results, swapped into `proj`.
+    let mut out_normed = if d.sandwich_norms {
+        b.zeros(t * d.hidden)?
+    } else {
+        b.zeros(0)?
+    };
     for li in 0..layers {
         if li == 0 {
             b.rms_norm(Norm::Input(li), &residual, &mut normed, t)?;
@@ -50,17 +59,23 @@ pub(crate) fn run<B: Backend>(
         b.attention(li, pass, &mut qkv, kv, &mut attn)?;
         b.linear(li, Proj::O, &attn, &mut proj, t)?;
         b.all_reduce(&mut proj)?;
-        b.add_rms_norm(
-            Norm::PostAttention(li),
-            &mut residual,
-            &proj,
-            &mut normed,
-            t,
-        )?;
-        b.linear(li, Proj::GateUp, &normed, &mut gate_up, t)?;
-        b.silu_mul(&gate_up, &mut act, t, d.intermediate)?;
-        b.linear(li, Proj::Down, &act, &mut proj, t)?;
+        if d.sandwich_norms {
+            b.rms_norm(Norm::AttentionOut(li), &proj, &mut out_normed, t)?;
+            std::mem::swap(&mut proj, &mut out_normed);
+        }
+        b.add_rms_norm(Norm::PreMlp(li), &mut residual, &proj, &mut normed, t)?;
+        if b.sparse_mlp(li) {
+            b.moe(li, &normed, &mut proj, t)?;
+        } else {
+            b.linear(li, Proj::GateUp, &normed, &mut gate_up, t)?;
+            b.gated(d.activation, &gate_up, &mut act, t, d.intermediate)?;
+            b.linear(li, Proj::Down, &act, &mut proj, t)?;
+        }
         b.all_reduce(&mut proj)?;
+        if d.sandwich_norms {
+            b.rms_norm(Norm::MlpOut(li), &proj, &mut out_normed, t)?;
+            std::mem::swap(&mut proj, &mut out_normed);
+        }
     }
     b.logits(pass, &residual, &proj)
 }

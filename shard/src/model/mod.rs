@@ -1,4 +1,5 @@
-//! The Llama-family decoder (Llama, Mistral, Qwen2) over a flattened variable-length batch.
+//! The decoder (Llama, Mistral, Qwen2/3, Gemma 2/3: one pass, their differences as the
+//! config's `Family`) over a flattened variable-length batch.
 //!
 //! Prefill chunks and decode tokens of different sequences share one pass: all their tokens
 //! are stacked into `[T, hidden]` activations; only attention looks at sequence boundaries,
@@ -17,6 +18,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod forward;
+mod moe;
 mod op_times;
 mod rope;
 mod weights;
@@ -155,11 +157,17 @@ impl Model {
         )?;
         let cfg = &files.config;
         let dims = Dims {
+            sandwich_norms: cfg.family.sandwich_norms,
+            activation: cfg.family.activation,
             hidden: cfg.hidden_size,
             head_dim: cfg.head_dim,
             heads: heads.q.len(),
             kv_heads: heads.kv.len(),
-            intermediate: weights.layers.first().map_or(0, |l| l.down.in_features()),
+            intermediate: weights
+                .layers
+                .iter()
+                .find_map(|l| l.mlp.dense())
+                .map_or(0, |(_, down)| down.in_features()),
         };
         Ok(Self {
             config: cfg.clone(),
@@ -167,9 +175,10 @@ impl Model {
             compute: Compute::Cpu(CpuBackend {
                 weights,
                 dims,
-                inv_freq: rope::inv_freq(cfg),
+                rope: rope::Rope::new(cfg),
+                local_rope: rope::Rope::local(cfg),
                 eps: cfg.rms_norm_eps,
-                window: cfg.sliding_window,
+                family: cfg.family.clone(),
                 activations: ActivationDtype::Float32,
                 comm: comm.clone(),
                 world_size: partition.world_size,

@@ -20,7 +20,7 @@
 
 use std::ops::Range;
 
-use tessera_formats::{ModelConfig, NativeTensor, WeightSource};
+use tessera_formats::{ExpertNames, ModelConfig, Moe, NativeTensor, WeightSource};
 use tessera_kernels::cpu::int8::hardware_int8;
 use tessera_kernels::cpu::{WeightFormat, WeightMatrix, kernels};
 
@@ -91,9 +91,57 @@ pub(crate) struct LayerWeights {
     pub(crate) input_norm: Vec<f32>,
     /// `[q | k | v]` rows.
     pub(crate) qkv: Linear,
+    /// Per-head norms of q and k (`head_dim` each), with [`tessera_formats::Family::qk_norm`].
+    pub(crate) qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     pub(crate) o: Linear,
-    pub(crate) post_attention_norm: Vec<f32>,
-    /// `[gate | up]` rows.
+    /// Norms of the attention's and the MLP's outputs, with [`tessera_formats::Family::sandwich_norms`].
+    pub(crate) out_norms: Option<(Vec<f32>, Vec<f32>)>,
+    /// The MLP's input norm.
+    pub(crate) pre_mlp_norm: Vec<f32>,
+    pub(crate) mlp: Mlp,
+}
+
+/// A layer's MLP.
+pub(crate) enum Mlp {
+    /// `[gate | up]` rows, and the output projection.
+    Dense { gate_up: Linear, down: Linear },
+    /// A mixture of experts ([`tessera_formats::Moe`]).
+    Sparse(MoeWeights),
+}
+
+impl Mlp {
+    /// The dense MLP's `[gate | up]` and down projections, if it is dense.
+    pub(crate) fn dense(&self) -> Option<(&Linear, &Linear)> {
+        match self {
+            Self::Dense { gate_up, down } => Some((gate_up, down)),
+            Self::Sparse(_) => None,
+        }
+    }
+
+    /// Every matrix of the MLP.
+    fn matrices(&self) -> Vec<&WeightMatrix> {
+        match self {
+            Self::Dense { gate_up, down } => vec![&gate_up.weight, &down.weight],
+            Self::Sparse(m) => std::iter::once(&m.router)
+                .chain(
+                    m.experts
+                        .iter()
+                        .flat_map(|e| [&e.gate_up.weight, &e.down.weight]),
+                )
+                .collect(),
+        }
+    }
+}
+
+/// A sparse MLP's router (`[experts, hidden]`, whole on every rank: each computes the same
+/// routing) and its experts, each sliced like a dense MLP.
+pub(crate) struct MoeWeights {
+    pub(crate) router: WeightMatrix,
+    pub(crate) experts: Vec<Expert>,
+}
+
+/// One expert: this rank's `[gate | up]` rows and down columns.
+pub(crate) struct Expert {
     pub(crate) gate_up: Linear,
     pub(crate) down: Linear,
 }
@@ -117,12 +165,9 @@ impl ModelWeights {
             .layers
             .iter()
             .flat_map(|l| {
-                [
-                    &l.qkv.weight,
-                    &l.o.weight,
-                    &l.gate_up.weight,
-                    &l.down.weight,
-                ]
+                let mut m = vec![&l.qkv.weight, &l.o.weight];
+                m.extend(l.mlp.matrices());
+                m
             })
             .chain(std::iter::once(&self.embed))
             .chain(self.lm_head.as_ref())
@@ -177,6 +222,15 @@ impl Loader<'_> {
 
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
         self.part(name, shape, Part::Whole)
+    }
+
+    /// An RMSNorm weight as the kernels multiply by it: `offset + w` (Gemma's `1 + w`).
+    fn norm(&self, name: &str, width: usize, offset: f32) -> Result<Vec<f32>, EngineError> {
+        let mut w = self.tensor(name, &[width])?;
+        if offset != 0.0 {
+            w.iter_mut().for_each(|x| *x += offset);
+        }
+        Ok(w)
     }
 
     /// `part` of the tensor `name`, whose full shape must be `shape`.
@@ -329,6 +383,106 @@ impl Loader<'_> {
     }
 }
 
+/// `r` moved up by `by` rows.
+fn shift(r: &Range<usize>, by: usize) -> Range<usize> {
+    r.start + by..r.end + by
+}
+
+impl Loader<'_> {
+    /// Layer `p`'s q, k and v (rank rows `q_rows`, `kv_rows` of widths `q_out`, `kv_out`): from
+    /// their own tensors, or this rank's rows of each part of one fused tensor (Phi-3's
+    /// `qkv_proj`).
+    fn qkv(
+        &self,
+        p: &str,
+        hidden: usize,
+        (q_out, kv_out): (usize, usize),
+        (q_rows, kv_rows): (&Range<usize>, &Range<usize>),
+    ) -> Result<Linear, EngineError> {
+        let attn = format!("{p}.self_attn");
+        if self.source.contains(&format!("{attn}.q_proj.weight")) {
+            let parts = [
+                ("q_proj", q_out, q_rows.clone()),
+                ("k_proj", kv_out, kv_rows.clone()),
+                ("v_proj", kv_out, kv_rows.clone()),
+            ];
+            return self.fused(&attn, &parts, hidden);
+        }
+        let all = q_out + 2 * kv_out;
+        let parts = [
+            ("qkv_proj", all, q_rows.clone()),
+            ("qkv_proj", all, shift(kv_rows, q_out)),
+            ("qkv_proj", all, shift(kv_rows, q_out + kv_out)),
+        ];
+        self.fused(&attn, &parts, hidden)
+    }
+
+    /// Layer `p`'s dense MLP (this rank's `rows` of the inner width `inter`): gate and up from
+    /// their own tensors or from Phi-3's fused `gate_up_proj`.
+    fn dense_mlp(
+        &self,
+        p: &str,
+        hidden: usize,
+        inter: usize,
+        rows: &Range<usize>,
+    ) -> Result<Mlp, EngineError> {
+        let mlp = format!("{p}.mlp");
+        let gate_up = if self.source.contains(&format!("{mlp}.gate_proj.weight")) {
+            let parts = [
+                ("gate_proj", inter, rows.clone()),
+                ("up_proj", inter, rows.clone()),
+            ];
+            self.fused(&mlp, &parts, hidden)?
+        } else {
+            let parts = [
+                ("gate_up_proj", 2 * inter, rows.clone()),
+                ("gate_up_proj", 2 * inter, shift(rows, inter)),
+            ];
+            self.fused(&mlp, &parts, hidden)?
+        };
+        let down = self.row_parallel(&format!("{mlp}.down_proj"), hidden, inter, rows.clone())?;
+        Ok(Mlp::Dense { gate_up, down })
+    }
+
+    /// Layer `p`'s router and this rank's slices of its experts.
+    fn experts(&self, p: &str, moe: &Moe, hidden: usize) -> Result<MoeWeights, EngineError> {
+        let (block, [gate, up, down]) = match moe.names {
+            ExpertNames::Qwen => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+            ExpertNames::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+        };
+        let prefix = format!("{p}.{block}");
+        let router = self.matrix(
+            &format!("{prefix}.gate.weight"),
+            [moe.experts, hidden],
+            Part::Whole,
+        )?;
+        let inter = moe.expert_intermediate;
+        let rows = self.partition.split(inter);
+        let experts = (0..moe.experts)
+            .map(|e| {
+                let expert = format!("{prefix}.experts.{e}");
+                Ok(Expert {
+                    gate_up: self.fused(
+                        &expert,
+                        &[(gate, inter, rows.clone()), (up, inter, rows.clone())],
+                        hidden,
+                    )?,
+                    down: self.row_parallel(
+                        &format!("{expert}.{down}"),
+                        hidden,
+                        inter,
+                        rows.clone(),
+                    )?,
+                })
+            })
+            .collect::<Result<_, EngineError>>()?;
+        Ok(MoeWeights {
+            router: self.for_compute(router),
+            experts,
+        })
+    }
+}
+
 impl ModelWeights {
     pub(crate) fn load(
         config: &ModelConfig,
@@ -351,37 +505,39 @@ impl ModelWeights {
         let kv_rows = heads.kv.start * hd..heads.kv.end * hd;
         let inter = config.intermediate_size;
         let inter_rows = partition.split(inter);
+        let family = &config.family;
+        let off = family.norm_weight_offset;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("model.layers.{i}");
+            let norm = |name: &str, width: usize| l.norm(&format!("{p}.{name}.weight"), width, off);
+            let qk_norm = match family.qk_norm {
+                true => Some((norm("self_attn.q_norm", hd)?, norm("self_attn.k_norm", hd)?)),
+                false => None,
+            };
+            // Gemma's `post_attention_layernorm` is the attention output's norm; Llama's is
+            // the MLP's input norm.
+            let (out_norms, pre_mlp_norm) = match family.sandwich_norms {
+                true => (
+                    Some((
+                        norm("post_attention_layernorm", h)?,
+                        norm("post_feedforward_layernorm", h)?,
+                    )),
+                    norm("pre_feedforward_layernorm", h)?,
+                ),
+                false => (None, norm("post_attention_layernorm", h)?),
+            };
             layers.push(LayerWeights {
-                input_norm: l.tensor(&format!("{p}.input_layernorm.weight"), &[h])?,
-                qkv: l.fused(
-                    &format!("{p}.self_attn"),
-                    &[
-                        ("q_proj", q_out, q_rows.clone()),
-                        ("k_proj", kv_out, kv_rows.clone()),
-                        ("v_proj", kv_out, kv_rows.clone()),
-                    ],
-                    h,
-                )?,
+                input_norm: norm("input_layernorm", h)?,
+                qkv: l.qkv(&p, h, (q_out, kv_out), (&q_rows, &kv_rows))?,
+                qk_norm,
                 o: l.row_parallel(&format!("{p}.self_attn.o_proj"), h, q_out, q_rows.clone())?,
-                post_attention_norm: l
-                    .tensor(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_up: l.fused(
-                    &format!("{p}.mlp"),
-                    &[
-                        ("gate_proj", inter, inter_rows.clone()),
-                        ("up_proj", inter, inter_rows.clone()),
-                    ],
-                    h,
-                )?,
-                down: l.row_parallel(
-                    &format!("{p}.mlp.down_proj"),
-                    h,
-                    inter,
-                    inter_rows.clone(),
-                )?,
+                out_norms,
+                pre_mlp_norm,
+                mlp: match (family.layers[i].sparse, family.moe) {
+                    (true, Some(moe)) => Mlp::Sparse(l.experts(&p, &moe, h)?),
+                    _ => l.dense_mlp(&p, h, inter, &inter_rows)?,
+                },
             });
         }
         let vocab_size = config.vocab_size;
@@ -396,7 +552,7 @@ impl ModelWeights {
             embed: l.for_compute(l.matrix("model.embed_tokens.weight", [vocab_size, h], rows)?),
             vocab,
             layers,
-            final_norm: l.tensor("model.norm.weight", &[h])?,
+            final_norm: l.norm("model.norm.weight", h, off)?,
             lm_head,
         })
     }
@@ -523,6 +679,7 @@ mod tests {
             dtype: None,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
+            family: tessera_formats::Family::llama(1, 16, None),
         }
     }
 
@@ -602,9 +759,9 @@ mod tests {
                 let o_native = (c.num_heads * c.head_dim / world).is_multiple_of(32);
                 for (what, m, native) in [
                     ("qkv", &l.qkv.weight, true),
-                    ("gate_up", &l.gate_up.weight, true),
+                    ("gate_up", &l.mlp.dense().unwrap().0.weight, true),
                     ("o", &l.o.weight, o_native),
-                    ("down", &l.down.weight, true),
+                    ("down", &l.mlp.dense().unwrap().1.weight, true),
                     ("embed", &w.embed, true),
                     ("lm_head", w.lm_head.as_ref().unwrap(), true),
                 ] {
@@ -639,7 +796,8 @@ mod tests {
                 assert_eq!(l.o.weight.to_f32(), o.slice(1, q_rows).unwrap().data);
                 let inter = part.split(c.intermediate_size);
                 let down = full(&format!("{p}.mlp.down_proj.weight"));
-                assert_eq!(l.down.weight.to_f32(), down.slice(1, inter).unwrap().data);
+                let got = l.mlp.dense().unwrap().1.weight.to_f32();
+                assert_eq!(got, down.slice(1, inter).unwrap().data);
                 let embed = full("model.embed_tokens.weight");
                 assert_eq!(
                     w.embed.to_f32(),
@@ -676,9 +834,9 @@ mod tests {
                     let inter = part.split(c.intermediate_size);
                     for (what, m, native) in [
                         ("qkv", &l.qkv.weight, true),
-                        ("gate_up", &l.gate_up.weight, true),
+                        ("gate_up", &l.mlp.dense().unwrap().0.weight, true),
                         ("o", &l.o.weight, whole(q_cols)),
-                        ("down", &l.down.weight, whole(inter.len())),
+                        ("down", &l.mlp.dense().unwrap().1.weight, whole(inter.len())),
                         ("lm_head", w.lm_head.as_ref().unwrap(), true),
                     ] {
                         let at = format!("{quant:?} {what} rank {rank} of {world} {layout:?}");
@@ -692,7 +850,7 @@ mod tests {
                     }
                     let down = src.load_f32("model.layers.0.mlp.down_proj.weight").unwrap();
                     let want = down.slice(1, inter).unwrap().data;
-                    let got = l.down.weight.to_f32();
+                    let got = l.mlp.dense().unwrap().1.weight.to_f32();
                     let max = want.iter().fold(0f32, |a, v| a.max(v.abs()));
                     let worst = got
                         .iter()

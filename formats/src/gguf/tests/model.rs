@@ -119,13 +119,28 @@ fn model_config_errors_name_the_problem() {
     );
 
     let (w, _, _) = tiny_model("llama", false, true);
+    let w = w.kv("llama.rope.scaling.type", V::String("dynamic".into()));
+    let err = open_bytes(&w.bytes().0)
+        .unwrap()
+        .model_config()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("unsupported rope scaling \"dynamic\""),
+        "{err}"
+    );
+
+    let (w, _, _) = tiny_model("llama", false, true);
     let w = w.kv("llama.rope.scaling.type", V::String("yarn".into()));
     let err = open_bytes(&w.bytes().0)
         .unwrap()
         .model_config()
         .unwrap_err()
         .to_string();
-    assert!(err.contains("unsupported rope scaling \"yarn\""), "{err}");
+    assert!(
+        err.contains("yarn rope scaling needs llama.rope.scaling.factor"),
+        "{err}"
+    );
 
     let (w, _, _) = tiny_model("llama", false, true);
     let mut w = w;

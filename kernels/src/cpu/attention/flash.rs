@@ -51,6 +51,8 @@ struct Ctx<'a, T> {
     /// `scale · log2(e)`: scores come out in the log2 domain.
     q_scale: f32,
     window: Option<usize>,
+    /// The soft-cap of the scores, if any.
+    softcap: Option<f32>,
 }
 
 impl<T> Ctx<'_, T> {
@@ -163,6 +165,7 @@ pub(crate) fn flash_attention<T: KvElem>(
         seqs,
         scale,
         window,
+        softcap,
     } = *p;
     let layout = kv.layout;
     assert!(
@@ -180,8 +183,14 @@ pub(crate) fn flash_attention<T: KvElem>(
         q,
         q_stride,
         group,
-        q_scale: scale * std::f32::consts::LOG2_E,
+        // Capped scores are `cap · tanh(s / cap)` of the natural-log-domain score `s`: the
+        // query is scaled by `scale` alone then, and `log2(e)` applied after the cap.
+        q_scale: match softcap {
+            Some(_) => scale,
+            None => scale * std::f32::consts::LOG2_E,
+        },
         window,
+        softcap,
     };
     let tasks = plan(&ctx, seqs);
     // Even a short decode (one sequence, a short context) is split over the pool: run alone,
@@ -421,6 +430,14 @@ fn attend_partition<T: KvElem>(
                 let vrows = value_rows(ctx, s, span, kv_head, &mut sc.vt);
                 let qa = (span.ra - t.r0) * g;
                 let scores = &mut sc.scores[i * n * KEY_TILE..(i + 1) * n * KEY_TILE];
+                if let Some(cap) = ctx.softcap {
+                    // Per score, so a row's bits do not depend on its neighbours; lanes the
+                    // masks drop are transformed too, and dropped all the same.
+                    let live = (span.rb - span.ra) * g * KEY_TILE;
+                    for x in &mut scores[..live] {
+                        *x = super::softcap(*x, cap) * std::f32::consts::LOG2_E;
+                    }
+                }
                 let bounds = |r: usize| {
                     (
                         ctx.first_key(pos(r)).max(span.tile) - span.tile,

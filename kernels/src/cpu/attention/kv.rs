@@ -152,7 +152,11 @@ pub fn write_kv<T: KvElem>(cache: PagedKvMut<'_, T>, new: &NewKv<'_>) {
         rope,
     } = *new;
     let w = layout.slot_width();
-    let half = layout.head_dim / 2;
+    // The tables' columns: `head_dim / 2`, or fewer under partial rotary.
+    let half = match rope {
+        Some((cos, _)) => cos.len().checked_div(slots.len()).unwrap_or(0),
+        None => 0,
+    };
     let (hd, bs) = (layout.head_dim, layout.block_size);
     let mut rotated = Vec::new();
     let mut key = vec![T::default(); w];
@@ -178,7 +182,7 @@ pub fn write_kv<T: KvElem>(cache: PagedKvMut<'_, T>, new: &NewKv<'_>) {
                 rotated.clear();
                 rotated.extend_from_slice(keys);
                 for head in rotated.chunks_exact_mut(layout.head_dim) {
-                    crate::cpu::rope::rotate_head(head, c, s);
+                    crate::cpu::rope::rotate_head(&mut head[..2 * half], c, s);
                 }
                 &rotated[..]
             }

@@ -113,6 +113,15 @@ pub struct PagedAttention<'a, T> {
     pub scale: f32,
     /// How many positions back a query sees, itself included; `None`: all of them.
     pub window: Option<usize>,
+    /// Soft-capping of the scaled scores, `cap · tanh(score / cap)` before the softmax
+    /// (Gemma 2); `None`: scores as they are.
+    pub softcap: Option<f32>,
+}
+
+/// `cap · tanh(score / cap)`, as transformers computes it (divide, tanh, multiply).
+#[inline]
+pub fn softcap(score: f32, cap: f32) -> f32 {
+    (score / cap).tanh() * cap
 }
 
 impl<T> PagedAttention<'_, T> {
@@ -153,6 +162,7 @@ pub fn paged_attention_naive(kernels: &Kernels, p: &PagedAttention<'_, f32>, out
         seqs,
         scale,
         window,
+        softcap,
     } = *p;
     let layout = kv.layout;
     let hd = layout.head_dim;
@@ -185,6 +195,7 @@ pub fn paged_attention_naive(kernels: &Kernels, p: &PagedAttention<'_, f32>, out
                 first: window.map_or(0, |w| (pos + 1).saturating_sub(w)),
                 last: pos,
                 scale,
+                softcap,
             };
             attend(&query, kv.k, kv.v, scores, o);
         });
@@ -240,6 +251,7 @@ pub(crate) struct HeadQuery<'a> {
     pub(crate) first: usize,
     pub(crate) last: usize,
     pub(crate) scale: f32,
+    pub(crate) softcap: Option<f32>,
 }
 
 /// Softmax attention of one query head, with a level's `dot` and `axpy` inlined: scores,
@@ -264,7 +276,8 @@ pub(crate) fn attend_head(
         for (d, x) in key.iter_mut().enumerate() {
             *x = cache_k[k0 + d * bs];
         }
-        dot(hq.q, &key) * hq.scale
+        let score = dot(hq.q, &key) * hq.scale;
+        hq.softcap.map_or(score, |cap| softcap(score, cap))
     }));
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;

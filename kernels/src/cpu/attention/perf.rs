@@ -54,6 +54,7 @@ fn problem<'a, T>(
         seqs,
         scale: 1.0 / (HD as f32).sqrt(),
         window: None,
+        softcap: None,
     }
 }
 

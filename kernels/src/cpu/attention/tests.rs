@@ -173,6 +173,7 @@ fn attend<T: KvElem>(
         seqs: &[seq],
         scale: 1.0 / (hd as f32).sqrt(),
         window,
+        softcap: None,
     };
     paged_attention_with(kernels, &p, &mut out);
     out
@@ -270,6 +271,7 @@ fn naive_kernel_still_matches_the_reference() {
             seqs: &[seq],
             scale: 1.0 / (hd as f32).sqrt(),
             window: Some(7),
+            softcap: None,
         };
         paged_attention_naive(kern, &p, &mut out);
         let d = max_abs_diff(&out, &want);
@@ -331,6 +333,7 @@ fn check_chunking_invariance<T: KvElem>() {
                         seqs: &seqs,
                         scale: 1.0 / (hd as f32).sqrt(),
                         window,
+                        softcap: None,
                     };
                     paged_attention_with(kern, &p, &mut out);
                     let got = &out[lead * w..];
@@ -424,6 +427,7 @@ fn batch_composition_does_not_change_a_row() {
             seqs: &seqs,
             scale: 0.3,
             window: None,
+            softcap: None,
         };
         paged_attention_with(kern, &p, &mut out);
         let mut per = vec![Vec::new(); ctxs.len()];
@@ -621,6 +625,7 @@ fn check_many_decode_rows<T: KvElem>() {
                 seqs: &seqs,
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
+                softcap: None,
             };
             paged_attention_with(kern, &p, &mut batched);
             for (i, &p) in positions.iter().enumerate() {
@@ -687,4 +692,71 @@ fn check_rotated_write<T: KvElem + PartialEq + std::fmt::Debug>() {
 fn keys_rotated_while_written_equal_rotated_then_written() {
     check_rotated_write::<f32>();
     check_rotated_write::<half::bf16>();
+}
+
+/// Soft-capped scores: the tiled kernel agrees with the naive one (which caps each score as it
+/// computes it), capping moves the result, and a row's bits are the same alone and in a chunk.
+#[test]
+fn soft_capped_attention_matches_the_naive_kernel_and_stays_row_invariant() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for &(hd, kv_heads, group, bs, ctx, rows, window) in &[
+        (16usize, 2usize, 2usize, 16usize, 300usize, 40usize, None),
+        (8, 1, 3, 5, 70, 70, Some(9)),
+        (20, 2, 1, 16, 40, 1, None),
+    ] {
+        let heads = kv_heads * group;
+        let layout = KvLayout {
+            block_size: bs,
+            kv_heads,
+            head_dim: hd,
+        };
+        let k = random(&mut rng, ctx * kv_heads * hd, 3.0);
+        let v = random(&mut rng, ctx * kv_heads * hd, 1.0);
+        let q = random(&mut rng, rows * heads * hd, 3.0);
+        let c: Paged<f32> = paged(&mut rng, layout, &k, &v);
+        let first = ctx - rows;
+        let seq = |first_row, rows, first_position| AttentionSeq {
+            first_row,
+            rows,
+            first_position,
+            block_table: &c.table,
+        };
+        let problem = |q, seqs, softcap| PagedAttention {
+            kv: c.pages(),
+            q,
+            q_stride: heads * hd,
+            num_heads: heads,
+            seqs,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
+            softcap,
+        };
+        let whole = [seq(0, rows, first)];
+        let run = |p: &PagedAttention<'_, f32>, naive: bool| {
+            let mut out = vec![f32::NAN; p.out_len()];
+            match naive {
+                true => paged_attention_naive(kernels(), p, &mut out),
+                false => paged_attention(p, &mut out),
+            }
+            out
+        };
+        let capped = run(&problem(&q, &whole, Some(2.0)), false);
+        let naive = run(&problem(&q, &whole, Some(2.0)), true);
+        let d = max_abs_diff(&capped, &naive);
+        assert!(d < 2e-5, "hd {hd} ctx {ctx}: tiled vs naive {d}");
+        let uncapped = run(&problem(&q, &whole, None), false);
+        assert!(
+            max_abs_diff(&capped, &uncapped) > 1e-2,
+            "the cap changed nothing"
+        );
+        let w = heads * hd;
+        let last = rows - 1;
+        let alone = [seq(0, 1, first + last)];
+        let one = run(&problem(&q[last * w..], &alone, Some(2.0)), false);
+        assert_eq!(
+            one,
+            capped[last * w..],
+            "hd {hd}: the last row alone differs"
+        );
+    }
 }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use tessera_formats::Activation;
 use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use tessera_kernels::cuda::{
     CacheView, DecodeArgs, Gemm, GpuDevice, GpuKernels, PrefillArgs, RopeCacheArgs,
@@ -33,7 +34,10 @@ pub(crate) struct CudaBackend<T> {
     pub(super) inv_freq: CudaSlice<f32>,
     pub(crate) dims: Dims,
     pub(super) eps: f32,
-    pub(super) window: Option<usize>,
+    /// Each layer's attention window.
+    pub(super) windows: Vec<Option<usize>>,
+    pub(super) attention_scale: f32,
+    pub(super) rotary_dim: usize,
     pub(super) comm: Arc<dyn Communicator>,
     pub(super) world_size: usize,
     pub(super) graphs: DecodeGraphs<T>,
@@ -166,7 +170,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         rows: usize,
     ) -> Result<(), EngineError> {
         self.kernels
-            .rms_norm(x, self.norm_weight(norm), out, rows, self.eps)
+            .rms_norm(x, self.norm_weight(norm)?, out, rows, self.eps)
             .map_err(device_error)
     }
 
@@ -179,7 +183,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         rows: usize,
     ) -> Result<(), EngineError> {
         self.kernels
-            .add_rms_norm(residual, x, self.norm_weight(norm), out, rows, self.eps)
+            .add_rms_norm(residual, x, self.norm_weight(norm)?, out, rows, self.eps)
             .map_err(device_error)
     }
 
@@ -216,7 +220,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
                 num_heads: d.heads,
                 kv_heads: d.kv_heads,
                 head_dim: d.head_dim,
-                rot_dim: d.head_dim,
+                rot_dim: self.rotary_dim,
                 positions: &batch.positions,
                 inv_freq: &self.inv_freq,
                 slot_mapping: &batch.slots,
@@ -233,7 +237,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
             block_tables: &batch.block_tables,
             max_blocks: batch.max_blocks,
         };
-        let scale = 1.0 / (d.head_dim as f32).sqrt();
+        let (scale, window) = (self.attention_scale, self.windows[layer]);
         let result = if batch.decode {
             self.kernels.paged_attention_decode(DecodeArgs {
                 out,
@@ -245,7 +249,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
                 num_seqs: batch.num_seqs,
                 num_heads: d.heads,
                 scale,
-                window: self.window,
+                window,
             })
         } else {
             let args = PrefillArgs {
@@ -259,7 +263,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
                 max_rows: batch.max_rows,
                 num_heads: d.heads,
                 scale,
-                window: self.window,
+                window,
             };
             if self.tensor_core_attention {
                 self.kernels.flash_attention_prefill_tc(args)
@@ -270,16 +274,41 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         result.map_err(device_error)
     }
 
-    fn silu_mul(
+    fn gated(
         &self,
+        act: Activation,
         gate_up: &CudaSlice<T>,
         out: &mut CudaSlice<T>,
         rows: usize,
         width: usize,
     ) -> Result<(), EngineError> {
-        self.kernels
-            .silu_mul(gate_up, out, rows, width)
-            .map_err(device_error)
+        match act {
+            Activation::Silu => self
+                .kernels
+                .silu_mul(gate_up, out, rows, width)
+                .map_err(device_error),
+            // `upload` refuses such models.
+            Activation::GeluTanh => Err(EngineError::Device(
+                "the CUDA backend has no GeGLU kernel".into(),
+            )),
+        }
+    }
+
+    fn sparse_mlp(&self, _layer: usize) -> bool {
+        // `upload` refuses sparse models.
+        false
+    }
+
+    fn moe(
+        &self,
+        _layer: usize,
+        _x: &CudaSlice<T>,
+        _out: &mut CudaSlice<T>,
+        _rows: usize,
+    ) -> Result<(), EngineError> {
+        Err(EngineError::Device(
+            "the CUDA backend has no mixture-of-experts MLP".into(),
+        ))
     }
 
     fn all_reduce(&self, x: &mut CudaSlice<T>) -> Result<(), EngineError> {

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use rayon::prelude::*;
+use tessera_formats::Activation;
 use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use tessera_kernels::cuda::{Gemm, GpuDevice, GpuFloat, GpuKernels, GpuQuant, PtxCache};
@@ -38,7 +39,9 @@ pub(super) struct GpuLinear<T> {
 
 pub(super) struct GpuLayer<T> {
     input_norm: CudaSlice<T>,
-    post_attention_norm: CudaSlice<T>,
+    pre_mlp_norm: CudaSlice<T>,
+    /// The attention's and the MLP's output norms (sandwich norms).
+    out_norms: Option<(CudaSlice<T>, CudaSlice<T>)>,
     qkv: GpuLinear<T>,
     o: GpuLinear<T>,
     gate_up: GpuLinear<T>,
@@ -98,13 +101,21 @@ impl Uploader<'_> {
     }
 
     fn layer<T: DeviceElem>(&self, l: &LayerWeights) -> Result<GpuLayer<T>, EngineError> {
+        // `upload` refuses sparse models first.
+        let (gate_up, down) = l.mlp.dense().ok_or_else(|| {
+            EngineError::Device("the CUDA backend has no mixture-of-experts MLP".into())
+        })?;
         Ok(GpuLayer {
             input_norm: self.put(&l.input_norm)?,
-            post_attention_norm: self.put(&l.post_attention_norm)?,
+            pre_mlp_norm: self.put(&l.pre_mlp_norm)?,
+            out_norms: match &l.out_norms {
+                Some((attention, mlp)) => Some((self.put(attention)?, self.put(mlp)?)),
+                None => None,
+            },
             qkv: self.linear(&l.qkv)?,
             o: self.linear(&l.o)?,
-            gate_up: self.linear(&l.gate_up)?,
-            down: self.linear(&l.down)?,
+            gate_up: self.linear(gate_up)?,
+            down: self.linear(down)?,
         })
     }
 
@@ -117,6 +128,30 @@ impl Uploader<'_> {
             in_features: m.cols(),
         })
     }
+}
+
+/// The first of a model's features the CUDA kernels lack, if it has one.
+fn unsupported(cpu: &CpuBackend) -> Option<&'static str> {
+    let family = &cpu.family;
+    let plain_rope = matches!(cpu.rope.fixed(), Some((_, f)) if f == 1.0);
+    [
+        (!plain_rope, "length-dependent or attention-scaled RoPE"),
+        (family.moe.is_some(), "mixture-of-experts MLPs"),
+        (family.qk_norm, "per-head q/k norms"),
+        (
+            family.activation != Activation::Silu,
+            "the GeGLU activation",
+        ),
+        (family.embedding_scale.is_some(), "scaled embeddings"),
+        (family.attention_softcap.is_some(), "attention soft-capping"),
+        (family.final_softcap.is_some(), "final-logit soft-capping"),
+        (
+            family.layers.iter().any(|l| l.local_rope),
+            "a separate RoPE for sliding layers",
+        ),
+    ]
+    .into_iter()
+    .find_map(|(has, what)| has.then_some(what))
 }
 
 /// The most values in any quantized matrix: the dequantization scratch a product may need.
@@ -137,6 +172,11 @@ impl<T: DeviceElem> CudaBackend<T> {
         device: GpuDevice,
         options: &CudaOptions,
     ) -> Result<Self, EngineError> {
+        if let Some(missing) = unsupported(&cpu) {
+            return Err(EngineError::Device(format!(
+                "the CUDA backend does not implement {missing} yet; run this model on the CPU"
+            )));
+        }
         let kernels =
             GpuKernels::load(&device, &PtxCache::default_location()).map_err(device_error)?;
         let gemm = Gemm::new(device.stream().clone()).map_err(device_error)?;
@@ -155,7 +195,8 @@ impl<T: DeviceElem> CudaBackend<T> {
         let lm_head = w.lm_head.as_ref().map(|m| up.lm_head(m)).transpose()?;
         let largest_quant = largest_quant(&layers, lm_head.as_ref());
         let final_norm = up.put(&w.final_norm)?;
-        let inv_freq = stream.clone_htod(&cpu.inv_freq).map_err(device_error)?;
+        let (freqs, _) = cpu.rope.fixed().unwrap_or_default();
+        let inv_freq = stream.clone_htod(freqs).map_err(device_error)?;
         stream.synchronize().map_err(device_error)?;
         Ok(CudaBackend {
             kernels,
@@ -170,7 +211,9 @@ impl<T: DeviceElem> CudaBackend<T> {
             inv_freq,
             dims: cpu.dims,
             eps: cpu.eps,
-            window: cpu.window,
+            windows: cpu.family.layers.iter().map(|l| l.window).collect(),
+            attention_scale: cpu.family.attention_scale,
+            rotary_dim: cpu.family.rotary_dim,
             comm: cpu.comm,
             world_size: cpu.world_size,
             graphs: DecodeGraphs::new(options.graphs),
@@ -222,10 +265,18 @@ impl<T: DeviceElem> CudaBackend<T> {
         }
     }
 
-    pub(super) fn norm_weight(&self, norm: Norm) -> &CudaSlice<T> {
-        match norm {
+    pub(super) fn norm_weight(&self, norm: Norm) -> Result<&CudaSlice<T>, EngineError> {
+        let out_norms = |l: usize| {
+            self.layers[l]
+                .out_norms
+                .as_ref()
+                .ok_or_else(|| EngineError::InvalidBatch(format!("layer {l} has no output norms")))
+        };
+        Ok(match norm {
             Norm::Input(l) => &self.layers[l].input_norm,
-            Norm::PostAttention(l) => &self.layers[l].post_attention_norm,
-        }
+            Norm::PreMlp(l) => &self.layers[l].pre_mlp_norm,
+            Norm::AttentionOut(l) => &out_norms(l)?.0,
+            Norm::MlpOut(l) => &out_norms(l)?.1,
+        })
     }
 }
