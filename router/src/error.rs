@@ -18,7 +18,8 @@
 //! | wrong method | 405 |
 //! | too many requests in flight | 429 |
 //! | shard failure, generation error, a validation step failing unexpectedly | 500 |
-//! | engine unavailable, request cancelled, unhealthy | 503 |
+//! | engine unavailable, request cancelled, unhealthy, draining (shutting down) | 503 |
+//! | past its deadline (`--request-timeout`, `X-Request-Timeout`) | 504 |
 //!
 //! The conversion has no side effects: the response carries the error in an extension and
 //! the [`log_errors`] middleware logs it.
@@ -135,7 +136,10 @@ impl ApiError {
                 InferError::ShardFailure(_)
                 | InferError::GenerationError(_)
                 | InferError::IncompleteGeneration => StatusCode::INTERNAL_SERVER_ERROR,
-                InferError::Cancelled | InferError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                InferError::Cancelled | InferError::Unavailable | InferError::Draining => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                InferError::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             },
         }
     }
@@ -337,5 +341,71 @@ mod tests {
             "x".into(),
         )));
         assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    /// One error of every kind (the match fails to compile when a variant is added, so the
+    /// new one is added here and to `FAILURE_CLASSES`).
+    fn one_of_each() -> Vec<ApiError> {
+        let all = vec![
+            ApiError::Validation(ValidationError::EmptyStopSequence),
+            ApiError::JsonSyntax(String::new()),
+            ApiError::JsonData(String::new()),
+            ApiError::UnsupportedMediaType(String::new()),
+            ApiError::PayloadTooLarge { limit: 1 },
+            ApiError::BadRequest(String::new()),
+            ApiError::Unauthorized,
+            ApiError::ModelNotFound(String::new()),
+            ApiError::NotFound(String::new()),
+            ApiError::MethodNotAllowed,
+            ApiError::Unhealthy,
+            ApiError::Internal(String::new()),
+            ApiError::Infer(InferError::Overloaded),
+            ApiError::Infer(InferError::ShardFailure(String::new())),
+            ApiError::Infer(InferError::Cancelled),
+            ApiError::Infer(InferError::GenerationError(String::new())),
+            ApiError::Infer(InferError::IncompleteGeneration),
+            ApiError::Infer(InferError::Unavailable),
+            ApiError::Infer(InferError::Draining),
+            ApiError::Infer(InferError::DeadlineExceeded),
+        ];
+        for e in &all {
+            match e {
+                ApiError::Validation(_)
+                | ApiError::JsonSyntax(_)
+                | ApiError::JsonData(_)
+                | ApiError::UnsupportedMediaType(_)
+                | ApiError::PayloadTooLarge { .. }
+                | ApiError::BadRequest(_)
+                | ApiError::Unauthorized
+                | ApiError::ModelNotFound(_)
+                | ApiError::NotFound(_)
+                | ApiError::MethodNotAllowed
+                | ApiError::Unhealthy
+                | ApiError::Internal(_) => {}
+                ApiError::Infer(i) => match i {
+                    InferError::Overloaded
+                    | InferError::ShardFailure(_)
+                    | InferError::Cancelled
+                    | InferError::Validation(_)
+                    | InferError::GenerationError(_)
+                    | InferError::IncompleteGeneration
+                    | InferError::Unavailable
+                    | InferError::Draining
+                    | InferError::DeadlineExceeded => {}
+                },
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_error_type_is_a_failure_class_exported_from_the_start() {
+        use crate::metrics::names::FAILURE_CLASSES;
+        let mut types: Vec<&str> = one_of_each().iter().map(ApiError::error_type).collect();
+        types.sort_unstable();
+        types.dedup();
+        let mut classes = FAILURE_CLASSES.to_vec();
+        classes.sort_unstable();
+        assert_eq!(types, classes);
     }
 }

@@ -23,6 +23,7 @@
 
 pub mod batcher;
 pub mod client;
+mod deadline;
 mod detokenizer;
 mod error;
 mod infer;
@@ -35,13 +36,16 @@ mod stop;
 pub mod telemetry;
 mod validation;
 
+pub use crate::deadline::REQUEST_TIMEOUT_HEADER;
 pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
 pub use crate::error::{ApiError, OpenAiError};
 pub use crate::infer::{
     AdmittedRequest, Entry, FinishReason, GeneratedText, Infer, InferError, InferResponse,
     InferStream, InferStreamResponse, PrefillToken, Token,
 };
-pub use crate::metrics::{build_recorder, install_recorder, names as metric_names};
+pub use crate::metrics::{
+    build_recorder, install_recorder, names as metric_names, vllm as vllm_metric_names,
+};
 pub use crate::server::{
     AppState, AppStateBuilder, DEFAULT_PAYLOAD_LIMIT, HealthCheck, ModelInfo, app, serve,
 };

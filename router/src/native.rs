@@ -1,5 +1,5 @@
 //! The native (TGI-compatible) API: `/generate`, `/generate_stream`, `/tokenize`, `/info`,
-//! `/health`, `/metrics`.
+//! `/health` (readiness), `/live` (liveness), `/metrics`.
 
 use std::convert::Infallible;
 use std::time::Instant;
@@ -388,15 +388,25 @@ pub(crate) async fn info(State(state): State<AppState>) -> Json<Info> {
     })
 }
 
-/// `GET /health`: 200 when the engine answers, 503 otherwise.
+/// `GET /health` (readiness): 200 when the engine answers; 503 when it does not, and from
+/// the moment the server starts draining, so that load balancers stop sending it requests.
 pub(crate) async fn health(
     State(state): State<AppState>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    if state.infer().is_draining() {
+        return Err(InferError::Draining.into());
+    }
     if state.healthy().await {
         Ok(Json(serde_json::json!({ "status": "ok" })))
     } else {
         Err(ApiError::Unhealthy)
     }
+}
+
+/// `GET /live` (liveness): 200 while the process serves HTTP, draining or not, busy or not,
+/// whatever the shards' health; only a wedged or dead server fails it.
+pub(crate) async fn live() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "alive" }))
 }
 
 /// `GET /metrics`: Prometheus text format.
