@@ -25,7 +25,10 @@ async fn assert_freed_and_counted(s: &Server, n: f64) {
             v == 0.0
         })
         .await;
-    assert!(ok, "tessera_kv_blocks_used is still {used} after the deadline");
+    assert!(
+        ok,
+        "tessera_kv_blocks_used is still {used} after the deadline"
+    );
     let (count, ok) = s
         .wait_metric(DEADLINE_EXCEEDED, Duration::from_secs(2), |v| v == n)
         .await;
@@ -62,7 +65,10 @@ async fn stream_past_its_header_deadline(s: &Server, shard: i32) {
     let after = started.elapsed();
     eprintln!("stream ended {after:?} after the shard paused: {last}");
     assert_eq!(last["error_type"], "deadline_exceeded", "{last}");
-    assert!(after < Duration::from_secs(2), "the stream ended after {after:?}");
+    assert!(
+        after < Duration::from_secs(2),
+        "the stream ended after {after:?}"
+    );
     paused.resume();
     assert_freed_and_counted(s, 1.0).await;
 }
@@ -78,7 +84,9 @@ async fn plain_past_the_server_deadline(s: &Server, shard: i32) {
     assert_eq!(status, 504, "{body}");
     assert_eq!(body["error_type"], "deadline_exceeded", "{body}");
     assert!(
-        body["error"].as_str().is_some_and(|m| m.contains("X-Request-Timeout")),
+        body["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("X-Request-Timeout")),
         "the message says what to change: {body}"
     );
     let bound = Duration::from_secs_f64(SERVER_TIMEOUT);
@@ -110,7 +118,12 @@ async fn openai_shape_and_bad_header(s: &Server, shard: i32) {
         .send();
     let (status, body) = read_json(r.await.expect("POST /generate")).await;
     assert_eq!(status, 400, "{body}");
-    assert!(body["error"].as_str().is_some_and(|m| m.contains("seconds")), "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("seconds")),
+        "{body}"
+    );
 }
 
 #[tokio::test]
