@@ -31,10 +31,40 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::infer::InferError;
 use crate::validation::ValidationError;
+
+/// Native routes' error body.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorBody {
+    /// What went wrong and what to change.
+    pub(crate) error: String,
+    /// The error class (the `err` label of `tessera_request_failure_total`).
+    pub(crate) error_type: &'static str,
+}
+
+/// The inner object of [`OpenAiErrorBody`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct OpenAiErrorDetail {
+    /// What went wrong and what to change.
+    pub(crate) message: String,
+    /// `invalid_request_error`, `server_error` or `requests`.
+    #[serde(rename = "type")]
+    pub(crate) kind: &'static str,
+    /// The field at fault, if one is.
+    pub(crate) param: Option<&'static str>,
+    /// A machine-readable code (e.g. `model_not_found`, `deadline_exceeded`).
+    pub(crate) code: Option<&'static str>,
+}
+
+/// `/v1` routes' error body (OpenAI's shape).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct OpenAiErrorBody {
+    /// The error.
+    pub(crate) error: OpenAiErrorDetail,
+}
 
 /// Everything the HTTP layer can answer with an error.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -172,7 +202,11 @@ impl ApiError {
 
     /// The native JSON body.
     pub fn native_body(&self) -> Value {
-        json!({ "error": self.to_string(), "error_type": self.error_type() })
+        let body = ErrorBody {
+            error: self.to_string(),
+            error_type: self.error_type(),
+        };
+        serde_json::to_value(body).unwrap_or(Value::Null)
     }
 
     /// The OpenAI JSON body.
@@ -194,7 +228,15 @@ impl ApiError {
             _ if status.is_server_error() => ("server_error", None, Some(self.error_type())),
             _ => ("invalid_request_error", None, None),
         };
-        json!({ "error": { "message": self.to_string(), "type": kind, "param": param, "code": code } })
+        let body = OpenAiErrorBody {
+            error: OpenAiErrorDetail {
+                message: self.to_string(),
+                kind,
+                param,
+                code,
+            },
+        };
+        serde_json::to_value(body).unwrap_or(Value::Null)
     }
 
     fn respond(&self, status: StatusCode, body: Value) -> Response {
@@ -303,6 +345,7 @@ pub(crate) async fn log_errors(req: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn statuses_and_shapes() {

@@ -69,7 +69,7 @@ pub enum InferStreamResponse {
 }
 
 /// A generated token.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Token {
     /// Token id.
     pub id: u32,
@@ -86,7 +86,7 @@ pub struct Token {
 }
 
 /// A prompt token with its logprob.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct PrefillToken {
     /// Token id.
     pub id: u32,
@@ -97,7 +97,7 @@ pub struct PrefillToken {
 }
 
 /// The final output of a request.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct GeneratedText {
     /// The generated text (stop sequence trimmed).
     pub text: String,
@@ -110,7 +110,7 @@ pub struct GeneratedText {
 }
 
 /// Why generation stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// `max_new_tokens` reached.

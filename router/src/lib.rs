@@ -30,6 +30,7 @@ mod infer;
 mod metrics;
 mod native;
 mod openai;
+mod openapi;
 mod server;
 mod sse;
 mod stop;
@@ -60,7 +61,7 @@ pub use tessera_params::{OutputConstraint, SamplingParams, StoppingParams};
 pub mod native_api {
     pub use crate::native::{
         CompatGenerateRequest, Details, GenerateParameters, GenerateRequest, GenerateResponse,
-        Info, SimpleToken, StreamDetails, StreamResponse,
+        Info, SimpleToken, Status, StreamDetails, StreamResponse,
     };
 }
 
@@ -69,7 +70,7 @@ pub mod openai_api {
     pub use crate::openai::{
         AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
         ChatLogprob, ChatLogprobs, ChunkChoice, Completion, CompletionChoice, CompletionLogprobs,
-        CompletionRequest, ContentPart, Delta, MessageContent, PromptInput, RequestMessage,
-        SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
+        CompletionRequest, ContentPart, Delta, MessageContent, ModelCard, ModelList, PromptInput,
+        RequestMessage, ResponseFormat, SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
     };
 }

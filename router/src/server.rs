@@ -239,7 +239,8 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(native::health))
         .route("/live", get(native::live))
         .route("/info", get(native::info))
-        .route("/metrics", get(native::metrics));
+        .route("/metrics", get(native::metrics))
+        .merge(crate::openapi::routes());
     let limit = state.0.payload_limit;
     let cors = cors_layer(&state.0.cors_allow_origin);
     let routes = native_protected

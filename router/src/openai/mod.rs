@@ -34,7 +34,7 @@ pub use self::logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogpr
 pub(crate) use self::request::OutputConstraints;
 pub use self::request::{
     ChatCompletionRequest, CompletionRequest, ContentPart, MessageContent, PromptInput,
-    RequestMessage, SamplingFields, StopSpec, StreamOptions,
+    RequestMessage, ResponseFormat, SamplingFields, StopSpec, StreamOptions,
 };
 pub use self::response::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Completion,
@@ -83,15 +83,39 @@ async fn run_all(
 }
 
 /// `GET /v1/models`.
-pub(crate) async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
-        "object": "list",
-        "data": [{
-            "id": state.served_model_name(),
-            "object": "model",
-            "created": state.created(),
-            "owned_by": "tessera",
-            "max_model_len": state.validation().config().max_total_tokens,
-        }]
-    }))
+/// `GET /v1/models` answer.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ModelList {
+    /// `list`.
+    pub object: &'static str,
+    /// The served model.
+    pub data: Vec<ModelCard>,
+}
+
+/// One model of [`ModelList`].
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ModelCard {
+    /// The name requests use.
+    pub id: String,
+    /// `model`.
+    pub object: &'static str,
+    /// When the server started (Unix seconds).
+    pub created: u64,
+    /// `tessera`.
+    pub owned_by: &'static str,
+    /// Longest prompt + generation (vLLM's field).
+    pub max_model_len: usize,
+}
+
+pub(crate) async fn models(State(state): State<AppState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: state.served_model_name().to_owned(),
+            object: "model",
+            created: state.created(),
+            owned_by: "tessera",
+            max_model_len: state.validation().config().max_total_tokens,
+        }],
+    })
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 /// `stop`: one string or a list.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum StopSpec {
     /// One stop sequence.
@@ -16,14 +16,14 @@ pub enum StopSpec {
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     /// Send a last chunk with `usage` (and `"usage": null` in the others).
     pub include_usage: Option<bool>,
 }
 
 /// `response_format`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ResponseFormat {
     /// `text`, `json_object` (JSON mode) or `json_schema` (refused).
     #[serde(rename = "type")]
@@ -32,7 +32,7 @@ pub struct ResponseFormat {
 
 /// Requests for constrained output, shared by chat and completions. Those not implemented are
 /// refused, since answering them with free text would break a client that parses the output.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 pub struct OutputConstraints {
     /// `{"type": "text"}` or `{"type": "json_object"}`.
     pub response_format: Option<ResponseFormat>,
@@ -47,7 +47,7 @@ pub struct OutputConstraints {
 }
 
 /// The sampling fields shared by chat and completions requests.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[allow(missing_docs)]
 pub struct SamplingFields {
     /// In [0, 2]; default 1; 0 is greedy.
@@ -76,7 +76,7 @@ pub struct SamplingFields {
 }
 
 /// A chat message's content: a string or a list of parts.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     /// Plain text.
@@ -86,7 +86,7 @@ pub enum MessageContent {
 }
 
 /// One part of a message's content.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
     /// `"text"` (others are refused).
     #[serde(rename = "type")]
@@ -96,7 +96,7 @@ pub struct ContentPart {
 }
 
 /// A chat message as sent.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct RequestMessage {
     /// `system`, `developer` (treated as `system`), `user`, `assistant` or `tool`.
     pub role: String,
@@ -107,7 +107,7 @@ pub struct RequestMessage {
 }
 
 /// `POST /v1/chat/completions` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     /// Must be the served model's name.
     pub model: String,
@@ -138,7 +138,7 @@ pub struct ChatCompletionRequest {
 }
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of those.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum PromptInput {
     /// One prompt.
@@ -152,7 +152,7 @@ pub enum PromptInput {
 }
 
 /// `POST /v1/completions` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
     /// Must be the served model's name.
     pub model: String,

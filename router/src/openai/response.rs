@@ -8,7 +8,7 @@ use crate::server::AppState;
 use crate::validation::random_u64;
 
 /// `usage`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Usage {
     /// Prompt tokens (each prompt counted once).
     pub prompt_tokens: u32,
@@ -30,7 +30,7 @@ impl Usage {
 }
 
 /// The assistant's message.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct AssistantMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
@@ -39,7 +39,7 @@ pub struct AssistantMessage {
 }
 
 /// One choice of a chat completion.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatChoice {
     /// Choice index.
     pub index: usize,
@@ -52,7 +52,7 @@ pub struct ChatChoice {
 }
 
 /// `chat.completion` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatCompletion {
     /// `chatcmpl-…`.
     pub id: String,
@@ -71,7 +71,7 @@ pub struct ChatCompletion {
 }
 
 /// A streamed chat delta.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
 pub struct Delta {
     /// `"assistant"` on the first chunk of a choice.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,7 +82,7 @@ pub struct Delta {
 }
 
 /// One choice of a chat chunk.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChunkChoice {
     /// Choice index.
     pub index: usize,
@@ -95,7 +95,7 @@ pub struct ChunkChoice {
 }
 
 /// `chat.completion.chunk` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatCompletionChunk {
     /// Same id on every chunk.
     pub id: String,
@@ -115,7 +115,7 @@ pub struct ChatCompletionChunk {
 }
 
 /// One choice of a text completion (also the streamed chunk's choice).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct CompletionChoice {
     /// The text (in chunks: the new text).
     pub text: String,
@@ -128,7 +128,7 @@ pub struct CompletionChoice {
 }
 
 /// `text_completion` object (whole or chunk).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Completion {
     /// `cmpl-…`.
     pub id: String,
