@@ -223,7 +223,26 @@ fn schema_ref(name: &str) -> RefOr<Schema> {
     }
 }
 
-fn content(answer: Answer) -> (&'static str, RefOr<Schema>) {
+/// A server-sent event (its fields, as OpenAPI 3.2 and Schemathesis describe a stream's
+/// items): `data` is one JSON `event`, or the `error` body that ends a failed stream (or, under
+/// /v1, the closing `[DONE]`).
+fn event_schema(event: &str, error: &str) -> RefOr<Schema> {
+    let string = |description: String| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(description))
+    };
+    let data = format!("A JSON `{event}`, or a JSON `{error}` that ends the stream");
+    ObjectBuilder::new()
+        .property("data", string(data))
+        .property("event", string("Event type (absent: `message`)".into()))
+        .property("id", string("Event id".into()))
+        .property("retry", ObjectBuilder::new().schema_type(Type::Integer))
+        .required("data")
+        .into()
+}
+
+fn content(answer: Answer, error: &str) -> (&'static str, RefOr<Schema>) {
     let string = || ObjectBuilder::new().schema_type(Type::String).into();
     match answer {
         Answer::Json(name) => ("application/json", schema_ref(name)),
@@ -231,28 +250,27 @@ fn content(answer: Answer) -> (&'static str, RefOr<Schema>) {
             "application/json",
             ArrayBuilder::new().items(schema_ref(name)).into(),
         ),
-        Answer::Events(name) => ("text/event-stream", schema_ref(name)),
+        Answer::Events(name) => ("text/event-stream", event_schema(name, error)),
         Answer::Text => ("text/plain", string()),
         Answer::Html => ("text/html", string()),
     }
 }
 
 fn operation(route: &Route) -> utoipa::openapi::path::Operation {
-    let (kind, schema) = content(route.answer);
-    let mut ok = ResponseBuilder::new()
-        .description("Success")
-        .content(kind, ContentBuilder::new().schema(Some(schema)).build());
-    if let Some(event) = route.or_stream {
-        let events = ContentBuilder::new()
-            .schema(Some(schema_ref(event)))
-            .build();
-        ok = ok.content("text/event-stream", events);
-    }
-    let mut responses = ResponsesBuilder::new().response("200", ok.build());
     let error_schema = match route.path.starts_with("/v1/") {
         true => "OpenAiErrorBody",
         false => "ErrorBody",
     };
+    let (kind, schema) = content(route.answer, error_schema);
+    let mut ok = ResponseBuilder::new()
+        .description("Success")
+        .content(kind, ContentBuilder::new().schema(Some(schema)).build());
+    if let Some(event) = route.or_stream {
+        let events = event_schema(event, error_schema);
+        let events = ContentBuilder::new().schema(Some(events)).build();
+        ok = ok.content("text/event-stream", events);
+    }
+    let mut responses = ResponsesBuilder::new().response("200", ok.build());
     for status in route.errors {
         let body = ContentBuilder::new().schema(Some(schema_ref(error_schema)));
         let answer = ResponseBuilder::new()

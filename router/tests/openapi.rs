@@ -52,7 +52,10 @@ async fn openapi_json_documents_the_routes() {
     );
     let schemas = &doc["components"]["schemas"];
     assert!(has_property(&schemas["ChatCompletionRequest"], "messages"));
-    assert!(has_property(&schemas["GenerateParameters"], "max_new_tokens"));
+    assert!(has_property(
+        &schemas["GenerateParameters"],
+        "max_new_tokens"
+    ));
 }
 
 /// Whether a schema names `field`, directly or in one of its `allOf` parts (flattened fields).
