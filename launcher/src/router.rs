@@ -63,6 +63,10 @@ pub(crate) struct RouterConfig {
     pub(crate) otlp_endpoint: Option<String>,
     /// Service name in traces.
     pub(crate) otlp_service_name: Option<String>,
+    /// `--request-timeout`, in seconds.
+    pub(crate) request_timeout: Option<f64>,
+    /// `--cors-allow-origin`.
+    pub(crate) cors_allow_origin: Vec<String>,
     /// How conversations are rendered and answers read.
     pub(crate) chat: ChatOptions,
 }
@@ -137,7 +141,14 @@ impl RouterConfig {
             .opt_flag("--otlp-service-name", self.otlp_service_name.as_deref())
             .opt_flag("--chat-template", self.chat.chat_template.as_deref())
             .opt_flag("--tool-call-parser", self.chat.tool_call_parser.as_deref())
-            .opt_flag("--reasoning-parser", self.chat.reasoning_parser.as_deref());
+            .opt_flag("--reasoning-parser", self.chat.reasoning_parser.as_deref())
+            .opt_flag(
+                "--request-timeout",
+                self.request_timeout.map(|s| s.to_string()),
+            );
+        if !self.cors_allow_origin.is_empty() {
+            spec.flag("--cors-allow-origin", self.cors_allow_origin.join(","));
+        }
         // The launcher's own API_KEY variable must not reach the router under its old name.
         spec.env_remove.push("API_KEY".into());
         if let Some(key) = &self.api_key {
@@ -182,6 +193,8 @@ mod tests {
             otlp_endpoint: None,
             otlp_service_name: None,
             chat: ChatOptions::default(),
+            request_timeout: None,
+            cors_allow_origin: Vec::new(),
         }
     }
 
@@ -213,6 +226,8 @@ mod tests {
         config.prefix_caching = false;
         config.otlp_endpoint = Some("http://otel:4317".into());
         config.otlp_service_name = Some("tessera".into());
+        config.request_timeout = Some(2.5);
+        config.cors_allow_origin = vec!["https://a.example".into(), "https://b.example".into()];
         config.api_key = Secret::from_str("hunter2").ok();
         let spec = config.command(Path::new("tessera-router"));
         let line = spec.args_lossy().join(" ");
@@ -225,7 +240,8 @@ mod tests {
              --max-input-tokens 1000 --max-total-tokens 2000 --max-batch-prefill-tokens 4096 \
              --max-batch-total-tokens 100000 --max-batch-size 32 --max-waiting-tokens 20 \
              --payload-limit 2000000 --json-output --prefix-caching false \
-             --otlp-endpoint http://otel:4317 --otlp-service-name tessera"
+             --otlp-endpoint http://otel:4317 --otlp-service-name tessera \
+             --request-timeout 2.5 --cors-allow-origin https://a.example,https://b.example"
         );
         assert!(!line.contains("hunter2"));
         assert_eq!(

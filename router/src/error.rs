@@ -18,7 +18,8 @@
 //! | wrong method | 405 |
 //! | too many requests in flight | 429 |
 //! | shard failure, generation error, a validation step failing unexpectedly | 500 |
-//! | engine unavailable, request cancelled, unhealthy | 503 |
+//! | engine unavailable, request cancelled, unhealthy, draining (shutting down) | 503 |
+//! | past its deadline (`--request-timeout`, `X-Request-Timeout`) | 504 |
 //!
 //! The conversion has no side effects: the response carries the error in an extension and
 //! the [`log_errors`] middleware logs it.
@@ -30,10 +31,40 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::infer::InferError;
 use crate::validation::ValidationError;
+
+/// Native routes' error body.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorBody {
+    /// What went wrong and what to change.
+    pub(crate) error: String,
+    /// The error class (the `err` label of `tessera_request_failure_total`).
+    pub(crate) error_type: &'static str,
+}
+
+/// The inner object of [`OpenAiErrorBody`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct OpenAiErrorDetail {
+    /// What went wrong and what to change.
+    pub(crate) message: String,
+    /// `invalid_request_error`, `server_error` or `requests`.
+    #[serde(rename = "type")]
+    pub(crate) kind: &'static str,
+    /// The field at fault, if one is.
+    pub(crate) param: Option<&'static str>,
+    /// A machine-readable code (e.g. `model_not_found`, `deadline_exceeded`).
+    pub(crate) code: Option<&'static str>,
+}
+
+/// `/v1` routes' error body (OpenAI's shape).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct OpenAiErrorBody {
+    /// The error.
+    pub(crate) error: OpenAiErrorDetail,
+}
 
 /// Everything the HTTP layer can answer with an error.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -132,7 +163,10 @@ impl ApiError {
                 InferError::ShardFailure(_)
                 | InferError::GenerationError(_)
                 | InferError::IncompleteGeneration => StatusCode::INTERNAL_SERVER_ERROR,
-                InferError::Cancelled | InferError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                InferError::Cancelled | InferError::Unavailable | InferError::Draining => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                InferError::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             },
         }
     }
@@ -164,7 +198,11 @@ impl ApiError {
 
     /// The native JSON body.
     pub fn native_body(&self) -> Value {
-        json!({ "error": self.to_string(), "error_type": self.error_type() })
+        let body = ErrorBody {
+            error: self.to_string(),
+            error_type: self.error_type(),
+        };
+        serde_json::to_value(body).unwrap_or(Value::Null)
     }
 
     /// The OpenAI JSON body.
@@ -181,7 +219,15 @@ impl ApiError {
             _ if status.is_server_error() => ("server_error", None, Some(self.error_type())),
             _ => ("invalid_request_error", None, None),
         };
-        json!({ "error": { "message": self.to_string(), "type": kind, "param": param, "code": code } })
+        let body = OpenAiErrorBody {
+            error: OpenAiErrorDetail {
+                message: self.to_string(),
+                kind,
+                param,
+                code,
+            },
+        };
+        serde_json::to_value(body).unwrap_or(Value::Null)
     }
 
     fn respond(&self, status: StatusCode, body: Value) -> Response {
@@ -290,6 +336,7 @@ pub(crate) async fn log_errors(req: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn statuses_and_shapes() {
@@ -328,5 +375,71 @@ mod tests {
             "x".into(),
         )));
         assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    /// One error of every kind (the match fails to compile when a variant is added, so the
+    /// new one is added here and to `FAILURE_CLASSES`).
+    fn one_of_each() -> Vec<ApiError> {
+        let all = vec![
+            ApiError::Validation(ValidationError::EmptyStopSequence),
+            ApiError::JsonSyntax(String::new()),
+            ApiError::JsonData(String::new()),
+            ApiError::UnsupportedMediaType(String::new()),
+            ApiError::PayloadTooLarge { limit: 1 },
+            ApiError::BadRequest(String::new()),
+            ApiError::Unauthorized,
+            ApiError::ModelNotFound(String::new()),
+            ApiError::NotFound(String::new()),
+            ApiError::MethodNotAllowed,
+            ApiError::Unhealthy,
+            ApiError::Internal(String::new()),
+            ApiError::Infer(InferError::Overloaded),
+            ApiError::Infer(InferError::ShardFailure(String::new())),
+            ApiError::Infer(InferError::Cancelled),
+            ApiError::Infer(InferError::GenerationError(String::new())),
+            ApiError::Infer(InferError::IncompleteGeneration),
+            ApiError::Infer(InferError::Unavailable),
+            ApiError::Infer(InferError::Draining),
+            ApiError::Infer(InferError::DeadlineExceeded),
+        ];
+        for e in &all {
+            match e {
+                ApiError::Validation(_)
+                | ApiError::JsonSyntax(_)
+                | ApiError::JsonData(_)
+                | ApiError::UnsupportedMediaType(_)
+                | ApiError::PayloadTooLarge { .. }
+                | ApiError::BadRequest(_)
+                | ApiError::Unauthorized
+                | ApiError::ModelNotFound(_)
+                | ApiError::NotFound(_)
+                | ApiError::MethodNotAllowed
+                | ApiError::Unhealthy
+                | ApiError::Internal(_) => {}
+                ApiError::Infer(i) => match i {
+                    InferError::Overloaded
+                    | InferError::ShardFailure(_)
+                    | InferError::Cancelled
+                    | InferError::Validation(_)
+                    | InferError::GenerationError(_)
+                    | InferError::IncompleteGeneration
+                    | InferError::Unavailable
+                    | InferError::Draining
+                    | InferError::DeadlineExceeded => {}
+                },
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_error_type_is_a_failure_class_exported_from_the_start() {
+        use crate::metrics::names::FAILURE_CLASSES;
+        let mut types: Vec<&str> = one_of_each().iter().map(ApiError::error_type).collect();
+        types.sort_unstable();
+        types.dedup();
+        let mut classes = FAILURE_CLASSES.to_vec();
+        classes.sort_unstable();
+        assert_eq!(types, classes);
     }
 }

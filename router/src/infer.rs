@@ -15,10 +15,11 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use futures::Stream;
+use futures::{Future, Stream};
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
@@ -68,7 +69,7 @@ pub enum InferStreamResponse {
 }
 
 /// A generated token.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Token {
     /// Token id.
     pub id: u32,
@@ -85,7 +86,7 @@ pub struct Token {
 }
 
 /// A prompt token with its logprob.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct PrefillToken {
     /// Token id.
     pub id: u32,
@@ -96,7 +97,7 @@ pub struct PrefillToken {
 }
 
 /// The final output of a request.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct GeneratedText {
     /// The generated text (stop sequence trimmed).
     pub text: String,
@@ -109,7 +110,7 @@ pub struct GeneratedText {
 }
 
 /// Why generation stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// `max_new_tokens` reached.
@@ -155,6 +156,14 @@ pub enum InferError {
     /// The batcher is not running.
     #[error("Inference engine is unavailable")]
     Unavailable,
+    /// The request ran past its deadline (`--request-timeout` or `X-Request-Timeout`).
+    #[error(
+        "the request ran past its deadline; raise `X-Request-Timeout` (or the server's --request-timeout) or ask for fewer tokens"
+    )]
+    DeadlineExceeded,
+    /// The server is shutting down and takes no new requests.
+    #[error("the server is shutting down and takes no new requests; send it to another replica")]
+    Draining,
 }
 
 impl InferError {
@@ -168,6 +177,8 @@ impl InferError {
             InferError::GenerationError(_) => "generation",
             InferError::IncompleteGeneration => "incomplete_generation",
             InferError::Unavailable => "unavailable",
+            InferError::Draining => "draining",
+            InferError::DeadlineExceeded => "deadline_exceeded",
         }
     }
 }
@@ -195,6 +206,7 @@ pub struct Infer {
     queue: mpsc::Sender<Entry>,
     limit: Arc<Semaphore>,
     max_concurrent_requests: usize,
+    draining: Arc<AtomicBool>,
 }
 
 impl Infer {
@@ -205,7 +217,33 @@ impl Infer {
             queue,
             limit: Arc::new(Semaphore::new(max_concurrent_requests)),
             max_concurrent_requests,
+            draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Stops taking requests: from now on [`Infer::try_acquire`] fails with
+    /// [`InferError::Draining`] and the readiness check fails; requests in flight go on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`Infer::start_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Requests holding a permit now.
+    pub fn in_flight(&self) -> usize {
+        self.max_concurrent_requests
+            .saturating_sub(self.limit.available_permits())
+    }
+
+    /// Resolves once no request holds a permit (every permit is back).
+    pub async fn drained(&self) {
+        let all = u32::try_from(self.max_concurrent_requests).unwrap_or(u32::MAX);
+        // Taking every permit at once waits for the last request; they are released at once
+        // (the semaphore is never closed, so the error arm cannot happen).
+        let _all = self.limit.acquire_many(all).await;
     }
 
     /// The configured concurrency limit.
@@ -213,8 +251,12 @@ impl Infer {
         self.max_concurrent_requests
     }
 
-    /// Takes a concurrency permit, or fails with [`InferError::Overloaded`] at once.
+    /// Takes a concurrency permit, or fails at once with [`InferError::Overloaded`] (or
+    /// [`InferError::Draining`] once draining started).
     pub fn try_acquire(&self) -> Result<OwnedSemaphorePermit, InferError> {
+        if self.is_draining() {
+            return Err(InferError::Draining);
+        }
         self.limit
             .clone()
             .try_acquire_owned()
@@ -231,8 +273,15 @@ impl Infer {
         Ok(AdmittedRequest { permit, events })
     }
 
-    /// Queues a request under a permit taken earlier with [`Infer::try_acquire`].
+    /// Queues a request under a permit taken earlier with [`Infer::try_acquire`]. The
+    /// stream ends with [`InferError::DeadlineExceeded`] at the request's deadline, if it has
+    /// one (see [`crate::deadline`]).
     pub async fn enqueue(&self, request: ValidGenerateRequest) -> Result<InferStream, InferError> {
+        let deadline = crate::deadline::current();
+        if deadline.is_some_and(|d| d <= tokio::time::Instant::now()) {
+            m::record_refused(InferError::DeadlineExceeded.error_type());
+            return Err(InferError::DeadlineExceeded);
+        }
         let (response_tx, response_rx) = mpsc::unbounded_channel();
         let input_length = request.input_ids.len();
         let max_new_tokens = request.stopping.max_new_tokens;
@@ -254,6 +303,7 @@ impl Infer {
             done: false,
             queued,
             last_token: None,
+            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
         })
     }
 
@@ -316,8 +366,10 @@ pub(crate) async fn collect(mut stream: InferStream) -> Result<InferResponse, In
 }
 
 /// The events of one request. Ends after [`InferStreamResponse::End`] or an error; yields
-/// [`InferError::IncompleteGeneration`] if the batcher drops the request without either.
-/// Dropping it closes the channel, which tells the batcher to free the request.
+/// [`InferError::IncompleteGeneration`] if the batcher drops the request without either, and
+/// [`InferError::DeadlineExceeded`] at the request's deadline. Dropping it before its end
+/// (the client went away) or its deadline closes the channel, which tells the batcher to
+/// free the request; either counts as a failure (`cancelled`, `deadline_exceeded`).
 #[derive(Debug)]
 pub struct InferStream {
     rx: mpsc::UnboundedReceiver<Result<InferStreamResponse, InferError>>,
@@ -326,6 +378,16 @@ pub struct InferStream {
     queued: Instant,
     /// When the last token arrived (inter-token latency).
     last_token: Option<Instant>,
+    /// Fires at the request's deadline.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Drop for InferStream {
+    fn drop(&mut self) {
+        if !self.done {
+            m::record_failure("cancelled");
+        }
+    }
 }
 
 impl Stream for InferStream {
@@ -335,7 +397,11 @@ impl Stream for InferStream {
         if self.done {
             return Poll::Ready(None);
         }
+        // Before the channel, which may always have an event ready.
+        let past_deadline =
+            (self.deadline.as_mut()).is_some_and(|d| d.as_mut().poll(cx).is_ready());
         let item = match self.rx.poll_recv(cx) {
+            _ if past_deadline => Err(InferError::DeadlineExceeded),
             Poll::Pending => return Poll::Pending,
             Poll::Ready(None) => Err(InferError::IncompleteGeneration),
             Poll::Ready(Some(item)) => item,

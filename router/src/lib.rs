@@ -24,12 +24,14 @@
 mod assistant;
 pub mod batcher;
 pub mod client;
+mod deadline;
 mod detokenizer;
 mod error;
 mod infer;
 mod metrics;
 mod native;
 mod openai;
+mod openapi;
 mod server;
 mod sse;
 mod stop;
@@ -37,13 +39,16 @@ pub mod telemetry;
 mod validation;
 
 pub use crate::assistant::{ReasoningFormat, ToolCallFormat};
+pub use crate::deadline::REQUEST_TIMEOUT_HEADER;
 pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
 pub use crate::error::{ApiError, OpenAiError};
 pub use crate::infer::{
     AdmittedRequest, Entry, FinishReason, GeneratedText, Infer, InferError, InferResponse,
     InferStream, InferStreamResponse, PrefillToken, Token,
 };
-pub use crate::metrics::{build_recorder, install_recorder, names as metric_names};
+pub use crate::metrics::{
+    build_recorder, install_recorder, names as metric_names, vllm as vllm_metric_names,
+};
 pub use crate::server::{
     AppState, AppStateBuilder, DEFAULT_PAYLOAD_LIMIT, HealthCheck, ModelInfo, app, serve,
 };
@@ -58,7 +63,7 @@ pub use tessera_params::{OutputConstraint, SamplingParams, StoppingParams};
 pub mod native_api {
     pub use crate::native::{
         CompatGenerateRequest, Details, GenerateParameters, GenerateRequest, GenerateResponse,
-        Info, SimpleToken, StreamDetails, StreamResponse,
+        Info, SimpleToken, Status, StreamDetails, StreamResponse,
     };
 }
 
@@ -67,12 +72,12 @@ pub mod openai_api {
     pub use crate::openai::{
         AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
         ChatLogprob, ChatLogprobs, ChunkChoice, Completion, CompletionChoice, CompletionLogprobs,
-        CompletionRequest, ContentPart, Delta, MessageContent, PromptInput, RequestMessage,
-        SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
+        CompletionRequest, ContentPart, Delta, MessageContent, ModelCard, ModelList, PromptInput,
+        RequestMessage, ResponseFormat, SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
     };
     pub use crate::openai::{
         FunctionCall, FunctionCallDelta, JsonSchemaFormat, OutputConstraints, ResponseFormat,
-        ResponsesInput, ResponsesRequest, StructuredOutputs, TextFormat, TextOptions, ToolCall,
-        ToolCallDelta,
+        ResponseObject, ResponsesInput, ResponsesRequest, ResponsesStreamEvent, StructuredOutputs,
+        TextFormat, TextOptions, ToolCall, ToolCallDelta,
     };
 }

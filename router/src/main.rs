@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use axum::http::HeaderValue;
 use clap::Parser;
 use tessera_formats::ModelFiles;
 use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
@@ -86,6 +87,14 @@ struct Args {
     /// Service name in traces.
     #[arg(long, default_value = "tessera-router")]
     otlp_service_name: String,
+    /// Longest a request may take, in seconds from its arrival; past it the request ends
+    /// with a 504 `deadline_exceeded`. A request's `X-Request-Timeout` header can shorten it.
+    #[arg(long)]
+    request_timeout: Option<f64>,
+    /// Origins browsers may call the API from (CORS), e.g. `https://app.example.com`; `*`
+    /// allows any. Repeat or comma-separate. None: no CORS headers.
+    #[arg(long, value_delimiter = ',')]
+    cors_allow_origin: Vec<String>,
     /// A Jinja chat template file to use instead of the model's.
     #[arg(long)]
     chat_template: Option<PathBuf>,
@@ -166,6 +175,29 @@ fn limits(args: &Args, context: usize) -> anyhow::Result<Limits> {
     })
 }
 
+fn request_timeout(args: &Args) -> anyhow::Result<Option<Duration>> {
+    args.request_timeout
+        .map(|s| {
+            Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .with_context(|| {
+                    format!("--request-timeout {s}: give a positive number of seconds")
+                })
+        })
+        .transpose()
+}
+
+fn cors_origins(args: &Args) -> anyhow::Result<Vec<HeaderValue>> {
+    args.cors_allow_origin
+        .iter()
+        .map(|o| {
+            HeaderValue::from_str(o.trim())
+                .with_context(|| format!("--cors-allow-origin {o:?} is not a valid origin"))
+        })
+        .collect()
+}
+
 /// The KV cache the shards allocated, capped by `--max-batch-total-tokens`.
 struct KvCache {
     num_blocks: usize,
@@ -215,15 +247,29 @@ async fn warm_up(
     })
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing a SIGTERM handler cannot fail on unix");
+/// Resolves once the server should stop listening: on Ctrl-C or SIGTERM it starts draining
+/// (`/health` answers 503 and new requests are refused, while the listener stays open so
+/// load balancers see it), then resolves when the requests in flight are done or at a second
+/// signal. Axum then finishes the connections still open.
+async fn drain_on_signal(infer: Infer) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        _ = int.recv() => {}
         _ = term.recv() => {}
     }
-    tracing::info!("shutting down");
+    infer.start_draining();
+    tracing::info!(
+        in_flight = infer.in_flight(),
+        "draining: no new requests, finishing those in flight"
+    );
+    tokio::select! {
+        _ = infer.drained() => tracing::info!("drained; shutting down"),
+        _ = int.recv() => tracing::warn!("second signal; shutting down without waiting"),
+        _ = term.recv() => tracing::warn!("second signal; shutting down without waiting"),
+    }
+    Ok(())
 }
 
 #[tokio::main]
@@ -283,39 +329,40 @@ async fn main() -> anyhow::Result<()> {
         },
         queue_capacity: args.max_concurrent_requests,
     });
-    let state = AppState::builder(
-        Infer::new(queue, args.max_concurrent_requests),
-        tokenizer,
-        served_model_name,
-    )
-    .validation(ValidationConfig {
-        max_input_tokens: limits.max_input_tokens,
-        max_total_tokens: limits.max_total_tokens,
-        max_stop_sequences: args.max_stop_sequences,
-        max_top_n_tokens: args.max_top_n_tokens,
-        tool_call_format: args.tool_call_parser,
-        reasoning: args.reasoning_parser,
-        ..Default::default()
-    })
-    .info(ModelInfo {
-        model_id: args.model_id.display().to_string(),
-        model_dtype: info.dtype,
-        model_device_type: info.device_type,
-        max_batch_total_tokens: Some(kv.max_batch_total_tokens as u32),
-        max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
-        ..Default::default()
-    })
-    .api_key(api_key)
-    .payload_limit(args.payload_limit)
-    .health_check(health)
-    .prometheus(prometheus)
-    .build();
+    let infer = Infer::new(queue, args.max_concurrent_requests);
+    let drained = drain_on_signal(infer.clone());
+    let state = AppState::builder(infer, tokenizer, served_model_name)
+        .validation(ValidationConfig {
+            max_input_tokens: limits.max_input_tokens,
+            max_total_tokens: limits.max_total_tokens,
+            max_stop_sequences: args.max_stop_sequences,
+            max_top_n_tokens: args.max_top_n_tokens,
+            tool_call_format: args.tool_call_parser,
+            reasoning: args.reasoning_parser,
+            ..Default::default()
+        })
+        .info(ModelInfo {
+            model_id: args.model_id.display().to_string(),
+            model_dtype: info.dtype,
+            model_device_type: info.device_type,
+            max_batch_total_tokens: Some(kv.max_batch_total_tokens as u32),
+            max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
+            ..Default::default()
+        })
+        .api_key(api_key)
+        .payload_limit(args.payload_limit)
+        .health_check(health)
+        .prometheus(prometheus)
+        .request_timeout(request_timeout(&args)?)
+        .cors_allow_origin(cors_origins(&args)?)
+        .build();
     state.warm_grammars();
-    serve(
-        state,
-        SocketAddr::new(args.hostname, args.port),
-        shutdown_signal(),
-    )
-    .await?;
-    Ok(())
+    let (drain_result_tx, drain_result_rx) = tokio::sync::oneshot::channel();
+    let shutdown = async move {
+        let _ = drain_result_tx.send(drained.await);
+    };
+    serve(state, SocketAddr::new(args.hostname, args.port), shutdown).await?;
+    drain_result_rx
+        .await
+        .context("the drain task ended without a result")?
 }

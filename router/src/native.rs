@@ -1,5 +1,5 @@
 //! The native (TGI-compatible) API: `/generate`, `/generate_stream`, `/tokenize`, `/info`,
-//! `/health`, `/metrics`.
+//! `/health` (readiness), `/live` (liveness), `/metrics`.
 
 use std::convert::Infallible;
 use std::time::Instant;
@@ -22,7 +22,7 @@ use crate::sse::{json_event, sse};
 use crate::validation::{ValidNativeRequest, ValidationError};
 
 /// `POST /generate` and `/generate_stream` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct GenerateRequest {
     /// The prompt.
     pub inputs: String,
@@ -32,7 +32,7 @@ pub struct GenerateRequest {
 }
 
 /// TGI's `grammar` parameter.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct Grammar {
     /// `regex` or `json` (`json_schema` is accepted as `json`).
     #[serde(rename = "type")]
@@ -42,7 +42,7 @@ pub struct Grammar {
 }
 
 /// TGI's generation parameters.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[allow(missing_docs)]
 pub struct GenerateParameters {
     /// Only 1 (or absent) is supported.
@@ -84,7 +84,7 @@ pub struct GenerateParameters {
 }
 
 /// `POST /generate` answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct GenerateResponse {
     /// The generated text.
     pub generated_text: String,
@@ -94,7 +94,7 @@ pub struct GenerateResponse {
 }
 
 /// Token-level details of a finished request.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Details {
     /// Why generation stopped.
     pub finish_reason: FinishReason,
@@ -112,7 +112,7 @@ pub struct Details {
 }
 
 /// One `/generate_stream` event.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct StreamResponse {
     /// 1-based index of the token.
     pub index: u32,
@@ -127,7 +127,7 @@ pub struct StreamResponse {
 }
 
 /// Summary on the last stream event.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct StreamDetails {
     /// Why generation stopped.
     pub finish_reason: FinishReason,
@@ -162,7 +162,7 @@ fn timing_headers(out: &InferResponse, prompt_tokens: usize, received: Instant) 
 }
 
 /// The body of TGI's `POST /`: a generate request and whether to stream it.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct CompatGenerateRequest {
     /// The prompt.
     pub inputs: String,
@@ -293,7 +293,7 @@ pub(crate) async fn generate_stream(
 }
 
 /// One token of `/tokenize`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct SimpleToken {
     /// Token id.
     pub id: u32,
@@ -342,7 +342,7 @@ pub(crate) async fn tokenize(
 }
 
 /// `GET /info` answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[allow(missing_docs)]
 pub struct Info {
     pub model_id: String,
@@ -389,15 +389,30 @@ pub(crate) async fn info(State(state): State<AppState>) -> Json<Info> {
     })
 }
 
-/// `GET /health`: 200 when the engine answers, 503 otherwise.
-pub(crate) async fn health(
-    State(state): State<AppState>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+/// `GET /health` and `GET /live` answer.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Status {
+    /// `ok` (ready) or `alive`.
+    pub status: &'static str,
+}
+
+/// `GET /health` (readiness): 200 when the engine answers; 503 when it does not, and from
+/// the moment the server starts draining, so that load balancers stop sending it requests.
+pub(crate) async fn health(State(state): State<AppState>) -> Result<Json<Status>, ApiError> {
+    if state.infer().is_draining() {
+        return Err(InferError::Draining.into());
+    }
     if state.healthy().await {
-        Ok(Json(serde_json::json!({ "status": "ok" })))
+        Ok(Json(Status { status: "ok" }))
     } else {
         Err(ApiError::Unhealthy)
     }
+}
+
+/// `GET /live` (liveness): 200 while the process serves HTTP, draining or not, busy or not,
+/// whatever the shards' health; only a wedged or dead server fails it.
+pub(crate) async fn live() -> Json<Status> {
+    Json(Status { status: "alive" })
 }
 
 /// `GET /metrics`: Prometheus text format.

@@ -2,16 +2,18 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{Method, Uri, header};
+use axum::http::{HeaderName, HeaderValue, Method, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::future::BoxFuture;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tessera_formats::ModelTokenizer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::error::{ApiError, OpenAiError, PayloadLimit, log_errors};
 use crate::infer::Infer;
@@ -51,6 +53,8 @@ struct Shared {
     payload_limit: usize,
     health: HealthCheck,
     prometheus: Option<PrometheusHandle>,
+    request_timeout: Option<Duration>,
+    cors_allow_origin: Vec<HeaderValue>,
     created: u64,
 }
 
@@ -81,6 +85,8 @@ pub struct AppStateBuilder {
     payload_limit: usize,
     health: HealthCheck,
     prometheus: Option<PrometheusHandle>,
+    request_timeout: Option<Duration>,
+    cors_allow_origin: Vec<HeaderValue>,
 }
 
 /// Default payload limit: 2 MB, as TGI.
@@ -104,6 +110,8 @@ impl AppState {
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             health: Arc::new(|| Box::pin(async { true })),
             prometheus: None,
+            request_timeout: None,
+            cors_allow_origin: Vec::new(),
         }
     }
 
@@ -185,6 +193,20 @@ impl AppStateBuilder {
         self
     }
 
+    /// The longest a request may take from its arrival (a request's `X-Request-Timeout`
+    /// header can shorten it); none by default.
+    pub fn request_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Origins browsers may call the API from (`*`: any); none by default, which sends no
+    /// CORS headers.
+    pub fn cors_allow_origin(mut self, origins: Vec<HeaderValue>) -> Self {
+        self.cors_allow_origin = origins;
+        self
+    }
+
     /// The state.
     pub fn build(self) -> AppState {
         let created = std::time::SystemTime::now()
@@ -200,6 +222,8 @@ impl AppStateBuilder {
             payload_limit: self.payload_limit,
             health: self.health,
             prometheus: self.prometheus,
+            request_timeout: self.request_timeout,
+            cors_allow_origin: self.cors_allow_origin,
             created,
         }))
     }
@@ -221,14 +245,21 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), openai_auth));
     let open = Router::new()
         .route("/health", get(native::health))
+        .route("/live", get(native::live))
         .route("/info", get(native::info))
-        .route("/metrics", get(native::metrics));
+        .route("/metrics", get(native::metrics))
+        .merge(crate::openapi::routes());
     let limit = state.0.payload_limit;
-    native_protected
+    let cors = cors_layer(&state.0.cors_allow_origin);
+    let routes = native_protected
         .merge(openai)
         .merge(open)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.0.request_timeout,
+            crate::deadline::deadlines,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::Extension(PayloadLimit(limit)))
         .layer(middleware::from_fn(crate::metrics::track_requests))
@@ -236,8 +267,36 @@ pub fn app(state: AppState) -> Router {
         .layer(
             tower_http::trace::TraceLayer::new_for_http()
                 .make_span_with(crate::telemetry::http_span),
-        )
-        .with_state(state)
+        );
+    // Outermost, so that preflight requests are answered before authentication.
+    let routes = match cors {
+        Some(cors) => routes.layer(cors),
+        None => routes,
+    };
+    routes.with_state(state)
+}
+
+/// The CORS layer for `origins` (`*` among them: any origin), if any.
+fn cors_layer(origins: &[HeaderValue]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().cloned())
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                HeaderName::from_static(crate::deadline::REQUEST_TIMEOUT_HEADER),
+            ])
+            .max_age(Duration::from_secs(3600)),
+    )
 }
 
 fn is_openai(uri: &Uri) -> bool {

@@ -50,8 +50,39 @@ async fn sigterm_exits_cleanly() {
     .await;
 }
 
-/// SIGTERM while a stream is in flight: the router stops taking requests but finishes the
-/// stream, then everything exits 0.
+/// While draining: readiness (`/health`) fails within 100 ms of the signal, liveness
+/// (`/live`) holds, and a new request is refused with its typed error.
+async fn check_draining(s: &Server, signalled: Instant) {
+    let health = loop {
+        let r = s.client().get(s.url("/health")).send().await;
+        let r = r.expect("the router still listens while draining");
+        if r.status() == 503 {
+            break read_json(r).await.1;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(5),
+            "/health still answers {} after SIGTERM",
+            r.status()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let after = signalled.elapsed();
+    eprintln!("/health answered 503 {after:?} after SIGTERM: {health}");
+    assert!(
+        after < Duration::from_millis(100),
+        "/health 503 after {after:?}"
+    );
+    assert_eq!(health["error_type"], "draining", "{health}");
+    let (status, live) = s.get("/live").await;
+    assert_eq!(status, 200, "liveness while draining: {live}");
+    let body = json!({"inputs": "The", "parameters": {"max_new_tokens": 2}});
+    let (status, refused) = s.post("/generate", &body).await;
+    assert_eq!(status, 503, "a new request while draining: {refused}");
+    assert_eq!(refused["error_type"], "draining", "{refused}");
+}
+
+/// SIGTERM while a stream is in flight: `/health` answers 503 at once, the router takes no
+/// new requests but finishes the stream, then everything exits 0.
 #[tokio::test]
 async fn sigterm_finishes_in_flight_stream() {
     within(
@@ -71,7 +102,8 @@ async fn sigterm_finishes_in_flight_stream() {
             ));
             let paused = Paused::new(shard);
             s.signal(Signal::SIGTERM);
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            let signalled = Instant::now();
+            check_draining(&s, signalled).await;
             paused.resume();
             let mut events: Vec<Value> = Vec::new();
             while let Some(e) = sse.next_json().await {

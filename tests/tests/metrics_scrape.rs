@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use metrics_support::{Scrape, documented, exported, fixture, start_shard};
+use metrics_support::{
+    Scrape, documented, documented_vllm, exported, exported_vllm, fixture, start_shard,
+};
 use serde_json::{Value, json};
 use tessera_formats::ModelFiles;
 use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
@@ -159,6 +161,15 @@ fn documented_table_is_what_the_router_exports() {
     );
 }
 
+#[test]
+fn documented_vllm_table_is_what_the_router_exports() {
+    let mut docs = documented_vllm();
+    let mut ours = exported_vllm();
+    docs.sort_by(|a, b| a.metric.name.cmp(&b.metric.name));
+    ours.sort_by(|a, b| a.metric.name.cmp(&b.metric.name));
+    assert_eq!(docs, ours, "deploy/README.md vLLM table vs metrics::vllm");
+}
+
 /// What the traffic of [`send_traffic`] produced.
 #[derive(Debug, Clone, Copy)]
 struct Traffic {
@@ -178,19 +189,45 @@ async fn metrics_move_with_traffic() {
     check_request_metrics(&m, traffic);
     let input = check_batch_metrics(&m, traffic);
     check_cache_and_rest(&m, input);
+    check_vllm_twins(&m);
 }
 
 fn check_exported_before_traffic(idle: &Scrape) {
     // Before any traffic every documented metric is already exported, at zero.
-    for d in documented() {
+    let vllm = documented_vllm().into_iter().map(|d| d.metric);
+    for d in documented().into_iter().chain(vllm) {
         let series = if d.kind == "histogram" {
             format!("{}_count", d.name)
         } else {
             d.name.clone()
         };
-        let present = idle.has(&series) || (d.name == "tessera_request_failure_total");
-        assert!(present, "{series} is not exported before traffic");
+        assert!(idle.has(&series), "{series} is not exported before traffic");
+        if d.kind != "gauge" {
+            assert_eq!(idle.sum(&series, &[]), 0.0, "{series} before traffic");
+        }
     }
+    // Every failure class, so that a panel of failures by class shows 0, not "No data".
+    for &class in tessera_router::metric_names::FAILURE_CLASSES {
+        let l = [("err", class)];
+        let s = idle.series("tessera_request_failure_total");
+        assert!(
+            s.iter()
+                .any(|s| s.labels.get("err").map(String::as_str) == Some(class)),
+            "err=\"{class}\" is not exported before traffic"
+        );
+        assert_eq!(idle.sum("tessera_request_failure_total", &l), 0.0);
+    }
+    for reason in ["stop", "length"] {
+        let l = [("finished_reason", reason)];
+        assert!(
+            idle.matching_any("vllm:request_success_total", &l),
+            "{reason}"
+        );
+    }
+    let info = idle.series("vllm:cache_config_info");
+    assert_eq!(info.len(), 1, "one vllm:cache_config_info series");
+    assert_eq!(info[0].labels["block_size"], "16");
+    assert_eq!(info[0].value, 1.0);
 }
 
 async fn send_traffic(s: &Server) -> Traffic {
@@ -358,4 +395,50 @@ fn check_cache_and_rest(m: &Scrape, input: f64) {
     ] {
         assert_eq!(m.sum(z, &[]), 0.0, "{z}");
     }
+}
+
+/// Every vLLM name holds exactly its twin's value: each series of a histogram (buckets, sum,
+/// count), a counter or a gauge.
+fn check_vllm_twins(m: &Scrape) {
+    use tessera_router::metric_names::Kind;
+    use tessera_router::vllm_metric_names::TWINS;
+    for &(theirs, ours, kind) in TWINS {
+        let suffixes: &[&str] = match kind {
+            Kind::Histogram => &["_bucket", "_sum", "_count"],
+            Kind::Counter | Kind::Gauge => &[""],
+        };
+        for suffix in suffixes {
+            let mut a: Vec<_> = m
+                .series(&format!("{theirs}{suffix}"))
+                .into_iter()
+                .map(|s| (s.labels.get("le").cloned(), s.value))
+                .collect();
+            let mut b: Vec<_> = m
+                .series(&format!("{ours}{suffix}"))
+                .into_iter()
+                .map(|s| (s.labels.get("le").cloned(), s.value))
+                .collect();
+            if theirs == "vllm:request_success_total" {
+                // Split by finish reason: the sum is the twin.
+                let total: f64 = a.iter().map(|s| s.1).sum();
+                a = vec![(None, total)];
+            }
+            a.sort_by(|x, y| x.partial_cmp(y).expect("no NaN"));
+            b.sort_by(|x, y| x.partial_cmp(y).expect("no NaN"));
+            assert!(!b.is_empty(), "{ours}{suffix} has no series");
+            assert_eq!(a, b, "{theirs}{suffix} vs {ours}{suffix}");
+        }
+    }
+    // The traffic moved them: the comparison above is not between zeros.
+    assert!(m.sum("vllm:time_to_first_token_seconds_count", &[]) > 0.0);
+    assert!(m.sum("vllm:prefix_cache_hits_total", &[]) > 0.0);
+    assert!(m.sum("vllm:iteration_tokens_total_count", &[]) > 0.0);
+    let success = m.sum(
+        "vllm:request_success_total",
+        &[("finished_reason", "length")],
+    );
+    assert!(
+        success > 0.0,
+        "max_tokens-bounded requests finish by length"
+    );
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, histogram};
 use tessera_formats::ModelTokenizer;
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -60,6 +60,7 @@ pub fn spawn(config: BatcherConfig) -> (mpsc::Sender<Entry>, HealthCheck) {
         step_since: AtomicU64::new(0),
         epoch: Instant::now(),
     });
+    crate::metrics::record_cache_config(config.block_size, config.num_blocks.saturating_sub(1));
     let batcher = Batcher::new(config, health.clone());
     tokio::spawn(batcher.run(rx));
     let check: HealthCheck = Arc::new(move || {
@@ -202,13 +203,16 @@ impl Batcher {
 
     fn report_gauges(&self) {
         let pool = self.scheduler.pool();
-        gauge!(names::QUEUE_REQUESTS).set(self.scheduler.num_waiting() as f64);
-        gauge!(names::RUNNING_REQUESTS).set(self.scheduler.num_running() as f64);
+        crate::metrics::record_scheduler(
+            self.scheduler.num_waiting(),
+            self.scheduler.num_running(),
+            pool.in_use() * pool.block_size(),
+        );
         crate::metrics::record_kv_blocks(pool.available(), pool.in_use(), pool.total());
-        gauge!(names::BATCH_KV_TOKENS).set((pool.in_use() * pool.block_size()) as f64);
     }
 
-    /// Requests whose client went away leave before the next step.
+    /// Requests whose client went away (or whose deadline passed) leave before the next step;
+    /// their streams count the failure.
     fn drop_cancelled(&mut self) {
         let gone: Vec<u64> = self
             .live
@@ -218,7 +222,6 @@ impl Batcher {
             .collect();
         for id in gone {
             self.finish(id);
-            crate::metrics::record_failure("cancelled");
         }
     }
 
@@ -231,9 +234,7 @@ impl Batcher {
 
     async fn step(&mut self) {
         let plan = self.scheduler.schedule();
-        if !plan.preempted.is_empty() {
-            counter!(names::PREEMPTIONS).increment(plan.preempted.len() as u64);
-        }
+        crate::metrics::record_preemptions(plan.preempted.len());
         crate::metrics::record_prefix_cache(plan.prefix_queried_tokens, plan.prefix_hit_tokens);
         if plan.is_empty() {
             if self.scheduler.num_running() == 0 {
@@ -363,10 +364,7 @@ impl Batcher {
                 self.scheduler.append(id, token.id);
                 match live.output.push(token) {
                     Ok((event, end)) => {
-                        if live.entry.response_tx.send(Ok(event)).is_err() {
-                            counter!(names::REQUEST_FAILURE, "err" => "cancelled").increment(1);
-                            done = true;
-                        }
+                        done |= live.entry.response_tx.send(Ok(event)).is_err();
                         done |= end;
                     }
                     Err(e) => {
@@ -386,14 +384,11 @@ impl Batcher {
     fn fail_all(&mut self, error: ClientError) {
         tracing::error!(%error, "shard call failed; failing every request");
         for (_, l) in self.live.drain() {
-            let sent = l
+            // A stream already gone counted itself as cancelled.
+            let _ = l
                 .entry
                 .response_tx
                 .send(Err(InferError::ShardFailure(error.to_string())));
-            if sent.is_err() {
-                // Otherwise the request's stream counts the failure.
-                crate::metrics::record_failure("cancelled");
-            }
         }
         self.finished.extend(self.scheduler.reset());
     }

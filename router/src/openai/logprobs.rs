@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::infer::{PrefillToken, Token};
 
 /// A token's logprob in the chat shape.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct TopLogprob {
     /// Token text.
     pub token: String,
@@ -19,7 +19,7 @@ pub struct TopLogprob {
 }
 
 /// A generated token's logprob with its alternatives (chat shape).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatLogprob {
     /// Token text.
     pub token: String,
@@ -32,7 +32,7 @@ pub struct ChatLogprob {
 }
 
 /// `choices[].logprobs` of chat responses.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatLogprobs {
     /// One entry per token.
     pub content: Vec<ChatLogprob>,
@@ -56,7 +56,7 @@ pub(super) fn chat_logprob(token: &Token, top: &[Token]) -> ChatLogprob {
 }
 
 /// Legacy logprobs of completions.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
 pub struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,

@@ -42,7 +42,9 @@ pub use self::response::{
     CompletionChoice, Delta, FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, Usage,
 };
 pub(crate) use self::responses::responses;
-pub use self::responses::{ResponsesInput, ResponsesRequest, TextFormat, TextOptions};
+pub use self::responses::{
+    ResponseObject, ResponsesInput, ResponsesRequest, ResponsesStreamEvent, TextFormat, TextOptions,
+};
 
 /// A request's choices, queued: their event streams and the permits they hold (keep them as
 /// long as the streams).
@@ -78,15 +80,39 @@ async fn run_all(
 }
 
 /// `GET /v1/models`.
-pub(crate) async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
-        "object": "list",
-        "data": [{
-            "id": state.served_model_name(),
-            "object": "model",
-            "created": state.created(),
-            "owned_by": "tessera",
-            "max_model_len": state.validation().config().max_total_tokens,
-        }]
-    }))
+/// `GET /v1/models` answer.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ModelList {
+    /// `list`.
+    pub object: &'static str,
+    /// The served model.
+    pub data: Vec<ModelCard>,
+}
+
+/// One model of [`ModelList`].
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ModelCard {
+    /// The name requests use.
+    pub id: String,
+    /// `model`.
+    pub object: &'static str,
+    /// When the server started (Unix seconds).
+    pub created: u64,
+    /// `tessera`.
+    pub owned_by: &'static str,
+    /// Longest prompt + generation (vLLM's field).
+    pub max_model_len: usize,
+}
+
+pub(crate) async fn models(State(state): State<AppState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: state.served_model_name().to_owned(),
+            object: "model",
+            created: state.created(),
+            owned_by: "tessera",
+            max_model_len: state.validation().config().max_total_tokens,
+        }],
+    })
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 /// `stop`: one string or a list.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum StopSpec {
     /// One stop sequence.
@@ -16,14 +16,14 @@ pub enum StopSpec {
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     /// Send a last chunk with `usage` (and `"usage": null` in the others).
     pub include_usage: Option<bool>,
 }
 
 /// `response_format`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ResponseFormat {
     /// `text`, `json_object` (JSON mode) or `json_schema`.
     #[serde(rename = "type")]
@@ -33,7 +33,7 @@ pub struct ResponseFormat {
 }
 
 /// `response_format.json_schema`: a named schema the output must validate against.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct JsonSchemaFormat {
     /// The schema's name (required by OpenAI; not used for decoding).
     pub name: Option<String>,
@@ -46,7 +46,7 @@ pub struct JsonSchemaFormat {
 }
 
 /// vLLM's `structured_outputs`: one constraint of the kinds it names.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 pub struct StructuredOutputs {
     /// A JSON Schema (object or text).
     pub json: Option<serde_json::Value>,
@@ -61,7 +61,7 @@ pub struct StructuredOutputs {
 }
 
 /// Requests for constrained output, shared by chat and completions; at most one may be given.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 pub struct OutputConstraints {
     /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", ...}`.
     pub response_format: Option<ResponseFormat>,
@@ -78,7 +78,7 @@ pub struct OutputConstraints {
 }
 
 /// The sampling fields shared by chat and completions requests.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[allow(missing_docs)]
 pub struct SamplingFields {
     /// In [0, 2]; default 1; 0 is greedy.
@@ -109,7 +109,7 @@ pub struct SamplingFields {
 }
 
 /// A chat message's content: a string or a list of parts.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     /// Plain text.
@@ -119,7 +119,7 @@ pub enum MessageContent {
 }
 
 /// One part of a message's content.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
     /// `"text"` (others are refused).
     #[serde(rename = "type")]
@@ -129,7 +129,7 @@ pub struct ContentPart {
 }
 
 /// A chat message as sent.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct RequestMessage {
     /// `system`, `developer` (treated as `system`), `user`, `assistant` or `tool`.
     pub role: String,
@@ -144,7 +144,7 @@ pub struct RequestMessage {
 }
 
 /// `POST /v1/chat/completions` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     /// Any name, or none: a server serves one model, so every name means it (as TGI).
     pub model: Option<String>,
@@ -169,6 +169,7 @@ pub struct ChatCompletionRequest {
     /// Deprecated form of `tool_choice`.
     pub function_call: Option<serde_json::Value>,
     /// Extra variables for the chat template (e.g. `enable_thinking`).
+    #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Sampling fields.
     #[serde(flatten)]
@@ -179,7 +180,7 @@ pub struct ChatCompletionRequest {
 }
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of those.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum PromptInput {
     /// One prompt.
@@ -193,7 +194,7 @@ pub enum PromptInput {
 }
 
 /// `POST /v1/completions` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct CompletionRequest {
     /// Any name, or none: a server serves one model, so every name means it (as TGI).
     pub model: Option<String>,

@@ -8,7 +8,7 @@ use crate::server::AppState;
 use crate::validation::random_u64;
 
 /// `usage`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Usage {
     /// Prompt tokens (each prompt counted once).
     pub prompt_tokens: u32,
@@ -30,7 +30,7 @@ impl Usage {
 }
 
 /// The assistant's message.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct AssistantMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
@@ -45,7 +45,7 @@ pub struct AssistantMessage {
 }
 
 /// A tool call in a message.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ToolCall {
     /// `call_…`, unique in the response.
     pub id: String,
@@ -57,7 +57,7 @@ pub struct ToolCall {
 }
 
 /// The function of a tool call.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct FunctionCall {
     /// Its name.
     pub name: String,
@@ -67,7 +67,7 @@ pub struct FunctionCall {
 
 /// A streamed piece of a tool call: the first has its id, type and name, the next ones
 /// fragments of its arguments.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ToolCallDelta {
     /// Which call of the message (0-based).
     pub index: usize,
@@ -82,7 +82,7 @@ pub struct ToolCallDelta {
 }
 
 /// The function part of a [`ToolCallDelta`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct FunctionCallDelta {
     /// On the call's first delta.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -92,7 +92,7 @@ pub struct FunctionCallDelta {
 }
 
 /// One choice of a chat completion.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatChoice {
     /// Choice index.
     pub index: usize,
@@ -105,7 +105,7 @@ pub struct ChatChoice {
 }
 
 /// `chat.completion` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatCompletion {
     /// `chatcmpl-…`.
     pub id: String,
@@ -124,7 +124,7 @@ pub struct ChatCompletion {
 }
 
 /// A streamed chat delta.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
 pub struct Delta {
     /// `"assistant"` on the first chunk of a choice.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -141,7 +141,7 @@ pub struct Delta {
 }
 
 /// One choice of a chat chunk.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChunkChoice {
     /// Choice index.
     pub index: usize,
@@ -154,7 +154,7 @@ pub struct ChunkChoice {
 }
 
 /// `chat.completion.chunk` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatCompletionChunk {
     /// Same id on every chunk.
     pub id: String,
@@ -174,7 +174,7 @@ pub struct ChatCompletionChunk {
 }
 
 /// One choice of a text completion (also the streamed chunk's choice).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct CompletionChoice {
     /// The text (in chunks: the new text).
     pub text: String,
@@ -187,7 +187,7 @@ pub struct CompletionChoice {
 }
 
 /// `text_completion` object (whole or chunk).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Completion {
     /// `cmpl-…`.
     pub id: String,

@@ -113,6 +113,16 @@ impl Scrape {
         self.matching(name, labels).map(|s| s.value).sum()
     }
 
+    /// Every sample named `name`.
+    pub fn series(&self, name: &str) -> Vec<&Sample> {
+        self.samples.iter().filter(|s| s.name == name).collect()
+    }
+
+    /// Whether any sample is named `name` with `labels` among its labels.
+    pub fn matching_any(&self, name: &str, labels: &[(&str, &str)]) -> bool {
+        self.matching(name, labels).next().is_some()
+    }
+
     /// Whether any sample is named `name`.
     pub fn has(&self, name: &str) -> bool {
         self.samples.iter().any(|s| s.name == name)
@@ -160,18 +170,70 @@ pub fn documented() -> Vec<Documented> {
         .collect()
 }
 
+/// A row of the vLLM-name table in `deploy/README.md`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocumentedTwin {
+    /// The vLLM name, its kind and label.
+    pub metric: Documented,
+    /// Its `tessera_*` twin, if any.
+    pub twin: Option<String>,
+}
+
+/// The vLLM-name table of `deploy/README.md`.
+pub fn documented_vllm() -> Vec<DocumentedTwin> {
+    let text = std::fs::read_to_string(root().join("deploy/README.md")).expect("deploy/README.md");
+    text.lines()
+        .filter(|l| l.starts_with("| `vllm:"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let label = cells[3].trim_matches('`');
+            let twin = cells[4]
+                .strip_prefix('`')
+                .and_then(|t| t.split('`').next())
+                .map(String::from);
+            DocumentedTwin {
+                metric: Documented {
+                    name: cells[1].trim_matches('`').to_string(),
+                    kind: cells[2].to_string(),
+                    label: (label != "—" && !label.is_empty()).then(|| label.to_string()),
+                },
+                twin,
+            }
+        })
+        .collect()
+}
+
+/// The router's vLLM-name list, as `DocumentedTwin` rows.
+pub fn exported_vllm() -> Vec<DocumentedTwin> {
+    use tessera_router::vllm_metric_names::{ALL, TWINS};
+    ALL.iter()
+        .map(|&(name, kind, label)| DocumentedTwin {
+            metric: Documented {
+                name: name.into(),
+                kind: kind_name(kind).into(),
+                label: label.map(Into::into),
+            },
+            twin: TWINS.iter().find(|t| t.0 == name).map(|t| t.1.into()),
+        })
+        .collect()
+}
+
+fn kind_name(kind: tessera_router::metric_names::Kind) -> &'static str {
+    use tessera_router::metric_names::Kind;
+    match kind {
+        Kind::Counter => "counter",
+        Kind::Gauge => "gauge",
+        Kind::Histogram => "histogram",
+    }
+}
+
 /// The router's own list, as `Documented` rows.
 pub fn exported() -> Vec<Documented> {
-    use tessera_router::metric_names::{ALL, Kind};
+    use tessera_router::metric_names::ALL;
     ALL.iter()
         .map(|&(name, kind, label)| Documented {
             name: name.into(),
-            kind: match kind {
-                Kind::Counter => "counter",
-                Kind::Gauge => "gauge",
-                Kind::Histogram => "histogram",
-            }
-            .into(),
+            kind: kind_name(kind).into(),
             label: label.map(Into::into),
         })
         .collect()

@@ -60,3 +60,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- .Values.terminationGracePeriodSeconds -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Labels of the pods that serve HTTP: all server pods, or the leaders in LeaderWorkerSet mode. */}}
+{{- define "tessera.servingSelectorLabels" -}}
+{{ include "tessera.selectorLabels" . }}
+{{- if .Values.leaderWorkerSet.enabled }}
+leaderworkerset.sigs.k8s.io/worker-index: "0"
+{{- end }}
+{{- end -}}
+
+{{- define "tessera.eppName" -}}
+{{- printf "%s-epp" (include "tessera.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}

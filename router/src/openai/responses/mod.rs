@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 pub use self::request::{ResponsesInput, ResponsesRequest, TextFormat, TextOptions};
+pub use self::stream::ResponsesStreamEvent;
 use super::{launch, run_all};
 use crate::assistant::{OutputSplitter, ParsedCall, Piece};
 use crate::error::{OpenAiError, OpenAiJson};
@@ -53,13 +54,55 @@ pub(crate) async fn responses(
     Ok(Json(shell.finished(items.0, usage, length)).into_response())
 }
 
+/// A `response` object, whole or as a stream event carries it. Output items and usage are
+/// OpenAI's shapes (`message`, `function_call`, `reasoning`).
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ResponseObject {
+    /// `resp_…`.
+    pub id: String,
+    /// Always `"response"`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// `in_progress`, `completed`, or `incomplete` (the length limit ended it).
+    pub status: &'static str,
+    /// Always null (failures are HTTP errors or an `error` event).
+    pub error: Option<Value>,
+    /// `{"reason": "max_output_tokens"}` when incomplete.
+    pub incomplete_details: Option<Value>,
+    /// The output items.
+    pub output: Vec<Value>,
+    /// Token counts (null until the end of a stream).
+    pub usage: Option<Value>,
+    /// The served model.
+    pub model: String,
+    /// As sent.
+    pub instructions: Option<String>,
+    /// As sent.
+    pub tools: Vec<Value>,
+    /// As sent (default `auto`).
+    pub tool_choice: Value,
+    /// As sent (default true).
+    pub parallel_tool_calls: bool,
+    /// As sent.
+    pub max_output_tokens: Option<u32>,
+    /// As sent (default 1).
+    pub temperature: f32,
+    /// As sent (default 1).
+    pub top_p: f32,
+    /// `{"format": …}` as sent (default text).
+    pub text: Value,
+    /// As sent.
+    pub metadata: Value,
+    /// Always false: nothing is kept.
+    pub store: bool,
+    /// Always `"disabled"`.
+    pub truncation: &'static str,
+}
+
 /// The fields of a response that do not depend on its output.
 #[derive(Debug, Clone)]
-pub(super) struct ResponseShell {
-    id: String,
-    created_at: u64,
-    fields: Value,
-}
+pub(super) struct ResponseShell(ResponseObject);
 
 impl ResponseShell {
     fn new(state: &AppState, req: &ResponsesRequest) -> Self {
@@ -71,48 +114,44 @@ impl ResponseShell {
             json!({"type": "text"}),
             |f| json!({"type": f.kind, "name": f.name, "schema": f.schema, "strict": f.strict}),
         );
-        Self {
+        Self(ResponseObject {
             id: format!("resp_{:016x}{:016x}", random_u64(), random_u64()),
+            object: "response",
             created_at,
-            fields: json!({
-                "model": state.served_model_name(),
-                "instructions": req.instructions,
-                "tools": req.tools.clone().unwrap_or_default(),
-                "tool_choice": req.tool_choice.clone().unwrap_or(json!("auto")),
-                "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
-                "max_output_tokens": req.max_output_tokens,
-                "temperature": req.temperature.unwrap_or(1.0),
-                "top_p": req.top_p.unwrap_or(1.0),
-                "text": {"format": format},
-                "metadata": req.metadata.clone().unwrap_or(json!({})),
-                "store": false,
-                "truncation": "disabled",
-            }),
-        }
+            status: "in_progress",
+            error: None,
+            incomplete_details: None,
+            output: Vec::new(),
+            usage: None,
+            model: state.served_model_name().to_owned(),
+            instructions: req.instructions.clone(),
+            tools: req.tools.clone().unwrap_or_default(),
+            tool_choice: req.tool_choice.clone().unwrap_or(json!("auto")),
+            parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+            max_output_tokens: req.max_output_tokens,
+            temperature: req.temperature.unwrap_or(1.0),
+            top_p: req.top_p.unwrap_or(1.0),
+            text: json!({"format": format}),
+            metadata: req.metadata.clone().unwrap_or(json!({})),
+            store: false,
+            truncation: "disabled",
+        })
     }
 
-    /// The response object in `status` with `output` so far.
-    fn object(&self, status: &str, output: Vec<Value>, usage: Value, length: bool) -> Value {
-        let mut object = json!({
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "error": null,
-            "incomplete_details": if length { json!({"reason": "max_output_tokens"}) } else { Value::Null },
-            "output": output,
-            "usage": usage,
-        });
-        if let (Some(o), Some(fields)) = (object.as_object_mut(), self.fields.as_object()) {
-            o.extend(fields.clone());
-        }
-        object
+    /// The response before any output.
+    fn started(&self) -> ResponseObject {
+        self.0.clone()
     }
 
     /// A finished response: `completed`, or `incomplete` when the length limit ended it.
-    fn finished(&self, output: Vec<Value>, usage: Value, length: bool) -> Value {
-        let status = if length { "incomplete" } else { "completed" };
-        self.object(status, output, usage, length)
+    fn finished(&self, output: Vec<Value>, usage: Value, length: bool) -> ResponseObject {
+        ResponseObject {
+            status: if length { "incomplete" } else { "completed" },
+            incomplete_details: length.then(|| json!({"reason": "max_output_tokens"})),
+            output,
+            usage: Some(usage),
+            ..self.0.clone()
+        }
     }
 }
 

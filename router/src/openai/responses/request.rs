@@ -13,7 +13,7 @@ use crate::openai::{JsonSchemaFormat, StreamOptions};
 use crate::validation::ValidationError;
 
 /// `POST /v1/responses` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ResponsesRequest {
     /// Any name, or none (one model is served).
     pub model: Option<String>,
@@ -48,7 +48,7 @@ pub struct ResponsesRequest {
 }
 
 /// `input`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum ResponsesInput {
     /// One user message.
@@ -58,14 +58,14 @@ pub enum ResponsesInput {
 }
 
 /// `text`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 pub struct TextOptions {
     /// The output's format.
     pub format: Option<TextFormat>,
 }
 
 /// `text.format`: the name and schema sit beside `type` (not under `json_schema`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct TextFormat {
     /// `text`, `json_object` or `json_schema`.
     #[serde(rename = "type")]

@@ -15,6 +15,21 @@ use crate::error::ApiError;
 use crate::infer::InferStreamResponse;
 use crate::openai::Launched;
 
+/// One event of a Responses stream; its `type` says which fields it carries
+/// (`response`, `item`, `delta`, `text`, `arguments`, …).
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ResponsesStreamEvent {
+    /// `response.created`, `response.output_text.delta`, …, `response.completed`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// 0, 1, 2, … in the order sent.
+    pub sequence_number: u64,
+    /// The event's own fields.
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub fields: serde_json::Map<String, Value>,
+}
+
 /// The item being written, when it is text.
 #[derive(Debug)]
 struct OpenItem {
@@ -33,11 +48,19 @@ struct Emitter {
 }
 
 impl Emitter {
-    fn event(&mut self, kind: &str, mut body: Value) -> Event {
-        body["type"] = json!(kind);
-        body["sequence_number"] = json!(self.sequence);
+    fn event(&mut self, kind: &str, body: Value) -> Event {
+        let event = ResponsesStreamEvent {
+            kind: kind.to_owned(),
+            sequence_number: self.sequence,
+            fields: match body {
+                Value::Object(fields) => fields,
+                _ => serde_json::Map::new(),
+            },
+        };
         self.sequence += 1;
-        Event::default().event(kind).data(body.to_string())
+        Event::default()
+            .event(kind)
+            .data(serde_json::to_string(&event).unwrap_or_default())
     }
 
     fn piece(&mut self, piece: Piece) -> Vec<Event> {
@@ -184,7 +207,7 @@ pub(super) fn events(
         let _permits = permits;
         let mut emitter = Emitter::default();
         let mut splitter = OutputSplitter::new(reading);
-        let start = shell.object("in_progress", Vec::new(), Value::Null, false);
+        let start = shell.started();
         yield Ok::<Event, Infallible>(emitter.event("response.created", json!({"response": start.clone()})));
         yield Ok(emitter.event("response.in_progress", json!({"response": start})));
         let Some(mut stream) = streams.into_iter().next() else {

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Soak run (not in CI): a long, mixed load against one real server, reporting what was lost.
+
+Starts the launcher (release binaries by default) on a model, then for --minutes keeps
+2 x --max-concurrent-requests clients busy: 10% of requests are cancelled (the client closes
+the connection after the first streamed event), 10% are invalid (out-of-range parameters,
+malformed JSON, unknown model), the rest are /generate, /generate_stream and
+/v1/chat/completions (streamed and not), with a few requests carrying a short
+X-Request-Timeout. It reports:
+
+- requests lost: any that did not end in a success (a 200 with a complete body or stream)
+  or a typed error (a JSON error naming its kind: `error_type`, or `error.code`/`error.type`
+  under /v1), including transport errors and streams that stop without their last event;
+- panics in the server's log;
+- RSS of the router and shard processes: after warm-up (--warmup-minutes) and at the end,
+  and the growth between the two;
+- and at the end, with no traffic, that no KV block is still in use.
+
+Stdlib only. Exit status 1 when anything was lost, anything panicked, or RSS grew 2% or more.
+
+    scripts/soak.py --model ~/.cache/tessera/SmolLM2-135M-Instruct.Q4_1.gguf --minutes 10
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def http(port, method, path, body=None, headers=None, raw=None, cancel_after_event=False):
+    """One HTTP/1.1 request on its own connection. Returns (status, headers, body bytes,
+    complete) where `complete` says the body arrived whole (Content-Length or chunked end)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
+        head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close",
+                f"Content-Length: {len(data)}", "Content-Type: application/json"]
+        head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+        await writer.drain()
+        status_line = await reader.readline()
+        status = int(status_line.split()[1])
+        hdrs = {}
+        while True:
+            line = await reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.decode().partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        out = b""
+        complete = False
+        if hdrs.get("transfer-encoding") == "chunked":
+            while True:
+                size_line = await reader.readline()
+                if not size_line:
+                    break
+                size = int(size_line.strip() or b"0", 16)
+                if size == 0:
+                    await reader.readline()
+                    complete = True
+                    break
+                out += await reader.readexactly(size)
+                await reader.readexactly(2)
+                if cancel_after_event and b"\n\n" in out:
+                    return status, hdrs, out, False
+        elif "content-length" in hdrs:
+            out = await reader.readexactly(int(hdrs["content-length"]))
+            complete = True
+        else:
+            out = await reader.read()
+            complete = True
+        return status, hdrs, out, complete
+    finally:
+        writer.close()
+
+
+def typed_error(status, body, v1):
+    """Whether a non-200 answer is a typed JSON error."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if v1:
+        err = value.get("error") if isinstance(value, dict) else None
+        return isinstance(err, dict) and (err.get("code") or err.get("type")) or None
+    return value.get("error_type") if isinstance(value, dict) else None
+
+
+def sse_events(body):
+    return [json.loads(line[5:]) for line in body.decode().splitlines()
+            if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]")]
+
+
+def stream_outcome(body, v1):
+    """`ok`, an error class, or None (lost) for a streamed body."""
+    events = sse_events(body)
+    if not events:
+        return None
+    last = events[-1]
+    if "error" in last:
+        return typed_error(200, json.dumps(last), v1)
+    if v1:
+        done = "[DONE]" in body.decode()
+        return "ok" if done else None
+    return "ok" if last.get("details") else None
+
+
+class Load:
+    def __init__(self, port, model_name, seed):
+        self.port = port
+        self.model = model_name
+        self.rng = random.Random(seed)
+        self.outcomes = Counter()
+        self.lost = []
+
+    def record(self, kind, outcome, detail):
+        self.outcomes[(kind, outcome or "LOST")] += 1
+        if outcome is None:
+            self.lost.append(f"{kind}: {detail}")
+
+    async def one(self):
+        r = self.rng.random()
+        max_new = self.rng.choice([8, 32, 64, 128])
+        prompt = self.rng.choice(["Write a short poem about the sea.", "What is 2 + 2?",
+                                  "List three colours.", "Tell me a story about a robot."])
+        headers = {"X-Request-Timeout": "0.05"} if self.rng.random() < 0.02 else None
+        try:
+            if r < 0.10:
+                await self.cancelled(prompt)
+            elif r < 0.20:
+                await self.invalid()
+            elif r < 0.45:
+                await self.native(prompt, max_new, stream=False, headers=headers)
+            elif r < 0.70:
+                await self.native(prompt, max_new, stream=True, headers=headers)
+            else:
+                await self.chat(prompt, max_new, stream=self.rng.random() < 0.5, headers=headers)
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
+            self.record("transport", None, repr(e))
+
+    async def cancelled(self, prompt):
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": 200, "ignore_eos": True}}
+        status, _, out, _ = await http(self.port, "POST", "/generate_stream", body,
+                                       cancel_after_event=True)
+        if status == 200:
+            self.record("cancelled", "cancelled", "")
+        else:
+            self.record("cancelled", typed_error(status, out, False), f"{status} {out[:200]!r}")
+
+    async def invalid(self):
+        choice = self.rng.randrange(3)
+        if choice == 0:
+            status, _, out, _ = await http(self.port, "POST", "/generate",
+                                           {"inputs": "hi", "parameters": {"temperature": -1}})
+            v1 = False
+        elif choice == 1:
+            status, _, out, _ = await http(self.port, "POST", "/generate", raw=b"{not json")
+            v1 = False
+        else:
+            status, _, out, _ = await http(self.port, "POST", "/v1/chat/completions",
+                                           {"model": "no-such-model", "messages": []})
+            v1 = True
+        ok = 400 <= status < 500 and typed_error(status, out, v1)
+        self.record("invalid", ok or None, f"{status} {out[:200]!r}")
+
+    async def native(self, prompt, max_new, stream, headers):
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new}}
+        path = "/generate_stream" if stream else "/generate"
+        status, _, out, complete = await http(self.port, "POST", path, body, headers)
+        kind = "generate_stream" if stream else "generate"
+        if status == 200 and stream:
+            self.record(kind, stream_outcome(out, False), out[-300:])
+        elif status == 200:
+            ok = complete and "generated_text" in json.loads(out)
+            self.record(kind, "ok" if ok else None, out[:200])
+        else:
+            self.record(kind, typed_error(status, out, False), f"{status} {out[:200]!r}")
+
+    async def chat(self, prompt, max_new, stream, headers):
+        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_new, "stream": stream}
+        status, _, out, complete = await http(self.port, "POST", "/v1/chat/completions", body,
+                                              headers)
+        kind = "chat_stream" if stream else "chat"
+        if status == 200 and stream:
+            self.record(kind, stream_outcome(out, True), out[-300:])
+        elif status == 200:
+            ok = complete and json.loads(out)["choices"][0]["finish_reason"] in ("stop", "length")
+            self.record(kind, "ok" if ok else None, out[:200])
+        else:
+            self.record(kind, typed_error(status, out, True), f"{status} {out[:200]!r}")
+
+    async def worker(self, until):
+        while time.monotonic() < until:
+            await self.one()
+
+
+def rss_kib(pid):
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def server_children(launcher_pid):
+    """The launcher's children (router and shards), by pid."""
+    out = subprocess.run(["ps", "-o", "pid=,comm=", "--ppid", str(launcher_pid)],
+                         capture_output=True, text=True, check=False).stdout
+    return {int(p): c for p, c in (l.split(None, 1) for l in out.splitlines() if l.strip())}
+
+
+def rss_total(children):
+    values = [rss_kib(p) for p in children]
+    return sum(v for v in values if v is not None)
+
+
+async def metric(port, series):
+    _, _, out, _ = await http(port, "GET", "/metrics")
+    for line in out.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return None
+
+
+async def soak(args, port, launcher):
+    load = Load(port, args.served_model_name, args.seed)
+    start = time.monotonic()
+    warm_until = start + args.warmup_minutes * 60
+    end = start + args.minutes * 60
+    workers = [asyncio.create_task(load.worker(end)) for _ in range(2 * args.max_concurrent_requests)]
+    children = server_children(launcher.pid)
+    await asyncio.sleep(max(0.0, warm_until - time.monotonic()))
+    rss_warm = rss_total(children)
+    peak = rss_warm
+    while time.monotonic() < end:
+        await asyncio.sleep(5)
+        peak = max(peak, rss_total(children))
+    await asyncio.gather(*workers)
+    await asyncio.sleep(2)
+    rss_end = rss_total(children)
+    blocks = await metric(port, "tessera_kv_blocks_used")
+    return load, rss_warm, peak, rss_end, blocks, children
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--served-model-name", default="soak")
+    p.add_argument("--bin-dir", default=str(ROOT / "target/release"))
+    p.add_argument("--minutes", type=float, default=10)
+    p.add_argument("--warmup-minutes", type=float, default=1)
+    p.add_argument("--max-concurrent-requests", type=int, default=16)
+    p.add_argument("--seed", type=int, default=27)
+    p.add_argument("--extra-args", default="", help="more launcher flags, space-separated")
+    args = p.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="tessera-soak-"))
+    port = free_port()
+    log = open(work / "server.log", "w")
+    command = [f"{args.bin_dir}/tessera-launcher", "--model-id", args.model,
+               "--served-model-name", args.served_model_name, "--hostname", "127.0.0.1",
+               "--port", str(port), "--shard-uds-path", str(work / "shard"),
+               "--max-concurrent-requests", str(args.max_concurrent_requests)]
+    command += args.extra_args.split()
+    launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(1200):
+            try:
+                status = asyncio.run(http(port, "GET", "/health"))[0]
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if launcher.poll() is not None:
+                sys.exit(f"the server exited: see {work / 'server.log'}")
+            time.sleep(0.25)
+        began = time.time()
+        load, rss_warm, peak, rss_end, blocks, children = asyncio.run(soak(args, port, launcher))
+        elapsed = time.time() - began
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=60)
+        log.close()
+    text = (work / "server.log").read_text(errors="replace")
+    panics = len(re.findall(r"panicked at", text))
+    total = sum(load.outcomes.values())
+    growth = 100.0 * (rss_end - rss_warm) / rss_warm if rss_warm else float("nan")
+    print(f"soak: {elapsed / 60:.1f} min, {total} requests, "
+          f"{2 * args.max_concurrent_requests} clients (--max-concurrent-requests "
+          f"{args.max_concurrent_requests}), processes {sorted(children.values())}")
+    for (kind, outcome), n in sorted(load.outcomes.items()):
+        print(f"  {kind:16} {outcome:22} {n}")
+    print(f"lost: {len(load.lost)}")
+    for line in load.lost[:20]:
+        print(f"  {line}")
+    print(f"panics: {panics}")
+    print(f"RSS (router + shards): after warm-up {rss_warm / 1024:.1f} MiB, peak {peak / 1024:.1f} "
+          f"MiB, end {rss_end / 1024:.1f} MiB, growth {growth:+.2f}%")
+    print(f"KV blocks in use when idle: {blocks}; server exit status {launcher.returncode}; "
+          f"log {work / 'server.log'}")
+    failed = load.lost or panics or not growth < 2.0 or blocks != 0.0
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
