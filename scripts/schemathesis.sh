@@ -50,6 +50,7 @@ done
 # `positive` and `negative` data: schema-conforming requests must succeed or fail with a
 # documented 4xx; invalid ones must be refused with a documented 4xx, never a 5xx.
 status=0
+cd "$cache"  # Schemathesis keeps its own cache in the working folder.
 timeout 600 "$venv/bin/schemathesis" run "$base/openapi.json" \
   --url "$base" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \

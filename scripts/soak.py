@@ -130,8 +130,10 @@ class Load:
         self.rng = random.Random(seed)
         self.outcomes = Counter()
         self.lost = []
+        self.refused_last = False
 
     def record(self, kind, outcome, detail):
+        self.refused_last = outcome in ("overloaded", "rate_limit_exceeded")
         self.outcomes[(kind, outcome or "LOST")] += 1
         if outcome is None:
             self.lost.append(f"{kind}: {detail}")
@@ -211,6 +213,9 @@ class Load:
     async def worker(self, until):
         while time.monotonic() < until:
             await self.one()
+            if self.refused_last:
+                # A client refused with 429 backs off a little, as a real one would.
+                await asyncio.sleep(self.rng.uniform(0.01, 0.04))
 
 
 def rss_kib(pid):
