@@ -244,15 +244,14 @@ fn main() {
             }
             times.sort_by(f64::total_cmp);
             let tps = (batch * STEPS) as f64 / times[times.len() / 2];
+            let share = match batch {
+                1 => format!(", batch 1 at {:.0}% of it", 100.0 * tps / bound),
+                _ => String::new(),
+            };
             lines.push(format!(
                 "{what:<20} batch {batch:>2}: {tps:>8.1} tokens/s  ({:.1} MB/token at batch 1, \
-                 bandwidth bound {bound:.0} tokens/s, batch 1 at {:.0}% of it)",
+                 bandwidth bound {bound:.0} tokens/s{share})",
                 bytes / 1e6,
-                if batch == 1 {
-                    100.0 * tps / bound
-                } else {
-                    f64::NAN
-                },
             ));
         }
     }

@@ -82,6 +82,9 @@ async fn two_shards_match_one_shard_on_every_fixture() {
                 "tiny-gemma2",
                 "tiny-gemma3",
                 "tiny-phi3",
+                "tiny-llama-yarn",
+                "tiny-qwen3-moe",
+                "tiny-mixtral",
             ] {
                 let prompts = prompts(model);
                 let (one, two) = tokio::join!(
