@@ -55,7 +55,7 @@ pub(crate) struct OpenAiErrorDetail {
     pub(crate) kind: &'static str,
     /// The field at fault, if one is.
     pub(crate) param: Option<&'static str>,
-    /// A machine-readable code (e.g. `model_not_found`, `deadline_exceeded`).
+    /// A machine-readable code (e.g. `invalid_api_key`, `deadline_exceeded`).
     pub(crate) code: Option<&'static str>,
 }
 
@@ -388,7 +388,6 @@ mod tests {
             ApiError::PayloadTooLarge { limit: 1 },
             ApiError::BadRequest(String::new()),
             ApiError::Unauthorized,
-            ApiError::ModelNotFound(String::new()),
             ApiError::NotFound(String::new()),
             ApiError::MethodNotAllowed,
             ApiError::Unhealthy,
@@ -411,7 +410,6 @@ mod tests {
                 | ApiError::PayloadTooLarge { .. }
                 | ApiError::BadRequest(_)
                 | ApiError::Unauthorized
-                | ApiError::ModelNotFound(_)
                 | ApiError::NotFound(_)
                 | ApiError::MethodNotAllowed
                 | ApiError::Unhealthy

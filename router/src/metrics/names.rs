@@ -16,7 +16,6 @@ pub const FAILURE_CLASSES: &[&str] = &[
     "payload_too_large",
     "bad_request",
     "unauthorized",
-    "model_not_found",
     "not_found",
     "method_not_allowed",
     "unhealthy",
