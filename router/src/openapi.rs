@@ -321,7 +321,7 @@ fn error_description(status: u16) -> &'static str {
     match status {
         400 => "Malformed JSON, an invalid header, or (under /v1) invalid parameters",
         401 => "Missing or wrong API key",
-        404 => "Unknown model, or metrics disabled",
+        404 => "Unknown route, or metrics disabled",
         413 => "Body over the payload limit",
         415 => "Body not declared as JSON",
         422 => "Invalid parameters (native routes)",
