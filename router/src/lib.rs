@@ -76,8 +76,8 @@ pub mod openai_api {
         RequestMessage, ResponseFormat, SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
     };
     pub use crate::openai::{
-        FunctionCall, FunctionCallDelta, JsonSchemaFormat, OutputConstraints, ResponseFormat,
-        ResponseObject, ResponsesInput, ResponsesRequest, ResponsesStreamEvent, StructuredOutputs,
-        TextFormat, TextOptions, ToolCall, ToolCallDelta,
+        FunctionCall, FunctionCallDelta, JsonSchemaFormat, OutputConstraints, ResponseObject,
+        ResponsesInput, ResponsesRequest, ResponsesStreamEvent, StructuredOutputs, TextFormat,
+        TextOptions, ToolCall, ToolCallDelta,
     };
 }
