@@ -406,6 +406,13 @@ async fn agent_calls_on_a_template_with_tools() {
         checks
             .run("any model", CHECK_LIMIT, any_model_name_or_none(s))
             .await;
+        checks
+            .run(
+                "best_of and stop_token_ids",
+                CHECK_LIMIT,
+                best_of_and_stop_token_ids(s),
+            )
+            .await;
         checks.finish();
     })
     .await;
