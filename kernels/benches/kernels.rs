@@ -343,6 +343,7 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
                 rows: rows_per_seq,
                 first_position: ctx - rows_per_seq,
                 block_table: t,
+                tree: None,
             })
             .collect();
         let total_rows = batch * rows_per_seq;

@@ -316,6 +316,7 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
             rows: n,
             first_position: first,
             block_table: &fx.tables[i],
+            tree: None,
         });
         cu.push(cu.last().unwrap() + n as i32);
     }
@@ -398,6 +399,7 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
             rows: 1,
             first_position: c - 1,
             block_table: &fx.tables[i],
+            tree: None,
         })
         .collect();
     let mut want = vec![0.0; ctx.len() * heads * hd];

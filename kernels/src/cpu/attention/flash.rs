@@ -25,7 +25,7 @@ use rayon::prelude::*;
 
 use super::kv::KvElem;
 use super::tile::{KEY_TILE, Rows, TileOps};
-use super::{AttentionSeq, KvLayout, PagedAttention, prefetch_rows};
+use super::{AttentionSeq, KvLayout, PagedAttention, TreeMask, prefetch_rows};
 use crate::cpu::dispatch::Kernels;
 
 /// Key positions per partition: the unit of decode parallelism (a multiple of `KEY_TILE`).
@@ -334,7 +334,7 @@ fn run<T: KvElem>(ctx: &Ctx<'_, T>, s: &AttentionSeq<'_>, t: &Task) -> Vec<State
         SCRATCH.set(scratch);
         return cur;
     }
-    let first_key = ctx.first_key(s.first_position + t.r0);
+    let first_key = ctx.first_key(s.token_position(t.r0));
     let last_key = s.first_position + t.r1 - 1;
     let mut merged = cur.clone();
     for part in first_key / PARTITION..=last_key / PARTITION {
@@ -367,7 +367,7 @@ fn attend_partition<T: KvElem>(
     let (hd, g) = (ctx.layout.head_dim, ctx.group);
     let (bs, w) = (ctx.layout.block_size, ctx.layout.slot_width());
     let pos = |r: usize| s.first_position + r;
-    let key_lo = ctx.first_key(pos(t.r0)).max(part * PARTITION);
+    let key_lo = ctx.first_key(s.token_position(t.r0)).max(part * PARTITION);
     let key_hi = pos(t.r1 - 1).min((part + 1) * PARTITION - 1);
     if key_lo > key_hi {
         return;
@@ -438,9 +438,12 @@ fn attend_partition<T: KvElem>(
                         *x = super::softcap(*x, cap) * std::f32::consts::LOG2_E;
                     }
                 }
+                if let Some(tree) = s.tree {
+                    hide_other_branches(&tree, s.first_position, span, g, scores);
+                }
                 let bounds = |r: usize| {
                     (
-                        ctx.first_key(pos(r)).max(span.tile) - span.tile,
+                        ctx.first_key(s.token_position(r)).max(span.tile) - span.tile,
                         pos(r).min(span.tile + KEY_TILE - 1) - span.tile,
                     )
                 };
@@ -476,6 +479,39 @@ fn attend_partition<T: KvElem>(
             }
         }
         tile += tiles * KEY_TILE;
+    }
+}
+
+/// Stands for a key a tree row does not see: finite, so that a tile (or partition) whose keys
+/// a row sees none of leaves a finite running max, and its `exp2` weights are multiplied by
+/// exactly 0 once any seen key is folded in (every row sees the keys before the root).
+const HIDDEN: f32 = f32::MIN;
+
+/// Replaces the scores of one tile's keys that lie in the tree but off a row's path to the
+/// root by [`HIDDEN`], for the span's rows (`scores`: `[rows][group heads][KEY_TILE]` from
+/// the span's first row, in the log2 domain).
+fn hide_other_branches(
+    tree: &TreeMask<'_>,
+    root: usize,
+    span: &TileSpan,
+    group: usize,
+    scores: &mut [f32],
+) {
+    if span.tile + KEY_TILE <= root + 1 {
+        return;
+    }
+    for r in span.ra..span.rb {
+        for j in 0..KEY_TILE {
+            let key = span.tile + j;
+            if key <= root || key >= root + r {
+                continue;
+            }
+            if !tree.sees(r, key - root) {
+                for g in 0..group {
+                    scores[((r - span.ra) * group + g) * KEY_TILE + j] = HIDDEN;
+                }
+            }
+        }
     }
 }
 
@@ -556,7 +592,7 @@ impl TileSpan {
         // Rows that see at least one key of this tile: positions >= tile, window start <= end.
         let ra = t.r0.max(tile.saturating_sub(s.first_position));
         let mut rb = ra;
-        while rb < t.r1 && ctx.first_key(s.first_position + rb) <= tile_end {
+        while rb < t.r1 && ctx.first_key(s.token_position(rb)) <= tile_end {
             rb += 1;
         }
         Self {

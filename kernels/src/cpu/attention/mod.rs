@@ -65,6 +65,38 @@ pub struct AttentionSeq<'a> {
     pub first_position: usize,
     /// Block ids covering positions `0..first_position + rows`.
     pub block_table: &'a [u32],
+    /// The rows form a token tree (speculative verification) instead of a chain.
+    pub tree: Option<TreeMask<'a>>,
+}
+
+impl AttentionSeq<'_> {
+    /// The position row `r` stands at in its sequence: what a sliding window counts from.
+    /// Row `r`'s K/V live in the slot of `first_position + r` whatever the tree.
+    pub fn token_position(&self, r: usize) -> usize {
+        self.first_position + self.tree.map_or(r, |t| t.depths[r] as usize)
+    }
+}
+
+/// A sequence's query rows laid out as a tree of candidate tokens, root first and in
+/// breadth-first order. A row sees every cached position before the root, and of the rows
+/// only itself and its ancestors; its K/V are written to the slot of `first_position + r`.
+#[derive(Debug, Clone, Copy)]
+pub struct TreeMask<'a> {
+    /// Per row, bit `i` set where row `i` is the row itself or one of its ancestors (bit 0,
+    /// the root, always). At most [`TreeMask::MAX_ROWS`] rows.
+    pub visible: &'a [u64],
+    /// Per row, its depth below the root (the root 0), non-decreasing.
+    pub depths: &'a [u32],
+}
+
+impl TreeMask<'_> {
+    /// Rows a tree can have.
+    pub const MAX_ROWS: usize = 64;
+
+    /// Whether row `r` sees row `i`.
+    pub fn sees(&self, r: usize, i: usize) -> bool {
+        i < Self::MAX_ROWS && (self.visible[r] >> i) & 1 == 1
+    }
 }
 
 /// One layer's paged K and V caches, laid out as [`KvLayout`] describes, in `f32` or `bf16`
@@ -173,7 +205,7 @@ pub fn paged_attention_naive(kernels: &Kernels, p: &PagedAttention<'_, f32>, out
     let mut row_owner = vec![(0usize, 0usize); rows];
     for (si, s) in seqs.iter().enumerate() {
         for r in 0..s.rows {
-            row_owner[s.first_row + r] = (si, s.first_position + r);
+            row_owner[s.first_row + r] = (si, r);
         }
     }
     let attend = kernels.attend;
@@ -185,15 +217,17 @@ pub fn paged_attention_naive(kernels: &Kernels, p: &PagedAttention<'_, f32>, out
         // One score buffer per rayon split, reused by its tasks.
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (task, o)| {
             let (row, head) = (task / num_heads, task % num_heads);
-            let (si, pos) = row_owner[row];
+            let (si, r) = row_owner[row];
             let seq = &seqs[si];
+            let pos = seq.first_position + r;
             let query = HeadQuery {
                 q: &q[row * q_stride + head * hd..row * q_stride + (head + 1) * hd],
                 block_table: seq.block_table,
                 layout,
                 kv_head: head / group,
-                first: window.map_or(0, |w| (pos + 1).saturating_sub(w)),
+                first: window.map_or(0, |w| (seq.token_position(r) + 1).saturating_sub(w)),
                 last: pos,
+                tree: seq.tree.map(|t| (seq.first_position, t.visible[r])),
                 scale,
                 softcap,
             };
@@ -250,6 +284,9 @@ pub(crate) struct HeadQuery<'a> {
     /// Positions `first..=last` are attended to.
     pub(crate) first: usize,
     pub(crate) last: usize,
+    /// In a token tree: the root's position and which rows from it on are seen (bit `i`:
+    /// position `root + i`).
+    pub(crate) tree: Option<(usize, u64)>,
     pub(crate) scale: f32,
     pub(crate) softcap: Option<f32>,
 }
@@ -277,7 +314,14 @@ pub(crate) fn attend_head(
             *x = cache_k[k0 + d * bs];
         }
         let score = dot(hq.q, &key) * hq.scale;
-        hq.softcap.map_or(score, |cap| softcap(score, cap))
+        let hidden = hq.tree.is_some_and(|(root, visible)| {
+            p > root && (p - root >= TreeMask::MAX_ROWS || (visible >> (p - root)) & 1 == 0)
+        });
+        if hidden {
+            f32::NEG_INFINITY
+        } else {
+            hq.softcap.map_or(score, |cap| softcap(score, cap))
+        }
     }));
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;

@@ -113,6 +113,7 @@ fn run(c: &Case, ctx: usize, rows: usize, label: &str, flops: f64, bytes: f64) {
             rows,
             first_position: ctx - rows,
             block_table: t,
+            tree: None,
         })
         .collect();
     let total = seqs.len() * rows;
