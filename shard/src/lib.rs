@@ -29,5 +29,6 @@ pub use kv_cache::{KvCache, KvDtype};
 #[cfg(feature = "cuda")]
 pub use model::CudaOptions;
 pub use model::{
-    ForwardOutput, LogitsWanted, Model, Op, OpTimes, OpTimesSnapshot, SequenceChunk, WeightLayout,
+    ForwardOutput, LogitsWanted, Model, Op, OpTimes, OpTimesSnapshot, SequenceChunk, TreeMask,
+    WeightLayout,
 };

@@ -470,6 +470,7 @@ fn all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
         start_position: 0,
         block_table: &blocks,
         logits: LogitsWanted::All,
+        tree: None,
     };
     let out = model.forward(&[chunk], &mut cache).unwrap();
     (0..tokens.len())

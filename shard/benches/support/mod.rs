@@ -37,6 +37,7 @@ pub(crate) fn prefill(
             start_position: 0,
             block_table: t,
             logits: LogitsWanted::Last,
+            tree: None,
         })
         .collect();
     black_box(model.forward(&chunks, cache).expect("prefill"))
@@ -61,6 +62,7 @@ pub(crate) fn decode(
                 start_position: ctx + s,
                 block_table: t,
                 logits: LogitsWanted::Last,
+                tree: None,
             })
             .collect();
         let out = model.forward(&chunks, cache).expect("decode");

@@ -87,6 +87,7 @@ impl Engine {
                 start_position: *start,
                 block_table: &self.sequences[id].blocks,
                 logits: LogitsWanted::Last,
+                tree: None,
             })
             .collect();
         let out = draft.model.forward(&chunks, &mut draft.cache)?;

@@ -222,6 +222,7 @@ impl Engine {
             start_position: 0,
             block_table: &[0],
             logits: LogitsWanted::Last,
+            tree: None,
         };
         let out = self.model.forward(&[chunk], &mut self.cache)?;
         match out.last(0) {
@@ -246,6 +247,7 @@ impl Engine {
             start_position: 0,
             block_table: &blocks,
             logits: LogitsWanted::Last,
+            tree: None,
         };
         self.model.forward(&[chunk], &mut self.cache)?;
         Ok(())

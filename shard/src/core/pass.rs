@@ -55,6 +55,7 @@ impl Engine {
                         (true, false) => LogitsWanted::Last,
                         (false, false) => LogitsWanted::None,
                     },
+                    tree: None,
                 }
             })
             .collect();

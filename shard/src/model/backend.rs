@@ -144,16 +144,21 @@ pub(crate) trait Backend {
     /// Sums `x` across the tensor-parallel ranks (nothing with one rank).
     fn all_reduce(&self, x: &mut Self::Act) -> Result<(), EngineError>;
 
-    /// Final norm of `residual + proj` and this rank's vocabulary slice of the LM head, for
-    /// the batch's logit rows: `[logit rows, local vocab]`, soft-capped where the family caps
-    /// them.
-    fn logits(
+    /// Final norm of `residual + proj` for the batch's logit rows: `[logit rows, hidden]`.
+    fn final_norm(
         &self,
         batch: &Self::Batch<'_>,
         residual: &Self::Act,
         proj: &Self::Act,
     ) -> Result<Self::Act, EngineError>;
 
+    /// This rank's vocabulary slice of the LM head over `rows` final hidden states:
+    /// `[rows, local vocab]`, soft-capped where the family caps them.
+    fn lm_head(&self, hidden: &Self::Act, rows: usize) -> Result<Self::Act, EngineError>;
+
     /// The first `len` values of `x` on the host.
     fn to_host(&self, x: Self::Act, len: usize) -> Result<Vec<f32>, EngineError>;
+
+    /// Host values in this backend's memory and element type.
+    fn from_host(&self, x: &[f32]) -> Result<Self::Act, EngineError>;
 }

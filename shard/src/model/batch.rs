@@ -19,11 +19,23 @@ pub(crate) struct FlatBatch<'a> {
     /// Per chunk, its range of `logit_rows`.
     pub(crate) out_rows: Vec<Range<usize>>,
     pub(crate) block_size: usize,
+    /// The logit rows' final hidden states come back with their logits.
+    pub(crate) keep_hidden: bool,
 }
 
 impl<'a> FlatBatch<'a> {
     /// Flattens `chunks` (already checked against the cache) for blocks of `block_size`.
+    #[cfg(test)]
     pub(crate) fn new(chunks: &[SequenceChunk<'a>], block_size: usize) -> Self {
+        Self::keeping_hidden(chunks, block_size, false)
+    }
+
+    /// [`Self::new`], the logit rows' final hidden states kept when `keep_hidden`.
+    pub(crate) fn keeping_hidden(
+        chunks: &[SequenceChunk<'a>],
+        block_size: usize,
+        keep_hidden: bool,
+    ) -> Self {
         let tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let mut b = FlatBatch {
             input_ids: Vec::with_capacity(tokens),
@@ -33,13 +45,16 @@ impl<'a> FlatBatch<'a> {
             logit_rows: Vec::new(),
             out_rows: Vec::with_capacity(chunks.len()),
             block_size,
+            keep_hidden,
         };
         for c in chunks {
             let first_row = b.input_ids.len();
             for (i, &t) in c.tokens.iter().enumerate() {
+                // A tree's rows take consecutive slots but rotate at their depth.
                 let p = c.start_position + i;
+                let depth = c.tree.map_or(i, |tree| tree.depths[i] as usize);
                 b.input_ids.push(t);
-                b.positions.push(p as u32);
+                b.positions.push((c.start_position + depth) as u32);
                 b.slots.push(slot(c.block_table, block_size, p));
             }
             b.seqs.push(AttentionSeq {
@@ -47,6 +62,7 @@ impl<'a> FlatBatch<'a> {
                 rows: c.tokens.len(),
                 first_position: c.start_position,
                 block_table: c.block_table,
+                tree: c.tree,
             });
             let before = b.logit_rows.len();
             match c.logits {
@@ -177,12 +193,14 @@ mod tests {
                 start_position: 4,
                 block_table: &[7, 2],
                 logits: LogitsWanted::All,
+                tree: None,
             },
             SequenceChunk {
                 tokens: &[13],
                 start_position: 9,
                 block_table: &[1, 3, 5],
                 logits: LogitsWanted::Last,
+                tree: None,
             },
         ];
         let b = FlatBatch::new(&chunks, 4);

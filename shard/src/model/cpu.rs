@@ -102,9 +102,8 @@ impl CpuBackend {
         }
     }
 
-    /// The final norm and the LM head of the rows that want logits.
-    fn final_logits(&self, batch: &CpuBatch<'_>, residual: &[f32], proj: &[f32]) -> Vec<f32> {
-        // Only the rows that need logits go through the final norm and the LM head.
+    /// The final norm of the rows that want logits (only they go on to the LM head).
+    fn final_hidden(&self, batch: &CpuBatch<'_>, residual: &[f32], proj: &[f32]) -> Vec<f32> {
         let h = self.dims.hidden;
         let rows = batch.flat.logit_rows.len();
         let mut last = Vec::with_capacity(rows * h);
@@ -118,12 +117,17 @@ impl CpuBackend {
         }
         let mut last_normed = vec![0f32; rows * h];
         norm::rms_norm(&last, &self.weights.final_norm, self.eps, &mut last_normed);
+        last_normed
+    }
+
+    /// This rank's vocabulary slice of the LM head over `rows` final hidden states.
+    fn vocab_logits(&self, hidden: &[f32], rows: usize) -> Vec<f32> {
         let w = &self.weights;
         let head = w.lm_head.as_ref().unwrap_or(&w.embed);
-        debug_assert_eq!(head.cols(), h);
+        debug_assert_eq!(head.cols(), self.dims.hidden);
         let mut logits = vec![0f32; rows * w.vocab.len()];
         linear_weights_as(
-            &last_normed,
+            hidden,
             head,
             None,
             rows,
@@ -318,17 +322,25 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn logits(
+    fn final_norm(
         &self,
         batch: &CpuBatch<'_>,
         residual: &Vec<f32>,
         proj: &Vec<f32>,
     ) -> Result<Vec<f32>, EngineError> {
-        Ok(self.timed(Op::Logits, || self.final_logits(batch, residual, proj)))
+        Ok(self.timed(Op::Logits, || self.final_hidden(batch, residual, proj)))
+    }
+
+    fn lm_head(&self, hidden: &Vec<f32>, rows: usize) -> Result<Vec<f32>, EngineError> {
+        Ok(self.timed(Op::Logits, || self.vocab_logits(hidden, rows)))
     }
 
     fn to_host(&self, x: Vec<f32>, _len: usize) -> Result<Vec<f32>, EngineError> {
         Ok(x)
+    }
+
+    fn from_host(&self, x: &[f32]) -> Result<Vec<f32>, EngineError> {
+        Ok(x.to_vec())
     }
 }
 

@@ -9,8 +9,14 @@ use super::backend::{Backend, Dims, Norm, Proj};
 use super::batch::FlatBatch;
 use crate::EngineError;
 
-/// Runs `batch` through `layers` layers of `backend`, writing K/V into `kv`; returns this
-/// rank's `[logit rows, local vocab]` logits on the host.
+/// What a pass computed, on the host: this rank's `[logit rows, local vocab]` logits, and the
+/// final hidden states of the same rows when the batch keeps them (empty otherwise).
+pub(crate) struct HostOutput {
+    pub(crate) logits: Vec<f32>,
+    pub(crate) hidden: Vec<f32>,
+}
+
+/// Runs `batch` through `layers` layers of `backend`, writing K/V into `kv`.
 pub(crate) fn forward<B: Backend>(
     backend: &B,
     d: Dims,
@@ -18,22 +24,37 @@ pub(crate) fn forward<B: Backend>(
     batch: &FlatBatch<'_>,
     kv: &mut B::Pages,
     local_vocab: usize,
-) -> Result<Vec<f32>, EngineError> {
+) -> Result<HostOutput, EngineError> {
     let pass = backend.upload(batch)?;
-    let logits = run(backend, d, layers, &pass, batch.tokens(), kv)?;
-    backend.to_host(logits, batch.logit_rows.len() * local_vocab)
+    let rows = batch.logit_rows.len();
+    let out = run(backend, d, layers, &pass, batch.tokens(), rows, kv)?;
+    Ok(HostOutput {
+        logits: backend.to_host(out.logits, rows * local_vocab)?,
+        hidden: if batch.keep_hidden {
+            backend.to_host(out.hidden, rows * d.hidden)?
+        } else {
+            Vec::new()
+        },
+    })
 }
 
-/// The pass on the device, from its uploaded index arrays to its logits there (what a CUDA
-/// graph captures).
+/// A pass's results on the device: the logit rows' logits and final hidden states.
+pub(crate) struct PassOutput<A> {
+    pub(crate) logits: A,
+    pub(crate) hidden: A,
+}
+
+/// The pass on the device over `t` tokens, from its uploaded index arrays to the results of
+/// its `logit_rows` rows there (what a CUDA graph captures).
 pub(crate) fn run<B: Backend>(
     b: &B,
     d: Dims,
     layers: usize,
     pass: &B::Batch<'_>,
     t: usize,
+    logit_rows: usize,
     kv: &mut B::Pages,
-) -> Result<B::Act, EngineError> {
+) -> Result<PassOutput<B::Act>, EngineError> {
     let mut residual = b.zeros(t * d.hidden)?;
     b.embed(pass, &mut residual)?;
     b.all_reduce(&mut residual)?;
@@ -77,5 +98,7 @@ pub(crate) fn run<B: Backend>(
             std::mem::swap(&mut proj, &mut out_normed);
         }
     }
-    b.logits(pass, &residual, &proj)
+    let hidden = b.final_norm(pass, &residual, &proj)?;
+    let logits = b.lm_head(&hidden, logit_rows)?;
+    Ok(PassOutput { logits, hidden })
 }

@@ -28,11 +28,12 @@ use std::sync::Arc;
 
 use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::cpu::{ActivationDtype, attention};
+pub use tessera_kernels::cpu::attention::TreeMask;
 
 use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
 use crate::kv_cache::{CachePages, KvCache, KvDtype};
-use backend::Dims;
+use backend::{Backend, Dims};
 use batch::FlatBatch;
 use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
@@ -65,6 +66,10 @@ pub struct SequenceChunk<'a> {
     pub block_table: &'a [u32],
     /// Which of the chunk's positions need logits.
     pub logits: LogitsWanted,
+    /// The tokens are a tree of candidates rooted at `tokens[0]` (speculative verification),
+    /// not a run of consecutive positions: token `i` stands at `start_position + depth`, and
+    /// its K/V go to the slot of `start_position + i` until the accepted path is kept.
+    pub tree: Option<TreeMask<'a>>,
 }
 
 /// Logits of one pass: a `[rows, vocab]` matrix and, per chunk, its rows.
@@ -76,9 +81,21 @@ pub struct ForwardOutput {
     pub vocab_size: usize,
     /// Rows of each chunk, in the order the chunks were given.
     pub rows: Vec<Range<usize>>,
+    /// The same rows' final hidden states (after the final norm), `[rows, hidden]`, when the
+    /// pass was asked to keep them ([`Model::forward_keeping_hidden`]); empty otherwise.
+    pub hidden: Vec<f32>,
+    /// Width of a hidden state.
+    pub hidden_size: usize,
 }
 
 impl ForwardOutput {
+    /// The final hidden state behind logits row `i` of chunk `chunk`, if the pass kept them.
+    pub fn hidden_row(&self, chunk: usize, i: usize) -> Option<&[f32]> {
+        let r = self.rows[chunk].start + i;
+        let w = self.hidden_size;
+        self.hidden.get(r * w..(r + 1) * w).filter(|_| r < self.rows[chunk].end)
+    }
+
     /// The logits row `i` of chunk `chunk`.
     pub fn row(&self, chunk: usize, i: usize) -> &[f32] {
         let r = self.rows[chunk].start + i;
@@ -361,6 +378,10 @@ impl Model {
                     self.config.vocab_size
                 )));
             }
+            if let Some(tree) = &c.tree {
+                check_tree(tree, c.tokens.len())
+                    .map_err(|e| EngineError::InvalidBatch(format!("sequence {i}: {e}")))?;
+            }
             let end = c.start_position + c.tokens.len();
             if c.block_table.len() * bs < end {
                 return Err(EngineError::InvalidBatch(format!(
@@ -409,14 +430,33 @@ impl Model {
         chunks: &[SequenceChunk<'_>],
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, EngineError> {
+        self.run_pass(chunks, cache, false)
+    }
+
+    /// [`Self::forward`], returning the final hidden states of the logit rows as well (what
+    /// draft heads read).
+    pub fn forward_keeping_hidden(
+        &self,
+        chunks: &[SequenceChunk<'_>],
+        cache: &mut KvCache,
+    ) -> Result<ForwardOutput, EngineError> {
+        self.run_pass(chunks, cache, true)
+    }
+
+    fn run_pass(
+        &self,
+        chunks: &[SequenceChunk<'_>],
+        cache: &mut KvCache,
+        keep_hidden: bool,
+    ) -> Result<ForwardOutput, EngineError> {
         self.check(chunks, cache)?;
         let timing = self
             .op_times()
             .map(|times| (times, std::time::Instant::now()));
-        let batch = FlatBatch::new(chunks, cache.layout.block_size);
+        let batch = FlatBatch::keeping_hidden(chunks, cache.layout.block_size, keep_hidden);
         let layers = self.config.num_layers;
         let vocab = self.partition.counts(self.config.vocab_size)[self.partition.rank];
-        let logits = match (&self.compute, &mut cache.pages) {
+        let out = match (&self.compute, &mut cache.pages) {
             // On one of rayon's threads: a pass makes a hundred or more parallel calls, and
             // each one from outside the pool would hand its work over and sleep until it is
             // done. Not under tensor parallelism: ranks that share a process (and so a pool)
@@ -448,16 +488,69 @@ impl Model {
         }
         let rows = batch.logit_rows.len();
         let logits = if self.partition.world_size > 1 {
-            self.gather_logits(&logits, rows)?
+            self.gather_logits(&out.logits, rows)?
         } else {
-            logits
+            out.logits
         };
         Ok(ForwardOutput {
             logits,
             vocab_size: self.config.vocab_size,
             rows: batch.out_rows,
+            hidden: out.hidden,
+            hidden_size: self.config.hidden_size,
         })
     }
+
+    /// The whole vocabulary's logits of `rows` final hidden states (`[rows, hidden]`, as
+    /// [`ForwardOutput::hidden`] holds them) through the model's LM head: how draft heads that
+    /// share the target's head score their states. Every rank of a group must call it.
+    pub fn vocab_logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
+        if hidden.len() != rows * self.config.hidden_size {
+            return Err(EngineError::InvalidBatch(format!(
+                "{} values are not {rows} hidden states of {}",
+                hidden.len(),
+                self.config.hidden_size
+            )));
+        }
+        let local_vocab = self.partition.counts(self.config.vocab_size)[self.partition.rank];
+        let local = match &self.compute {
+            Compute::Cpu(cpu) => {
+                let x = cpu.from_host(hidden)?;
+                let logits = cpu.lm_head(&x, rows)?;
+                cpu.to_host(logits, rows * local_vocab)?
+            }
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(gpu) => gpu.vocab_logits(hidden, rows)?,
+        };
+        if self.partition.world_size > 1 {
+            self.gather_logits(&local, rows)
+        } else {
+            Ok(local)
+        }
+    }
+}
+
+/// Whether `tree` lays out `rows` rows as a tree in breadth-first order: row 0 the root, each
+/// row seeing the root, itself and earlier rows only, at the depth its path says.
+fn check_tree(tree: &TreeMask<'_>, rows: usize) -> Result<(), String> {
+    if rows > TreeMask::MAX_ROWS || tree.visible.len() != rows || tree.depths.len() != rows {
+        return Err(format!(
+            "a token tree of {rows} rows needs a mask and a depth per row (at most {})",
+            TreeMask::MAX_ROWS
+        ));
+    }
+    for r in 0..rows {
+        let v = tree.visible[r];
+        let own = 1u64 << r;
+        let path = v.count_ones() as usize;
+        if v & 1 == 0 || v & own == 0 || v >= own << 1 || tree.depths[r] as usize + 1 != path {
+            return Err(format!("token tree row {r} is not a path from the root"));
+        }
+        if r > 0 && tree.depths[r] < tree.depths[r - 1] {
+            return Err("token tree rows are not in breadth-first order".into());
+        }
+    }
+    Ok(())
 }
 
 impl Model {

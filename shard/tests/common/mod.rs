@@ -295,6 +295,7 @@ pub fn run(
                     } else {
                         LogitsWanted::None
                     },
+                    tree: None,
                 }
             })
             .collect();

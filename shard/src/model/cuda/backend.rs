@@ -11,6 +11,7 @@ use tessera_kernels::cuda::{
 
 use super::super::backend::{Backend, Dims, Norm, Proj};
 use super::super::batch::FlatBatch;
+use super::super::forward::HostOutput;
 use super::graph::DecodeGraphs;
 use super::weights::{GpuLayer, GpuLinear, to_elems};
 use super::*;
@@ -75,9 +76,21 @@ impl<T: DeviceElem> CudaBackend<T> {
         layers: usize,
         batch: &FlatBatch<'_>,
         kv: &mut CudaPages<T>,
-    ) -> Result<Vec<f32>, EngineError> {
-        if let Some(logits) = self.graphed_decode(layers, batch, kv)? {
-            return Ok(logits);
+    ) -> Result<HostOutput, EngineError> {
+        if batch.seqs.iter().any(|s| s.tree.is_some()) {
+            return Err(EngineError::InvalidBatch(
+                "token trees are verified on the CPU backend only; on a GPU speculate with a \
+                 tree width of 1 (a chain)"
+                    .into(),
+            ));
+        }
+        if !batch.keep_hidden
+            && let Some(logits) = self.graphed_decode(layers, batch, kv)?
+        {
+            return Ok(HostOutput {
+                logits,
+                hidden: Vec::new(),
+            });
         }
         super::super::forward::forward(self, self.dims, layers, batch, kv, self.local_vocab)
     }
@@ -323,7 +336,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
             .map_err(device_error)
     }
 
-    fn logits(
+    fn final_norm(
         &self,
         batch: &GpuBatch,
         residual: &CudaSlice<T>,
@@ -362,13 +375,21 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
                 self.eps,
             )
             .map_err(device_error)?;
+        Ok(normed)
+    }
+
+    fn lm_head(&self, normed: &CudaSlice<T>, rows: usize) -> Result<CudaSlice<T>, EngineError> {
+        if rows == 0 {
+            return self.zeros(0);
+        }
+        let h = self.dims.hidden;
         let mut logits = self.zeros(rows * self.local_vocab)?;
         match &self.lm_head {
-            Some(head) => self.multiply(head, &normed, &mut logits, rows)?,
+            Some(head) => self.multiply(head, normed, &mut logits, rows)?,
             None => self
                 .gemm
                 .linear(
-                    &normed,
+                    normed,
                     &self.embed,
                     None,
                     &mut logits,
@@ -390,5 +411,12 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
             .clone_dtoh(&x.slice(..len))
             .map_err(device_error)?;
         Ok(host.into_iter().map(|v| v.to_f32()).collect())
+    }
+
+    fn from_host(&self, x: &[f32]) -> Result<CudaSlice<T>, EngineError> {
+        let padded: &[f32] = if x.is_empty() { &[0.0] } else { x };
+        self.stream()
+            .clone_htod(&to_elems::<T>(padded))
+            .map_err(device_error)
     }
 }

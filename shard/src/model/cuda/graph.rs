@@ -213,8 +213,8 @@ impl<T: DeviceElem> CudaBackend<T> {
         s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(device_error)?;
         let recorded = (|| {
-            let out = forward::run(self, self.dims, layers, &batch, seqs, kv)?;
-            s.memcpy_dtod(&out.slice(..width), &mut logits)
+            let out = forward::run(self, self.dims, layers, &batch, seqs, seqs, kv)?;
+            s.memcpy_dtod(&out.logits.slice(..width), &mut logits)
                 .map_err(device_error)
         })();
         // Capture must end whatever happened, or the stream stays unusable.

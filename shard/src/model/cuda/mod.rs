@@ -18,8 +18,10 @@ use half::bf16;
 use tessera_kernels::cpu::attention::KvLayout;
 use tessera_kernels::cuda::{CudaError, GpuDevice};
 
+use super::backend::Backend;
 use super::batch::FlatBatch;
 use super::cpu::CpuBackend;
+use super::forward::HostOutput;
 use crate::EngineError;
 use crate::kv_cache::{CachePages, KvCache, KvDtype};
 pub(crate) use backend::{CudaBackend, GpuBatch};
@@ -126,9 +128,12 @@ impl CudaModel {
         layers: usize,
         batch: &FlatBatch<'_>,
         kv: &mut CudaKv,
-    ) -> Result<Vec<f32>, EngineError> {
+    ) -> Result<HostOutput, EngineError> {
         if batch.tokens() == 0 {
-            return Ok(Vec::new());
+            return Ok(HostOutput {
+                logits: Vec::new(),
+                hidden: Vec::new(),
+            });
         }
         match (self, kv) {
             (CudaModel::F32(b), CudaKv::F32(pages)) => b.forward(layers, batch, pages),
@@ -136,6 +141,23 @@ impl CudaModel {
             _ => Err(EngineError::InvalidBatch(
                 "the KV cache's element type is not the model's".into(),
             )),
+        }
+    }
+
+    /// This rank's vocabulary slice of the LM head over `rows` host hidden states, on the host.
+    pub(crate) fn vocab_logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
+        fn run<T: DeviceElem>(
+            b: &CudaBackend<T>,
+            hidden: &[f32],
+            rows: usize,
+        ) -> Result<Vec<f32>, EngineError> {
+            let x = b.from_host(hidden)?;
+            let logits = b.lm_head(&x, rows)?;
+            b.to_host(logits, rows * b.local_vocab())
+        }
+        match self {
+            CudaModel::F32(b) => run(b, hidden, rows),
+            CudaModel::Bf16(b) => run(b, hidden, rows),
         }
     }
 }
