@@ -64,6 +64,11 @@ impl SafetensorsWeights {
                 hint: "expected model.safetensors or model.safetensors.index.json".into(),
             });
         };
+        Self::from_files(files)
+    }
+
+    /// Maps the safetensors files `files`, which hold distinct tensors.
+    pub(crate) fn from_files(files: Vec<PathBuf>) -> Result<Self, FormatError> {
         let mut shards = Vec::with_capacity(files.len());
         let mut index = HashMap::new();
         for (i, path) in files.into_iter().enumerate() {

@@ -31,3 +31,11 @@ pub use model_files::ModelFiles;
 pub use output_pattern::{MAX_PATTERN_DFA_BYTES, compile_output_pattern};
 pub use tokenizer::{GgufTokenizerSpec, ModelTokenizer, TokenizeError};
 pub use weights::{HostTensor, NativeTensor, WeightSource};
+
+/// The tensors of one safetensors file (memory-mapped, converted to f32 on request), for
+/// files that sit next to a model rather than being one: draft heads, adapters.
+pub fn open_safetensors(path: &std::path::Path) -> Result<Box<dyn WeightSource>, FormatError> {
+    Ok(Box::new(hf_dir::SafetensorsWeights::from_files(vec![
+        path.to_path_buf(),
+    ])?))
+}

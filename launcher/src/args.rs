@@ -144,13 +144,18 @@ pub(crate) struct Args {
     #[arg(long, env = "SPECULATE")]
     pub(crate) speculate: Option<u32>,
 
-    /// Speculative decoding: the proposer (for example `ngram` or `draft`).
+    /// Speculative decoding: the proposer (`ngram`, `draft` or `medusa`).
     #[arg(long, env = "SPECULATOR")]
     pub(crate) speculator: Option<String>,
 
-    /// Speculative decoding: the draft model (a local directory or `.gguf` file).
+    /// Speculative decoding: the draft model (a local directory or `.gguf` file), or the
+    /// directory of the model's Medusa heads.
     #[arg(long, env = "DRAFT_MODEL_ID")]
     pub(crate) draft_model_id: Option<PathBuf>,
+
+    /// Speculative decoding with draft heads: candidate paths per token tree (1: a chain).
+    #[arg(long, env = "SPECULATIVE_TREE_WIDTH")]
+    pub(crate) speculative_tree_width: Option<u32>,
 
     /// OpenTelemetry collector endpoint (OTLP over gRPC) for traces.
     #[arg(long, env = "OTLP_ENDPOINT")]
@@ -221,6 +226,7 @@ impl Args {
                 speculate: self.speculate,
                 speculator: self.speculator.clone(),
                 draft_model,
+                tree_width: self.speculative_tree_width,
             },
         }
     }

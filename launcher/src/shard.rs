@@ -26,6 +26,8 @@ pub(crate) struct Speculation {
     pub(crate) speculator: Option<String>,
     /// The draft model, resolved to a local path (`--draft-model-id`).
     pub(crate) draft_model: Option<PathBuf>,
+    /// Candidate paths per draft-head tree (`--speculative-tree-width`).
+    pub(crate) tree_width: Option<u32>,
 }
 
 /// Everything the shards of one launch share; [`ShardConfig::command`] adds the rank.
@@ -85,7 +87,11 @@ impl ShardConfig {
                 self.speculation.speculate.map(|k| k.to_string()),
             )
             .opt_flag("--speculator", self.speculation.speculator.as_deref())
-            .opt_flag("--draft-model-id", self.speculation.draft_model.as_deref());
+            .opt_flag("--draft-model-id", self.speculation.draft_model.as_deref())
+            .opt_flag(
+                "--speculative-tree-width",
+                self.speculation.tree_width.map(|w| w.to_string()),
+            );
         spec.env("RANK", rank.to_string())
             .env("WORLD_SIZE", self.world_size.to_string())
             .env("MASTER_ADDR", &self.master_addr)
@@ -269,8 +275,9 @@ mod tests {
         config.otlp_endpoint = Some("http://otel:4317".into());
         config.speculation = Speculation {
             speculate: Some(3),
-            speculator: Some("draft".into()),
-            draft_model: Some(PathBuf::from("/models/draft")),
+            speculator: Some("medusa".into()),
+            draft_model: Some(PathBuf::from("/models/heads")),
+            tree_width: Some(4),
         };
         let spec = config.command(Path::new("tessera-shard"), 0);
         assert_eq!(
@@ -278,8 +285,8 @@ mod tests {
             "--model-id /models/smol.gguf --uds-path /tmp/tessera-server --rank 0 \
              --world-size 2 --master-addr localhost --master-port 29500 --dtype float32 \
              --kv-cache-memory 1073741824 --memory-fraction 0.9 --block-size 16 --json-output \
-             --otlp-endpoint http://otel:4317 --speculate 3 --speculator draft \
-             --draft-model-id /models/draft"
+             --otlp-endpoint http://otel:4317 --speculate 3 --speculator medusa \
+             --draft-model-id /models/heads --speculative-tree-width 4"
         );
     }
 

@@ -175,6 +175,50 @@ impl KvCache {
     pub fn block_size(&self) -> usize {
         self.layout.block_size
     }
+
+    /// Copies every layer's K and V of slot `from` into slot `to`, for each `(from, to)` in
+    /// order: how the accepted path of a token tree moves to the positions it stands at.
+    pub(crate) fn copy_slots(&mut self, moves: &[(usize, usize)]) -> Result<(), crate::EngineError> {
+        let slots = self.num_blocks * self.layout.block_size;
+        if let Some(&(a, b)) = moves.iter().find(|&&(a, b)| a >= slots || b >= slots) {
+            return Err(crate::EngineError::InvalidBatch(format!(
+                "cannot copy slot {a} to {b}: the cache has {slots}"
+            )));
+        }
+        match &mut self.pages {
+            CachePages::Host(HostPages::F32(layers)) => copy_host_slots(self.layout, layers, moves),
+            CachePages::Host(HostPages::Bf16(layers)) => {
+                copy_host_slots(self.layout, layers, moves)
+            }
+            #[cfg(feature = "cuda")]
+            CachePages::Cuda(_) => {
+                return Err(crate::EngineError::Device(
+                    "token trees are verified on the CPU backend only".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`KvCache::copy_slots`] over host pages (keys transposed within their block).
+fn copy_host_slots<T: Copy>(
+    layout: KvLayout,
+    layers: &mut [(Vec<T>, Vec<T>)],
+    moves: &[(usize, usize)],
+) {
+    let (w, hd, bs) = (layout.slot_width(), layout.head_dim, layout.block_size);
+    for (k, v) in layers.iter_mut() {
+        for &(from, to) in moves {
+            v.copy_within(from * w..(from + 1) * w, to * w);
+            for h in 0..layout.kv_heads {
+                let (a, b) = (layout.key_at(from, h), layout.key_at(to, h));
+                for d in 0..hd {
+                    k[b + d * bs] = k[a + d * bs];
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -199,6 +243,50 @@ mod tests {
             (c.dtype(), c.num_layers(), c.num_blocks()),
             (KvDtype::Bfloat16, 2, 5)
         );
+    }
+
+    #[test]
+    fn copied_slots_hold_the_source_keys_and_values() {
+        let layout = KvLayout {
+            block_size: 4,
+            kv_heads: 2,
+            head_dim: 3,
+        };
+        let mut c = KvCache::new(2, 3, layout);
+        let CachePages::Host(HostPages::F32(layers)) = &mut c.pages else {
+            unreachable!("a host cache")
+        };
+        for (l, (k, v)) in layers.iter_mut().enumerate() {
+            for (i, x) in k.iter_mut().enumerate() {
+                *x = (l * 1000 + i) as f32;
+            }
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = -((l * 1000 + i) as f32);
+            }
+        }
+        let before = match &c.pages {
+            CachePages::Host(HostPages::F32(layers)) => layers.clone(),
+            _ => unreachable!("a host cache"),
+        };
+        c.copy_slots(&[(9, 5), (2, 3)]).unwrap();
+        let CachePages::Host(HostPages::F32(after)) = &c.pages else {
+            unreachable!("a host cache")
+        };
+        for (l, (k, v)) in after.iter().enumerate() {
+            let (k0, v0) = &before[l];
+            for (from, to) in [(9, 5), (2, 3)] {
+                for h in 0..2 {
+                    for d in 0..3 {
+                        let (a, b) = (layout.key_at(from, h) + d * 4, layout.key_at(to, h) + d * 4);
+                        assert_eq!(k[b], k0[a]);
+                    }
+                }
+                assert_eq!(v[to * 6..to * 6 + 6], v0[from * 6..from * 6 + 6]);
+            }
+            // Untouched slots keep their values.
+            assert_eq!(v[0..6], v0[0..6]);
+        }
+        assert!(c.copy_slots(&[(12, 0)]).is_err());
     }
 
     #[test]

@@ -12,7 +12,9 @@ use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServ
 use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
 use tessera_shard::sampling::TokenVocab;
 use tessera_shard::service::{ShardInfo, ShardService};
-use tessera_shard::speculative::{SpeculationConfig, Speculator};
+use tessera_shard::speculative::{
+    DEFAULT_TREE_WIDTH, MedusaHeads, SpeculationConfig, Speculator,
+};
 use tessera_shard::telemetry::{self, TelemetryConfig};
 use tessera_shard::{Engine, KvDtype, Model, WeightLayout};
 use tokio::net::UnixListener;
@@ -74,12 +76,17 @@ struct Args {
     /// Tokens proposed per speculative step (0: no speculation).
     #[arg(long, default_value_t = 0)]
     speculate: u32,
-    /// How tokens are proposed: `ngram` (prompt lookup).
+    /// How tokens are proposed: `ngram` (prompt lookup), `draft` (a draft model) or `medusa`
+    /// (draft heads over the model's hidden state, verified as a tree).
     #[arg(long, default_value = "ngram")]
     speculator: String,
-    /// A draft model sharing the tokenizer (for `--speculator draft`).
+    /// A draft model sharing the tokenizer (`--speculator draft`), or the directory of the
+    /// model's Medusa heads (`--speculator medusa`).
     #[arg(long)]
     draft_model_id: Option<PathBuf>,
+    /// Candidate paths in a draft-head tree (`--speculator medusa`; 1: a chain).
+    #[arg(long, default_value_t = DEFAULT_TREE_WIDTH)]
+    speculative_tree_width: usize,
     /// Log as JSON lines.
     #[arg(long)]
     json_output: bool,
@@ -148,12 +155,18 @@ async fn main() -> anyhow::Result<()> {
 fn check_args(args: &Args) -> anyhow::Result<Speculator> {
     let speculator = Speculator::from_name(&args.speculator).with_context(|| {
         format!(
-            "--speculator {:?}: unknown; use ngram or draft",
+            "--speculator {:?}: unknown; use ngram, draft or medusa",
             args.speculator
         )
     })?;
     if speculator == Speculator::Draft && args.speculate > 0 && args.draft_model_id.is_none() {
         bail!("--speculator draft needs --draft-model-id (a model sharing this model's tokenizer)");
+    }
+    if speculator == Speculator::Medusa && args.speculate > 0 && args.draft_model_id.is_none() {
+        bail!("--speculator medusa needs --draft-model-id (the directory of the model's heads)");
+    }
+    if args.speculative_tree_width == 0 {
+        bail!("--speculative-tree-width must be at least 1");
     }
     let dtype = args.dtype.trim();
     if dtype != "auto" && KvDtype::from_name(dtype).is_none() {
@@ -246,6 +259,30 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &
             .with_kv_dtype(kv_dtype)
             .with_activation_dtype(activations);
         engine = engine.with_draft(place(draft, on_gpu, args.rank as usize)?)?;
+    }
+    if let (Speculator::Medusa, Some(dir), true) =
+        (speculator, &args.draft_model_id, args.speculate > 0)
+    {
+        if on_gpu && args.speculative_tree_width > 1 {
+            bail!(
+                "--speculative-tree-width {}: token trees are verified on the CPU backend only; \
+                 use 1 on a GPU",
+                args.speculative_tree_width
+            );
+        }
+        let config = engine.model().config();
+        let heads = MedusaHeads::load(dir, config.hidden_size, config.vocab_size)
+            .with_context(|| format!("loading Medusa heads from {}", dir.display()))?;
+        if args.speculate as usize > heads.num_heads() {
+            bail!(
+                "--speculate {}: {} has {} Medusa heads",
+                args.speculate,
+                dir.display(),
+                heads.num_heads()
+            );
+        }
+        tracing::info!(heads = heads.num_heads(), width = args.speculative_tree_width, "Medusa heads");
+        engine = engine.with_medusa(heads, args.speculative_tree_width)?;
     }
     Ok((engine, weights_dtype))
 }

@@ -93,7 +93,7 @@ impl TextGenerationService for ShardService {
             device_type: engine.model().device_type().into(),
             block_size: engine.block_size() as u32,
             window_size: c.sliding_window.map(|w| w as u32),
-            speculate: engine.speculation_depth() as u32,
+            speculate: engine.lookahead() as u32,
             supports_chunking: true,
             vocab_size: c.vocab_size as u32,
             max_position_embeddings: c.max_position_embeddings as u32,

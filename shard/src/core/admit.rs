@@ -57,6 +57,7 @@ impl Engine {
                 prefill: seq.prefill_logprobs.then(Vec::new),
                 prompt_len,
                 draft_computed: 0,
+                head_state: Vec::new(),
             },
         );
         Ok(())

@@ -5,6 +5,7 @@
 
 mod admit;
 mod draft;
+mod heads;
 mod pass;
 mod plan;
 
@@ -14,7 +15,7 @@ use std::time::Instant;
 
 use crate::model::{LogitsWanted, Model, SequenceChunk};
 use crate::sampling::{Pattern, Sampler, TokenVocab};
-use crate::speculative::SpeculationConfig;
+use crate::speculative::{MedusaHeads, SpeculationConfig, Speculator, TokenTree};
 use crate::{EngineError, KvCache};
 pub use plan::{NewSequence, RunningUpdate, StepOutput, StepPlan, StepResult, StepTimings};
 
@@ -31,6 +32,9 @@ struct Sequence {
     prompt_len: usize,
     /// Tokens whose K/V are in the draft model's cache (draft speculation).
     draft_computed: usize,
+    /// The final hidden state behind the pending token's logits, which draft heads read
+    /// (empty until a pass has produced one).
+    head_state: Vec<f32>,
 }
 
 /// A draft model for speculation, with its own cache over the same block ids.
@@ -46,6 +50,7 @@ pub struct Engine {
     sequences: HashMap<u64, Sequence>,
     speculation: Option<SpeculationConfig>,
     draft: Option<Draft>,
+    heads: Option<heads::DraftHeads>,
     vocab: Option<Arc<TokenVocab>>,
     /// Recently compiled output patterns, by text: the `n` samples of a request, and requests
     /// that repeat a pattern, compile it (and walk its sets) once.
@@ -62,6 +67,7 @@ impl Engine {
             sequences: HashMap::new(),
             speculation: None,
             draft: None,
+            heads: None,
             vocab: None,
             patterns: HashMap::new(),
         })
@@ -92,6 +98,18 @@ impl Engine {
         Ok(self)
     }
 
+    /// Uses Medusa `heads` to propose trees of `width` candidate paths
+    /// (`Speculator::Medusa`); they must be made for this model's hidden size and vocabulary.
+    pub fn with_medusa(mut self, heads: MedusaHeads, width: usize) -> Result<Self, EngineError> {
+        if width == 0 {
+            return Err(EngineError::InvalidBatch(
+                "a draft-head tree needs a width of at least 1".into(),
+            ));
+        }
+        self.heads = Some(heads::DraftHeads { heads, width });
+        Ok(self)
+    }
+
     /// Turns speculative decoding on for every decoding sequence.
     pub fn with_speculation(mut self, config: SpeculationConfig) -> Self {
         self.speculation = (config.depth > 0).then_some(config);
@@ -101,6 +119,18 @@ impl Engine {
     /// Tokens proposed per step (0 without speculation).
     pub fn speculation_depth(&self) -> usize {
         self.speculation.map_or(0, |s| s.depth)
+    }
+
+    /// Slots past its tokens a decoding sequence's blocks should have for the proposals of
+    /// one step: the depth of a chain, the nodes of a tree.
+    pub fn lookahead(&self) -> usize {
+        match (self.speculation, &self.heads) {
+            (Some(s), Some(h)) if s.speculator == Speculator::Medusa => {
+                let depth = s.depth.min(h.heads.num_heads());
+                (h.width * depth).min(TokenTree::MAX_NODES - 1)
+            }
+            _ => self.speculation_depth(),
+        }
     }
 
     /// The model.

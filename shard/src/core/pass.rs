@@ -1,6 +1,6 @@
 //! One forward pass over the scheduled chunks, then sampling: plain draws for sequences that
-//! complete, verification for those that carried a speculator's proposals, prompt logprobs
-//! for those that asked.
+//! complete, verification for those that carried a speculator's proposals (a chain, or a
+//! tree), prompt logprobs for those that asked.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -12,7 +12,7 @@ use super::{Engine, Sequence, StepOutput, StepResult, StepTimings, nanos};
 use crate::EngineError;
 use crate::model::{ForwardOutput, LogitsWanted, SequenceChunk};
 use crate::sampling::SampledToken;
-use crate::speculative::{Speculator, propose_ngram, verify};
+use crate::speculative::{Speculator, TokenTree, propose_ngram, verify, verify_tree};
 
 /// One sequence's input to the pass.
 struct Chunk {
@@ -23,6 +23,8 @@ struct Chunk {
     input: Vec<u32>,
     /// How many of `input` are proposals.
     proposed: usize,
+    /// The proposals as a tree below the pending token (`input` is its nodes).
+    tree: Option<TokenTree>,
 }
 
 impl Chunk {
@@ -39,8 +41,10 @@ impl Engine {
             return Ok(StepResult::default());
         }
         let start = Instant::now();
+        let bs = self.cache.block_size();
         let mut drafted = self.propose_with_draft(work)?;
-        let chunks = self.chunks(work, &drafted)?;
+        let mut trees = self.propose_with_heads(work)?;
+        let chunks = self.chunks(work, &drafted, &mut trees)?;
         let views: Vec<SequenceChunk<'_>> = chunks
             .iter()
             .map(|c| {
@@ -55,11 +59,16 @@ impl Engine {
                         (true, false) => LogitsWanted::Last,
                         (false, false) => LogitsWanted::None,
                     },
-                    tree: None,
+                    // A chain needs no mask: its nodes stand at consecutive positions.
+                    tree: c.tree.as_ref().filter(|t| !t.is_chain()).map(TokenTree::mask),
                 }
             })
             .collect();
-        let out = self.model.forward(&views, &mut self.cache)?;
+        let out = if self.heads.is_some() {
+            self.model.forward_keeping_hidden(&views, &mut self.cache)?
+        } else {
+            self.model.forward(&views, &mut self.cache)?
+        };
         let wanted: Vec<LogitsWanted> = views.iter().map(|c| c.logits).collect();
         let forward_done = Instant::now();
         let mut drawn = self.draw_plain(&chunks, &out);
@@ -78,13 +87,26 @@ impl Engine {
             if wanted[ci] == LogitsWanted::All {
                 output.prefill = prompt_logprobs(seq, &chunk, &out, ci);
             }
-            if chunk.proposed > 0 {
-                let rows: Vec<&[f32]> = (0..=chunk.proposed).map(|i| out.row(ci, i)).collect();
+            let rows = || -> Vec<&[f32]> { (0..=chunk.proposed).map(|i| out.row(ci, i)).collect() };
+            // The row whose logits gave the sequence its new pending token.
+            let mut last_row = out.rows[ci].len().checked_sub(1);
+            if let Some(tree) = &chunk.tree {
+                let (tokens, moves, row) = accept_tree(seq, &chunk, tree, &rows(), bs);
+                output.tokens = tokens;
+                last_row = Some(row);
+                self.cache.copy_slots(&moves)?;
+            } else if chunk.proposed > 0 {
                 let draft_probs = drafted.remove(&chunk.id).and_then(|(_, q)| q);
-                output.tokens = accept_verified(seq, &chunk, &rows, draft_probs.as_deref());
+                output.tokens = accept_verified(seq, &chunk, &rows(), draft_probs.as_deref());
+                last_row = Some(output.tokens.len() - 1);
             } else if let Some(token) = drawn.remove(&chunk.id) {
                 seq.tokens.push(token.id);
                 output.tokens.push(token);
+            }
+            if let Some(row) = last_row.filter(|_| !output.tokens.is_empty()) {
+                seq.head_state.clear();
+                seq.head_state
+                    .extend_from_slice(out.hidden_row(ci, row).unwrap_or_default());
             }
             outputs.push(output);
         }
@@ -105,6 +127,7 @@ impl Engine {
         &self,
         work: &[(u64, usize)],
         drafted: &HashMap<u64, DraftProposal>,
+        trees: &mut HashMap<u64, TokenTree>,
     ) -> Result<Vec<Chunk>, EngineError> {
         let bs = self.cache.block_size();
         let mut chunks = Vec::with_capacity(work.len());
@@ -120,6 +143,7 @@ impl Engine {
             }
             let mut input = seq.tokens[seq.computed..seq.computed + len].to_vec();
             let mut proposed = 0;
+            let mut tree = None;
             if let Some(spec) = self.speculation
                 && is_decoding(seq)
             {
@@ -128,6 +152,12 @@ impl Engine {
                     Speculator::Ngram => propose_ngram(&seq.tokens, spec.depth.min(room)),
                     Speculator::Draft => {
                         drafted.get(&id).map(|(p, _)| p.clone()).unwrap_or_default()
+                    }
+                    Speculator::Medusa => {
+                        tree = trees.remove(&id).filter(|t| !t.is_empty());
+                        tree.as_ref()
+                            .map(|t| t.tokens()[1..].to_vec())
+                            .unwrap_or_default()
                     }
                 };
                 proposed = proposals.len();
@@ -138,6 +168,7 @@ impl Engine {
                 start: seq.computed,
                 input,
                 proposed,
+                tree,
             });
         }
         Ok(chunks)
@@ -194,6 +225,33 @@ fn prompt_logprobs(
     } else {
         None
     }
+}
+
+/// Walks the chunk's tree with the sequence's sampler (`rows[i]`: the logits after node
+/// `i`); returns the tokens the step produced, the slot copies that put the accepted path's
+/// K/V at the positions it stands at, and the row behind the last token.
+fn accept_tree(
+    seq: &mut Sequence,
+    chunk: &Chunk,
+    tree: &TokenTree,
+    rows: &[&[f32]],
+    block_size: usize,
+) -> (Vec<SampledToken>, Vec<(usize, usize)>, usize) {
+    let verdict = verify_tree(&mut seq.sampler, tree, rows);
+    let slot = |p: usize| tessera_kernels::cpu::attention::slot(&seq.blocks, block_size, p);
+    // Node `n` sits at `start + n` and stands at `start + depth`; nodes never sit before the
+    // place they move to, so copying in path order overwrites nothing still needed.
+    let moves: Vec<(usize, usize)> = verdict
+        .path
+        .iter()
+        .enumerate()
+        .filter(|&(i, &node)| node != i + 1)
+        .map(|(i, &node)| (slot(chunk.start + node), slot(chunk.start + i + 1)))
+        .collect();
+    seq.computed += verdict.path.len();
+    seq.tokens.extend(verdict.tokens.iter().map(|t| t.id));
+    let last = verdict.path.last().copied().unwrap_or(0);
+    (verdict.tokens, moves, last)
 }
 
 /// Verifies the chunk's proposals against their logits rows, keeps the accepted ones'

@@ -1,12 +1,17 @@
 //! Speculative decoding (Leviathan, Kalman, Matias 2023): a cheap proposer guesses the next
 //! tokens, the model scores all of them in one pass, and a rejection rule keeps exactly the
 //! tokens the model itself would have produced (greedy) or the model's distribution
-//! (sampling).
+//! (sampling). Proposers that offer several candidates per position (draft heads) verify a
+//! tree of them in one pass (`tree`).
 
+mod medusa;
 mod ngram;
+mod tree;
 mod verify;
 
+pub use medusa::{MedusaHeads, likeliest_paths};
 pub use ngram::propose_ngram;
+pub use tree::{TokenTree, TreeVerdict, verify_tree};
 pub use verify::{Verdict, verify};
 
 /// How proposals are made.
@@ -16,6 +21,8 @@ pub enum Speculator {
     Ngram,
     /// A smaller model sharing the tokenizer runs ahead on its own paged KV cache.
     Draft,
+    /// Medusa heads over the model's final hidden state propose a tree of candidates.
+    Medusa,
 }
 
 impl Speculator {
@@ -24,10 +31,14 @@ impl Speculator {
         match name {
             "ngram" => Some(Self::Ngram),
             "draft" => Some(Self::Draft),
+            "medusa" => Some(Self::Medusa),
             _ => None,
         }
     }
 }
+
+/// Candidate paths a draft head's tree holds by default.
+pub const DEFAULT_TREE_WIDTH: usize = 4;
 
 /// Speculation settings of a shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,261 @@
+//! Medusa heads (Cai et al. 2024): extra heads over the model's final hidden state, head `k`
+//! guessing the token `k + 2` places after the one the state was computed at (the model's own
+//! LM head gives the `+1` token, which is the pending token when the heads run).
+//!
+//! A head is `L` residual blocks `x + SiLU(W x + b)` and a vocabulary projection: its own, as
+//! Medusa's published heads carry one, or the model's LM head when the file has none (heads
+//! trained against a frozen LM head are a few MB). The layout is Medusa's and TGI's:
+//! `config.json` with `medusa_num_heads` and `medusa_num_layers`, and tensors
+//! `{head}.{block}.linear.weight|bias` and `{head}.{L}.weight` (optionally under
+//! `medusa_head.`) in `medusa_lm_head.safetensors`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tessera_formats::{FormatError, open_safetensors};
+use tessera_kernels::cpu::matmul::linear;
+
+use super::tree::TokenTree;
+use crate::EngineError;
+use crate::model::Model;
+
+#[derive(Deserialize)]
+struct MedusaConfig {
+    medusa_num_heads: usize,
+    #[serde(default = "one")]
+    medusa_num_layers: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// One residual block's `[hidden, hidden]` weight and bias.
+struct ResBlock {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+struct Head {
+    blocks: Vec<ResBlock>,
+    /// `[vocab, hidden]`; `None`: the model's LM head.
+    lm_head: Option<Vec<f32>>,
+}
+
+/// Loaded Medusa heads for one model.
+pub struct MedusaHeads {
+    heads: Vec<Head>,
+    hidden: usize,
+    vocab: usize,
+}
+
+/// The heads' file in `dir`.
+fn weights_file(dir: &Path) -> Result<PathBuf, EngineError> {
+    let named = dir.join("medusa_lm_head.safetensors");
+    if named.exists() {
+        return Ok(named);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| FormatError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    found.sort();
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        n => Err(EngineError::Weights {
+            path: dir.display().to_string(),
+            message: format!(
+                "expected medusa_lm_head.safetensors (or a single .safetensors file), found {n} \
+                 safetensors files"
+            ),
+        }),
+    }
+}
+
+impl MedusaHeads {
+    /// Loads the heads in `dir` for a model of `hidden` wide states and `vocab` tokens.
+    pub fn load(dir: &Path, hidden: usize, vocab: usize) -> Result<Self, EngineError> {
+        let bad = |message: String| EngineError::Weights {
+            path: dir.display().to_string(),
+            message,
+        };
+        let config_path = dir.join("config.json");
+        let text =
+            std::fs::read_to_string(&config_path).map_err(|e| FormatError::io(&config_path, e))?;
+        let config: MedusaConfig = serde_json::from_str(&text)
+            .map_err(|e| bad(format!("config.json is not a Medusa configuration: {e}")))?;
+        if config.medusa_num_heads == 0 || config.medusa_num_heads > TokenTree::MAX_NODES - 1 {
+            return Err(bad(format!(
+                "medusa_num_heads {} is outside 1..={}",
+                config.medusa_num_heads,
+                TokenTree::MAX_NODES - 1
+            )));
+        }
+        let file = weights_file(dir)?;
+        let weights = open_safetensors(&file)?;
+        let prefix = if weights.contains("medusa_head.0.0.linear.weight") {
+            "medusa_head."
+        } else {
+            ""
+        };
+        let tensor = |name: &str, shape: &[usize]| -> Result<Vec<f32>, EngineError> {
+            let full = format!("{prefix}{name}");
+            let t = weights.load_f32(&full)?;
+            if t.shape != shape {
+                return Err(bad(format!(
+                    "{full} is shaped {:?}; this model needs {shape:?}",
+                    t.shape
+                )));
+            }
+            Ok(t.data)
+        };
+        let layers = config.medusa_num_layers;
+        let heads = (0..config.medusa_num_heads)
+            .map(|k| {
+                let blocks = (0..layers)
+                    .map(|j| {
+                        Ok(ResBlock {
+                            weight: tensor(&format!("{k}.{j}.linear.weight"), &[hidden, hidden])?,
+                            bias: tensor(&format!("{k}.{j}.linear.bias"), &[hidden])?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, EngineError>>()?;
+                let own = format!("{k}.{layers}.weight");
+                let lm_head = if weights.contains(&format!("{prefix}{own}")) {
+                    Some(tensor(&own, &[vocab, hidden])?)
+                } else {
+                    None
+                };
+                Ok(Head { blocks, lm_head })
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        Ok(Self {
+            heads,
+            hidden,
+            vocab,
+        })
+    }
+
+    /// Heads in the file.
+    pub fn num_heads(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// The logits of the first `depth` heads for each of `states.len() / hidden` final
+    /// hidden states: `[state][head][vocab]`. Heads without their own projection share one
+    /// product through `model`'s LM head (a collective under tensor parallelism: every rank
+    /// calls this in step).
+    pub fn logits(
+        &self,
+        model: &Model,
+        states: &[f32],
+        depth: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let (h, v) = (self.hidden, self.vocab);
+        let rows = states.len() / h;
+        let depth = depth.min(self.heads.len());
+        // Every head's state of every row, `[row][head][hidden]`.
+        let mut x = vec![0f32; rows * depth * h];
+        let mut z = vec![0f32; rows * h];
+        for (k, head) in self.heads[..depth].iter().enumerate() {
+            let mut cur = states.to_vec();
+            for block in &head.blocks {
+                linear(&cur, &block.weight, Some(&block.bias), rows, h, &mut z);
+                for (c, &zi) in cur.iter_mut().zip(&z) {
+                    *c += zi / (1.0 + (-zi).exp());
+                }
+            }
+            for r in 0..rows {
+                x[(r * depth + k) * h..][..h].copy_from_slice(&cur[r * h..(r + 1) * h]);
+            }
+        }
+        let shared: Vec<usize> = (0..rows * depth)
+            .filter(|i| self.heads[i % depth].lm_head.is_none())
+            .collect();
+        let mut out = vec![0f32; rows * depth * v];
+        if !shared.is_empty() {
+            let gathered: Vec<f32> = shared
+                .iter()
+                .flat_map(|&i| x[i * h..(i + 1) * h].iter().copied())
+                .collect();
+            let logits = model.vocab_logits(&gathered, shared.len())?;
+            for (n, &i) in shared.iter().enumerate() {
+                out[i * v..(i + 1) * v].copy_from_slice(&logits[n * v..(n + 1) * v]);
+            }
+        }
+        for i in 0..rows * depth {
+            if let Some(w) = &self.heads[i % depth].lm_head {
+                linear(&x[i * h..(i + 1) * h], w, None, 1, h, &mut out[i * v..(i + 1) * v]);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The `width` likeliest continuations of `depth` tokens under independent per-position
+/// distributions (`logits`: `[depth][vocab]`, one head each), best first, by the product of
+/// their softmax probabilities.
+pub fn likeliest_paths(logits: &[f32], vocab: usize, depth: usize, width: usize) -> Vec<Vec<u32>> {
+    // A prefix outside the best `width` cannot start one of the best `width` paths: another
+    // prefix with the same suffix beats it. So a beam of `width` is exact.
+    let mut beam: Vec<(f32, Vec<u32>)> = vec![(0.0, Vec::new())];
+    for k in 0..depth {
+        let top = top_log_probs(&logits[k * vocab..(k + 1) * vocab], width);
+        let mut next: Vec<(f32, Vec<u32>)> = beam
+            .iter()
+            .flat_map(|(score, prefix)| {
+                top.iter().map(move |&(t, lp)| {
+                    let mut p = prefix.clone();
+                    p.push(t);
+                    (score + lp, p)
+                })
+            })
+            .collect();
+        next.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        next.truncate(width);
+        beam = next;
+    }
+    beam.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The `n` likeliest tokens of a row of logits with their log-softmax, best first (ties to
+/// the lower id).
+fn top_log_probs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_z = max + row.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+    let mut ids: Vec<u32> = (0..row.len() as u32).collect();
+    let n = n.min(ids.len());
+    let better = |a: &u32, b: &u32| {
+        row[*b as usize]
+            .total_cmp(&row[*a as usize])
+            .then_with(|| a.cmp(b))
+    };
+    if n < ids.len() {
+        ids.select_nth_unstable_by(n, better);
+        ids.truncate(n);
+    }
+    ids.sort_by(better);
+    ids.into_iter().map(|t| (t, row[t as usize] - log_z)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_beam_finds_the_likeliest_paths() {
+        // Two positions over four tokens.
+        let logits = [
+            [2.0f32, 1.9, 0.0, -1.0], // position 1: 0 then 1 (close)
+            [0.0, 3.0, 1.0, 2.9],     // position 2: 1 then 3 (close)
+        ]
+        .concat();
+        assert_eq!(likeliest_paths(&logits, 4, 2, 1), vec![vec![0, 1]]);
+        assert_eq!(
+            likeliest_paths(&logits, 4, 2, 4),
+            vec![vec![0, 1], vec![0, 3], vec![1, 1], vec![1, 3]]
+        );
+        assert_eq!(top_log_probs(&[1.0, 3.0, 3.0, 0.0], 2)[0].0, 1);
+    }
+}
