@@ -178,7 +178,10 @@ impl KvCache {
 
     /// Copies every layer's K and V of slot `from` into slot `to`, for each `(from, to)` in
     /// order: how the accepted path of a token tree moves to the positions it stands at.
-    pub(crate) fn copy_slots(&mut self, moves: &[(usize, usize)]) -> Result<(), crate::EngineError> {
+    pub(crate) fn copy_slots(
+        &mut self,
+        moves: &[(usize, usize)],
+    ) -> Result<(), crate::EngineError> {
         let slots = self.num_blocks * self.layout.block_size;
         if let Some(&(a, b)) = moves.iter().find(|&&(a, b)| a >= slots || b >= slots) {
             return Err(crate::EngineError::InvalidBatch(format!(

@@ -12,9 +12,7 @@ use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServ
 use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
 use tessera_shard::sampling::TokenVocab;
 use tessera_shard::service::{ShardInfo, ShardService};
-use tessera_shard::speculative::{
-    DEFAULT_TREE_WIDTH, MedusaHeads, SpeculationConfig, Speculator,
-};
+use tessera_shard::speculative::{DEFAULT_TREE_WIDTH, MedusaHeads, SpeculationConfig, Speculator};
 use tessera_shard::telemetry::{self, TelemetryConfig};
 use tessera_shard::{Engine, KvDtype, Model, WeightLayout};
 use tokio::net::UnixListener;
@@ -281,7 +279,11 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &
                 heads.num_heads()
             );
         }
-        tracing::info!(heads = heads.num_heads(), width = args.speculative_tree_width, "Medusa heads");
+        tracing::info!(
+            heads = heads.num_heads(),
+            width = args.speculative_tree_width,
+            "Medusa heads"
+        );
         engine = engine.with_medusa(heads, args.speculative_tree_width)?;
     }
     Ok((engine, weights_dtype))

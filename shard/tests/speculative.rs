@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::generate;
 use common::load_fixture;
+use common::{generate, two_sample_chi2};
 use tessera_shard::sampling::SamplingParams;
 use tessera_shard::speculative::{SpeculationConfig, Speculator};
 use tessera_shard::{Engine, Model};
@@ -35,7 +35,13 @@ fn engine(model: Model, depth: usize) -> Engine {
 
 #[test]
 fn greedy_tokens_are_identical_at_every_depth() {
-    for name in ["tiny-llama", "tiny-qwen2", "tiny-mistral"] {
+    for name in [
+        "tiny-llama",
+        "tiny-qwen2",
+        "tiny-mistral",
+        "tiny-phi3",
+        "tiny-llama-dynamic",
+    ] {
         let (_, golden) = load_fixture(name);
         // Prompts that contain the model's own continuation make the n-gram speculator
         // propose tokens the model agrees with (and others it rejects).
@@ -161,37 +167,4 @@ fn sampling_keeps_the_model_distribution() {
             "speculator {other}: chi2 {chi2:.1} over {cells} cells exceeds {limit:.1}"
         );
     }
-}
-
-/// Two-sample chi-square statistic of equal-size histograms (rare cells pooled), with the
-/// 0.999 quantile of its distribution (Wilson–Hilferty) and the number of cells.
-fn two_sample_chi2(
-    a: &std::collections::HashMap<u32, f64>,
-    b: &std::collections::HashMap<u32, f64>,
-) -> (f64, f64, usize) {
-    let mut keys: Vec<u32> = a.keys().chain(b.keys()).copied().collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let (mut chi2, mut cells, mut rare) = (0.0, 0, [0.0f64; 2]);
-    for k in keys {
-        let (x, y) = (
-            a.get(&k).copied().unwrap_or(0.0),
-            b.get(&k).copied().unwrap_or(0.0),
-        );
-        if x + y < 20.0 {
-            rare[0] += x;
-            rare[1] += y;
-            continue;
-        }
-        chi2 += (x - y).powi(2) / (x + y);
-        cells += 1;
-    }
-    if rare[0] + rare[1] > 0.0 {
-        chi2 += (rare[0] - rare[1]).powi(2) / (rare[0] + rare[1]);
-        cells += 1;
-    }
-    let df = (cells - 1) as f64;
-    let z = 3.09;
-    let limit = df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3);
-    (chi2, limit, cells)
 }

@@ -23,7 +23,8 @@ struct Chunk {
     input: Vec<u32>,
     /// How many of `input` are proposals.
     proposed: usize,
-    /// The proposals as a tree below the pending token (`input` is its nodes).
+    /// The proposals as a tree below the pending token (`input` is its nodes; a chain for
+    /// one line of proposals).
     tree: Option<TokenTree>,
 }
 
@@ -59,8 +60,7 @@ impl Engine {
                         (true, false) => LogitsWanted::Last,
                         (false, false) => LogitsWanted::None,
                     },
-                    // A chain needs no mask: its nodes stand at consecutive positions.
-                    tree: c.tree.as_ref().filter(|t| !t.is_chain()).map(TokenTree::mask),
+                    tree: c.tree.as_ref().map(TokenTree::mask),
                 }
             })
             .collect();
@@ -90,7 +90,8 @@ impl Engine {
             let rows = || -> Vec<&[f32]> { (0..=chunk.proposed).map(|i| out.row(ci, i)).collect() };
             // The row whose logits gave the sequence its new pending token.
             let mut last_row = out.rows[ci].len().checked_sub(1);
-            if let Some(tree) = &chunk.tree {
+            let walk = self.heads.is_some() && chunk.proposed > 0;
+            if let (Some(tree), true) = (&chunk.tree, walk) {
                 let (tokens, moves, row) = accept_tree(seq, &chunk, tree, &rows(), bs);
                 output.tokens = tokens;
                 last_row = Some(row);
@@ -161,6 +162,13 @@ impl Engine {
                     }
                 };
                 proposed = proposals.len();
+                if tree.is_none() && proposed > 0 {
+                    tree = Some(TokenTree::from_paths(
+                        input[0],
+                        &[proposals.clone()],
+                        proposed + 1,
+                    ));
+                }
                 input.extend(proposals);
             }
             chunks.push(Chunk {

@@ -11,6 +11,9 @@ use crate::EngineError;
 pub(crate) struct FlatBatch<'a> {
     pub(crate) input_ids: Vec<u32>,
     pub(crate) positions: Vec<u32>,
+    /// Per token, the sequence length whose rotary frequencies it takes (length-dependent
+    /// RoPE): a chunk's end, or for verified proposals the length each would be decoded at.
+    pub(crate) rope_lens: Vec<usize>,
     /// Cache slot (block · block_size + offset) of each token.
     pub(crate) slots: Vec<usize>,
     pub(crate) seqs: Vec<AttentionSeq<'a>>,
@@ -40,6 +43,7 @@ impl<'a> FlatBatch<'a> {
         let mut b = FlatBatch {
             input_ids: Vec::with_capacity(tokens),
             positions: Vec::with_capacity(tokens),
+            rope_lens: Vec::with_capacity(tokens),
             slots: Vec::with_capacity(tokens),
             seqs: Vec::with_capacity(chunks.len()),
             logit_rows: Vec::new(),
@@ -55,6 +59,10 @@ impl<'a> FlatBatch<'a> {
                 let depth = c.tree.map_or(i, |tree| tree.depths[i] as usize);
                 b.input_ids.push(t);
                 b.positions.push((c.start_position + depth) as u32);
+                b.rope_lens.push(match c.tree {
+                    Some(_) => c.start_position + depth + 1,
+                    None => c.start_position + c.tokens.len(),
+                });
                 b.slots.push(slot(c.block_table, block_size, p));
             }
             b.seqs.push(AttentionSeq {

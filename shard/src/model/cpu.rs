@@ -126,14 +126,7 @@ impl CpuBackend {
         let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         debug_assert_eq!(head.cols(), self.dims.hidden);
         let mut logits = vec![0f32; rows * w.vocab.len()];
-        linear_weights_as(
-            hidden,
-            head,
-            None,
-            rows,
-            &mut logits,
-            self.activations,
-        );
+        linear_weights_as(hidden, head, None, rows, &mut logits, self.activations);
         if let Some(cap) = self.family.final_softcap {
             logits.iter_mut().for_each(|x| *x = softcap(*x, cap));
         }
@@ -179,11 +172,11 @@ impl Backend for CpuBackend {
 
     fn upload<'a>(&'a self, flat: &'a FlatBatch<'a>) -> Result<CpuBatch<'a>, EngineError> {
         let (cos, sin, local) = self.timed(Op::Embed, || {
-            let (cos, sin) = self.rope.cos_sin(&flat.seqs, &flat.positions);
+            let (cos, sin) = self.rope.cos_sin(&flat.rope_lens, &flat.positions);
             let local = self
                 .local_rope
                 .as_ref()
-                .map(|r| r.cos_sin(&flat.seqs, &flat.positions));
+                .map(|r| r.cos_sin(&flat.rope_lens, &flat.positions));
             (cos, sin, local)
         });
         Ok(CpuBatch {

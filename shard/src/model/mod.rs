@@ -27,8 +27,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use tessera_formats::{ModelConfig, ModelFiles};
-use tessera_kernels::cpu::{ActivationDtype, attention};
 pub use tessera_kernels::cpu::attention::TreeMask;
+use tessera_kernels::cpu::{ActivationDtype, attention};
 
 use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
@@ -66,9 +66,11 @@ pub struct SequenceChunk<'a> {
     pub block_table: &'a [u32],
     /// Which of the chunk's positions need logits.
     pub logits: LogitsWanted,
-    /// The tokens are a tree of candidates rooted at `tokens[0]` (speculative verification),
-    /// not a run of consecutive positions: token `i` stands at `start_position + depth`, and
-    /// its K/V go to the slot of `start_position + i` until the accepted path is kept.
+    /// The chunk verifies a speculator's proposals below `tokens[0]`, laid out as a tree (a
+    /// chain for one line of proposals): token `i` stands at `start_position + depth`, its K/V
+    /// go to the slot of `start_position + i` until the accepted path is kept, and under
+    /// length-dependent RoPE it rotates as it would decoded alone. `None`: consecutive
+    /// positions computed together (a prompt chunk, a decoded token).
     pub tree: Option<TreeMask<'a>>,
 }
 
@@ -93,7 +95,9 @@ impl ForwardOutput {
     pub fn hidden_row(&self, chunk: usize, i: usize) -> Option<&[f32]> {
         let r = self.rows[chunk].start + i;
         let w = self.hidden_size;
-        self.hidden.get(r * w..(r + 1) * w).filter(|_| r < self.rows[chunk].end)
+        self.hidden
+            .get(r * w..(r + 1) * w)
+            .filter(|_| r < self.rows[chunk].end)
     }
 
     /// The logits row `i` of chunk `chunk`.

@@ -4,13 +4,13 @@
 //! LongRoPE and dynamic NTK choose a sequence's frequencies by its length. A sequence's new
 //! tokens in a pass rotate by its length at the end of that pass (what transformers does when
 //! it generates with a cache: the prompt by the prompt's length, each new token by the length
-//! so far); keys already cached keep their rotation. The choice never depends on the other
-//! sequences of the batch.
+//! so far); keys already cached keep their rotation. Proposals a pass verifies rotate each by
+//! the length it would be decoded at. The choice never depends on the other sequences of the
+//! batch.
 
 use std::borrow::Cow;
 
 use tessera_formats::{ModelConfig, RopeScaling};
-use tessera_kernels::cpu::attention::AttentionSeq;
 use tessera_kernels::cpu::rope as rope_kernel;
 
 /// A model's rotary frequencies, fixed or chosen per sequence by its length.
@@ -147,22 +147,24 @@ impl Rope {
         }
     }
 
-    /// Cosines and sines of every token of `seqs` (rows in batch order) at `positions`.
-    pub(crate) fn cos_sin(
-        &self,
-        seqs: &[AttentionSeq<'_>],
-        positions: &[u32],
-    ) -> (Vec<f32>, Vec<f32>) {
+    /// Cosines and sines of every token at `positions`, row `i` rotated as a sequence
+    /// `lens[i]` tokens long is.
+    pub(crate) fn cos_sin(&self, lens: &[usize], positions: &[u32]) -> (Vec<f32>, Vec<f32>) {
         let (mut cos, mut sin) = match self.fixed() {
             Some((freqs, _)) => rope_kernel::cos_sin(freqs, positions),
             None => {
                 let (mut cos, mut sin) = (Vec::new(), Vec::new());
-                for s in seqs {
-                    let freqs = self.freqs(s.first_position + s.rows);
-                    let rows = &positions[s.first_row..s.first_row + s.rows];
-                    let (c, n) = rope_kernel::cos_sin(&freqs, rows);
+                let mut i = 0;
+                while i < lens.len() {
+                    let mut j = i + 1;
+                    while j < lens.len() && lens[j] == lens[i] {
+                        j += 1;
+                    }
+                    let freqs = self.freqs(lens[i]);
+                    let (c, n) = rope_kernel::cos_sin(&freqs, &positions[i..j]);
                     cos.extend(c);
                     sin.extend(n);
+                    i = j;
                 }
                 (cos, sin)
             }

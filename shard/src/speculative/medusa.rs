@@ -186,7 +186,14 @@ impl MedusaHeads {
         }
         for i in 0..rows * depth {
             if let Some(w) = &self.heads[i % depth].lm_head {
-                linear(&x[i * h..(i + 1) * h], w, None, 1, h, &mut out[i * v..(i + 1) * v]);
+                linear(
+                    &x[i * h..(i + 1) * h],
+                    w,
+                    None,
+                    1,
+                    h,
+                    &mut out[i * v..(i + 1) * v],
+                );
             }
         }
         Ok(out)
@@ -236,7 +243,9 @@ fn top_log_probs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
         ids.truncate(n);
     }
     ids.sort_by(better);
-    ids.into_iter().map(|t| (t, row[t as usize] - log_z)).collect()
+    ids.into_iter()
+        .map(|t| (t, row[t as usize] - log_z))
+        .collect()
 }
 
 #[cfg(test)]

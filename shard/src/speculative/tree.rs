@@ -49,8 +49,7 @@ impl TokenTree {
         'paths: for path in paths {
             let mut node = 0;
             for &t in path {
-                let existing =
-                    (1..tokens.len()).find(|&c| parents[c] == node && tokens[c] == t);
+                let existing = (1..tokens.len()).find(|&c| parents[c] == node && tokens[c] == t);
                 node = match existing {
                     Some(c) => c,
                     None if tokens.len() == capacity => break 'paths,
@@ -105,7 +104,11 @@ impl TokenTree {
 
     /// Whether every node has at most one child (consecutive positions: no mask needed).
     pub fn is_chain(&self) -> bool {
-        self.parents.iter().enumerate().skip(1).all(|(i, &p)| p == i - 1)
+        self.parents
+            .iter()
+            .enumerate()
+            .skip(1)
+            .all(|(i, &p)| p == i - 1)
     }
 
     /// The attention mask of the pass over [`Self::tokens`].
@@ -193,13 +196,20 @@ mod tests {
         let refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
         let mut s = Sampler::new(SamplingParams::default(), &[]);
         let v = verify_tree(&mut s, &tree, &refs);
-        assert_eq!(v.tokens.iter().map(|t| t.id).collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert_eq!(
+            v.tokens.iter().map(|t| t.id).collect::<Vec<_>>(),
+            vec![2, 3, 4]
+        );
         assert_eq!(v.path, vec![2, 3]);
         assert_eq!(s.num_generated(), 3);
         // The model disagrees at the root: one token, nothing kept.
         let rows = [one_hot(5, 4), one_hot(5, 0), one_hot(5, 3), one_hot(5, 4)];
         let refs: Vec<&[f32]> = rows.iter().map(Vec::as_slice).collect();
-        let v = verify_tree(&mut Sampler::new(SamplingParams::default(), &[]), &tree, &refs);
+        let v = verify_tree(
+            &mut Sampler::new(SamplingParams::default(), &[]),
+            &tree,
+            &refs,
+        );
         assert_eq!(v.tokens.iter().map(|t| t.id).collect::<Vec<_>>(), vec![4]);
         assert!(v.path.is_empty());
     }
@@ -246,7 +256,10 @@ mod tests {
                 }
             }
             // 15 degrees of freedom: P(chi2 > 37.7) = 0.001.
-            assert!(chi2 < 37.7, "paths {paths:?}: chi2 {chi2}, counts {counts:?}");
+            assert!(
+                chi2 < 37.7,
+                "paths {paths:?}: chi2 {chi2}, counts {counts:?}"
+            );
         }
     }
 }

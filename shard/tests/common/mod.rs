@@ -414,3 +414,36 @@ pub fn on_gpu_with(model: Model, options: tessera_shard::CudaOptions) -> Option<
             .expect("moving the model to GPU 0"),
     )
 }
+
+/// Two-sample chi-square statistic of equal-size histograms (rare cells pooled), with the
+/// 0.999 quantile of its distribution (Wilson–Hilferty) and the number of cells.
+pub fn two_sample_chi2<K: Ord + Copy + std::hash::Hash>(
+    a: &std::collections::HashMap<K, f64>,
+    b: &std::collections::HashMap<K, f64>,
+) -> (f64, f64, usize) {
+    let mut keys: Vec<K> = a.keys().chain(b.keys()).copied().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let (mut chi2, mut cells, mut rare) = (0.0, 0, [0.0f64; 2]);
+    for k in keys {
+        let (x, y) = (
+            a.get(&k).copied().unwrap_or(0.0),
+            b.get(&k).copied().unwrap_or(0.0),
+        );
+        if x + y < 20.0 {
+            rare[0] += x;
+            rare[1] += y;
+            continue;
+        }
+        chi2 += (x - y).powi(2) / (x + y);
+        cells += 1;
+    }
+    if rare[0] + rare[1] > 0.0 {
+        chi2 += (rare[0] - rare[1]).powi(2) / (rare[0] + rare[1]);
+        cells += 1;
+    }
+    let df = (cells.max(2) - 1) as f64;
+    let z = 3.09;
+    let limit = df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3);
+    (chi2, limit, cells)
+}

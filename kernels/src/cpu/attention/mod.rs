@@ -93,6 +93,14 @@ impl TreeMask<'_> {
     /// Rows a tree can have.
     pub const MAX_ROWS: usize = 64;
 
+    /// Whether every row sees all rows before it: consecutive positions, the causal case.
+    pub fn is_chain(&self) -> bool {
+        self.visible
+            .iter()
+            .enumerate()
+            .all(|(r, &v)| r < Self::MAX_ROWS && v == u64::MAX >> (63 - r))
+    }
+
     /// Whether row `r` sees row `i`.
     pub fn sees(&self, r: usize, i: usize) -> bool {
         i < Self::MAX_ROWS && (self.visible[r] >> i) & 1 == 1

@@ -825,7 +825,11 @@ fn tree_reference(
                 .iter()
                 .map(|&p| {
                     let kh = &k[(p * kv_heads + g) * hd..][..hd];
-                    qh.iter().zip(kh).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale
+                    qh.iter()
+                        .zip(kh)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale
                 })
                 .collect();
             let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);

@@ -77,7 +77,11 @@ impl<T: DeviceElem> CudaBackend<T> {
         batch: &FlatBatch<'_>,
         kv: &mut CudaPages<T>,
     ) -> Result<HostOutput, EngineError> {
-        if batch.seqs.iter().any(|s| s.tree.is_some()) {
+        if batch
+            .seqs
+            .iter()
+            .any(|s| s.tree.is_some_and(|t| !t.is_chain()))
+        {
             return Err(EngineError::InvalidBatch(
                 "token trees are verified on the CPU backend only; on a GPU speculate with a \
                  tree width of 1 (a chain)"

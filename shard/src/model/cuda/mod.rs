@@ -145,7 +145,11 @@ impl CudaModel {
     }
 
     /// This rank's vocabulary slice of the LM head over `rows` host hidden states, on the host.
-    pub(crate) fn vocab_logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>, EngineError> {
+    pub(crate) fn vocab_logits(
+        &self,
+        hidden: &[f32],
+        rows: usize,
+    ) -> Result<Vec<f32>, EngineError> {
         fn run<T: DeviceElem>(
             b: &CudaBackend<T>,
             hidden: &[f32],
