@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
 """Train Medusa heads for SmolLM2-135M-Instruct on its own outputs (self-distillation).
 
-Dev-only (torch from PyPI, a few minutes of CPU time per thousand prompts); the heads it writes are
-committed with this script and its seed, so neither CI nor users need Python for them:
+Dev-only (torch and transformers from PyPI, Tessera's release binaries; well under an hour on two
+cores); the heads it writes are committed with this script and its seed, so neither CI nor users
+need Python for them:
 
-    scripts/fetch_smollm2.sh
+    scripts/fetch_smollm2.sh && cargo build --release --bins
     HF_HUB_OFFLINE=1 /path/to/venv/bin/python scripts/train_draft_heads.py \
-        [--gguf PATH] [--out fixtures/smollm2/medusa] [--prompts 1200] [--heads 3]
+        [--gguf PATH] [--out fixtures/smollm2/medusa] [--prompts 2000] [--heads 3]
 
 1. Chat prompts are composed from the task templates and topics below (nothing is downloaded), then
    split: training prompts, and held-out ones (other templates and topics) that the benchmark reads
    as `eval-prompts.jsonl`.
-2. The model (transformers, from the GGUF, f32) answers every training prompt through its chat
-   template, half greedily and half sampled (temperature 0.7, top-p 0.9); the final hidden states
-   of the answers (after the final norm, checked to give the model's own logits through the LM
-   head) are kept.
+2. The model answers every prompt through its chat template, half greedily and half sampled
+   (temperature 0.7, top-p 0.9), served by Tessera itself (`tessera-launcher` on loopback, which
+   batches the answers far faster than transformers' generate loop on a CPU). Then transformers
+   (from the GGUF, f32) reads each prompt and answer once and keeps the final hidden states of the
+   answer (after the final norm, checked to give the model's own logits through the LM head).
 3. Head k is Medusa's residual block x + SiLU(W x + b), read through the model's frozen LM head
    (its tied embeddings): trained with cross-entropy to predict the answer's token k + 2 places
    after each hidden state. W starts at zero, so every head starts as the model's own next-token
@@ -28,7 +30,10 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,6 +62,16 @@ TRAIN_TASKS = [
     "What are the pros and cons of {t}?",
     "Write an email to a friend about {t}.",
     "How does {t} affect everyday life?",
+    "Write a tweet about {t}.",
+    "What would a beginner need to learn first about {t}?",
+    "Compare {t} with something similar.",
+    "Tell me a fun fact about {t}.",
+    "What is the future of {t}?",
+    "Write a haiku about {t}.",
+    "Explain {t} step by step.",
+    "What do experts say about {t}?",
+    "Give a one-sentence definition of {t}.",
+    "Why do people enjoy {t}?",
 ]
 EVAL_TASKS = [
     "Teach me the basics of {t}.",
@@ -74,7 +89,12 @@ TRAIN_TOPICS = [
     "trains", "airplanes", "bicycles", "the Roman Empire", "ancient Egypt", "the printing press",
     "democracy", "money", "saving money", "starting a business", "teamwork", "friendship",
     "time management", "public speaking", "meditation", "the moon", "stars", "dinosaurs",
-    "mountains", "rivers", "cities", "libraries", "museums",
+    "mountains", "rivers", "cities", "libraries", "museums", "vaccines", "the immune system",
+    "bacteria", "atoms", "magnets", "light", "sound", "weather forecasts", "hurricanes",
+    "glaciers", "coral reefs", "forests", "cats", "dogs", "horses", "birds", "butterflies",
+    "spiders", "whales", "sharks", "chocolate", "pizza", "rice", "vegetables", "fruit",
+    "cheese", "soup", "birthday parties", "weddings", "holidays", "camping", "swimming",
+    "running", "yoga", "basketball",
 ]
 EVAL_TOPICS = [
     "rainbows", "honey", "owls", "bridges", "clocks", "cooking pasta", "the Great Wall of China",
@@ -103,44 +123,89 @@ def chat_ids(tok, text):
     return tok(rendered, add_special_tokens=False).input_ids
 
 
+def serve(launcher: Path, gguf: Path, port: int):
+    """Starts Tessera on loopback; returns the process once it answers."""
+    proc = subprocess.Popen(
+        [str(launcher), "--model-id", str(gguf), "--hostname", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(1)
+    proc.kill()
+    raise SystemExit("tessera-launcher did not become healthy in 300 s")
+
+
+def ask(port, prompt, new_tokens, sampled, seed):
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": new_tokens,
+        "temperature": 0.7 if sampled else 0.0,
+        "top_p": 0.9 if sampled else 1.0,
+        "seed": seed,
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        choice = json.load(r)["choices"][0]
+    return choice["message"]["content"], choice["finish_reason"] == "stop"
+
+
+def answers(port, prompts, new_tokens, seed):
+    """Every prompt's answer text and whether it ended: even ones greedy, odd ones sampled."""
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        futures = [
+            pool.submit(ask, port, p, new_tokens, i % 2 == 1, seed + i)
+            for i, p in enumerate(prompts)
+        ]
+        done = []
+        for i, f in enumerate(futures):
+            done.append(f.result())
+            if (i + 1) % 200 == 0:
+                print(f"  answered {i + 1}/{len(prompts)}", flush=True)
+    return done
+
+
 @torch.no_grad()
-def answer(tok, model, prompts, new_tokens, batch, sampled, seed):
+def hidden_states(tok, model, prompts, replies, batch):
     """(hidden states, following tokens) of every answer: hidden[i] precedes tokens[i]."""
     states, targets = [], []
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    for start in range(0, len(prompts), batch):
-        ids = [chat_ids(tok, p) for p in prompts[start : start + batch]]
-        width = max(len(x) for x in ids)
-        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        torch.manual_seed(seed + start)
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            do_sample=sampled,
-            temperature=0.7 if sampled else None,
-            top_p=0.9 if sampled else None,
-            top_k=None,
-            pad_token_id=pad,
-            output_hidden_states=True,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        gen = out.sequences[:, width:]
-        # hidden_states[step][-1]: the final (normed) states of that step's inputs; the last
-        # input of step s is the token before generated token s.
-        hidden = torch.stack([h[-1][:, -1, :] for h in out.hidden_states], dim=1)
-        check = model.lm_head(hidden[:, :1, :]).squeeze(1)
-        assert torch.allclose(check, out.logits[0], atol=1e-3), "hidden states are not final"
-        for b in range(gen.shape[0]):
-            row = gen[b].tolist()
-            n = len(row)
-            if tok.eos_token_id in row:
-                n = row.index(tok.eos_token_id) + 1
-            states.append(hidden[b, :n].clone())
-            targets.append(torch.tensor(row[:n]))
-        print(f"  answered {start + len(ids)}/{len(prompts)}", flush=True)
+    seqs = []
+    for prompt, (text, ended) in zip(prompts, replies):
+        p = chat_ids(tok, prompt)
+        a = tok(text, add_special_tokens=False).input_ids + ([tok.eos_token_id] if ended else [])
+        if a:
+            seqs.append((p, a))
+    checked = False
+    for start in range(0, len(seqs), batch):
+        part = seqs[start : start + batch]
+        width = max(len(p) + len(a) for p, a in part)
+        ids = torch.zeros(len(part), width, dtype=torch.long)
+        mask = torch.zeros(len(part), width, dtype=torch.long)
+        for b, (p, a) in enumerate(part):
+            ids[b, : len(p) + len(a)] = torch.tensor(p + a)
+            mask[b, : len(p) + len(a)] = 1
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        if not checked:
+            p, a = part[0]
+            full = model(input_ids=ids[:1, : len(p) + len(a)]).logits[0, len(p) - 1]
+            assert torch.allclose(model.lm_head(hidden[0, len(p) - 1]), full, atol=1e-3), (
+                "hidden states are not the final ones"
+            )
+            checked = True
+        for b, (p, a) in enumerate(part):
+            states.append(hidden[b, len(p) - 1 : len(p) - 1 + len(a)].clone())
+            targets.append(torch.tensor(a))
+        print(f"  read {start + len(part)}/{len(seqs)}", flush=True)
     return states, targets
 
 
@@ -211,14 +276,16 @@ def main():
     cache = Path(os.environ.get("TESSERA_CACHE", Path.home() / ".cache" / "tessera"))
     ap.add_argument("--gguf", type=Path, default=cache / GGUF_NAME)
     ap.add_argument("--out", type=Path, default=ROOT / "fixtures" / "smollm2" / "medusa")
-    ap.add_argument("--prompts", type=int, default=1200)
+    ap.add_argument("--prompts", type=int, default=2000)
     ap.add_argument("--eval-prompts", type=int, default=120)
-    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--heads", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--gen-batch", type=int, default=32)
+    ap.add_argument("--read-batch", type=int, default=16)
+    ap.add_argument("--launcher", type=Path, default=ROOT / "target" / "release" / "tessera-launcher")
+    ap.add_argument("--port", type=int, default=3917)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
@@ -232,23 +299,22 @@ def main():
     rng.shuffle(eval_prompts)
     eval_prompts = eval_prompts[: args.eval_prompts]
 
+    proc = serve(args.launcher, args.gguf, args.port)
+    try:
+        print(f"answering {len(train_prompts)} + {len(eval_prompts)} prompts", flush=True)
+        replies = answers(args.port, train_prompts + eval_prompts, args.new_tokens, args.seed)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    answered = time.time()
     tok, model = load(args.gguf)
     lm_head = model.lm_head
     for p in model.parameters():
         p.requires_grad_(False)
     hidden = model.config.hidden_size
-    half = len(train_prompts) // 2
-    print(f"answering {len(train_prompts)} prompts", flush=True)
-    states, targets = answer(
-        tok, model, train_prompts[:half], args.new_tokens, args.gen_batch, False, args.seed
-    )
-    s2, t2 = answer(
-        tok, model, train_prompts[half:], args.new_tokens, args.gen_batch, True, args.seed
-    )
-    states += s2
-    targets += t2
-    print(f"answering {len(eval_prompts)} held-out prompts", flush=True)
-    es, et = answer(tok, model, eval_prompts, args.new_tokens, args.gen_batch, False, args.seed)
+    n = len(train_prompts)
+    states, targets = hidden_states(tok, model, train_prompts, replies[:n], args.read_batch)
+    es, et = hidden_states(tok, model, eval_prompts, replies[n:], args.read_batch)
     examples = head_examples(states, targets, args.heads)
     held_out = head_examples(es, et, args.heads)
     tokens = sum(len(t) for t in targets)
@@ -286,6 +352,7 @@ def main():
         "final_loss": [round(x, 4) for x in losses],
         "held_out_top1": [round(x, 4) for x in accuracy],
         "held_out_top1_untrained": [round(x, 4) for x in baseline],
+        "seconds_answering": round(answered - started),
         "seconds": round(time.time() - started),
     }
     (args.out / "training.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -107,6 +107,9 @@ pub struct GeneratedText {
     pub finish_reason: FinishReason,
     /// The sampling seed used, if sampling.
     pub seed: Option<u64>,
+    /// For each step that verified a speculator's proposals for this request, how many it
+    /// accepted (the step produced one token more); empty without speculation.
+    pub accepted_per_step: Vec<u32>,
 }
 
 /// Why generation stopped.
@@ -489,6 +492,7 @@ mod tests {
                     generated_tokens: 2,
                     finish_reason: FinishReason::Length,
                     seed: None,
+                    accepted_per_step: vec![],
                 },
                 queued: entry.queued,
                 start: Instant::now(),

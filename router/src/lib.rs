@@ -47,7 +47,8 @@ pub use crate::infer::{
     InferStream, InferStreamResponse, PrefillToken, Token,
 };
 pub use crate::metrics::{
-    build_recorder, install_recorder, names as metric_names, vllm as vllm_metric_names,
+    build_recorder, install_recorder, names as metric_names, set_speculator,
+    vllm as vllm_metric_names,
 };
 pub use crate::server::{
     AppState, AppStateBuilder, DEFAULT_PAYLOAD_LIMIT, HealthCheck, ModelInfo, app, serve,

@@ -15,7 +15,7 @@ use tessera_router::client::WarmupRequest;
 use tessera_router::telemetry::TelemetryConfig;
 use tessera_router::{
     AppState, Infer, ModelInfo, ReasoningFormat, ToolCallFormat, ValidationConfig,
-    install_recorder, serve,
+    install_recorder, serve, set_speculator,
 };
 
 /// The router of a Tessera server.
@@ -316,6 +316,7 @@ async fn main() -> anyhow::Result<()> {
         .max(1);
     let kv = warm_up(&client, &args, &limits, max_batch_size).await?;
 
+    set_speculator(&info.speculator);
     let (queue, health) = batcher::spawn(BatcherConfig {
         client,
         tokenizer: tokenizer.clone(),

@@ -109,6 +109,10 @@ pub struct Details {
     /// Alternatives per generated token (with `top_n_tokens`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub top_tokens: Vec<Vec<Token>>,
+    /// With speculative decoding: per step that verified proposals, how many it accepted
+    /// (that step produced one token more).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub accepted_tokens_per_step: Vec<u32>,
 }
 
 /// One `/generate_stream` event.
@@ -137,6 +141,9 @@ pub struct StreamDetails {
     pub seed: Option<u64>,
     /// Prompt length in tokens.
     pub input_length: u32,
+    /// With speculative decoding: per step that verified proposals, how many it accepted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub accepted_tokens_per_step: Vec<u32>,
 }
 
 fn timing_headers(out: &InferResponse, prompt_tokens: usize, received: Instant) -> HeaderMap {
@@ -231,6 +238,7 @@ pub(crate) async fn generate(
             } else {
                 out.top_tokens.clone()
             },
+            accepted_tokens_per_step: generated.accepted_per_step.clone(),
         }),
     };
     Ok((headers, Json(body)).into_response())
@@ -278,6 +286,7 @@ pub(crate) async fn generate_stream(
                             generated_tokens: generated_text.generated_tokens,
                             seed: generated_text.seed,
                             input_length,
+                            accepted_tokens_per_step: generated_text.accepted_per_step,
                         }),
                     }
                 }

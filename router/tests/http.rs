@@ -164,6 +164,7 @@ fn answer(entry: &Entry, pieces: &[&str], finish_reason: FinishReason, top_n: us
                     generated_tokens: pieces.len() as u32,
                     finish_reason,
                     seed: entry.request.parameters.seed,
+                    accepted_per_step: Vec::new(),
                 },
                 queued: entry.queued,
                 start,

@@ -99,6 +99,10 @@ impl TextGenerationService for ShardService {
             max_position_embeddings: c.max_position_embeddings as u32,
             architecture: format!("{:?}", c.architecture).to_lowercase(),
             world_size: self.info.world_size,
+            speculator: engine
+                .speculator()
+                .map(|s| s.name().to_owned())
+                .unwrap_or_default(),
         }))
     }
 

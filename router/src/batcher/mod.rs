@@ -356,6 +356,7 @@ impl Batcher {
             if g.proposed > 0 {
                 let accepted = g.tokens.len().saturating_sub(1);
                 crate::metrics::record_speculation(g.proposed, accepted);
+                live.output.speculated(accepted);
             }
             for token in g.tokens {
                 if done {

@@ -54,6 +54,7 @@ pub(crate) struct OutputStream {
     seed: Option<u64>,
     queued: Instant,
     start: Option<Instant>,
+    accepted_per_step: Vec<u32>,
 }
 
 impl OutputStream {
@@ -80,7 +81,14 @@ impl OutputStream {
             seed: request.parameters.seed,
             queued,
             start: None,
+            accepted_per_step: Vec::new(),
         }
+    }
+
+    /// Notes a step that verified proposals for this request and accepted `accepted`.
+    pub(crate) fn speculated(&mut self, accepted: usize) {
+        self.accepted_per_step
+            .push(u32::try_from(accepted).unwrap_or(u32::MAX));
     }
 
     /// Marks the start of the request's first prefill; true the first time only.
@@ -190,6 +198,7 @@ impl OutputStream {
                         generated_tokens: self.generated,
                         finish_reason,
                         seed: self.seed,
+                        accepted_per_step: std::mem::take(&mut self.accepted_per_step),
                     },
                     queued: self.queued,
                     start: self.start.unwrap_or(self.queued),

@@ -20,6 +20,7 @@ pub mod names;
 mod record;
 pub mod vllm;
 
+pub use record::set_speculator;
 pub(crate) use record::*;
 
 /// Latency buckets (seconds).
@@ -146,6 +147,7 @@ fn register() {
             Some("method") => &["prefill", "decode"],
             Some("err") => names::FAILURE_CLASSES,
             Some("finished_reason") => vllm::FINISHED_REASONS,
+            Some("speculator") => names::SPECULATORS,
             Some(other) => unreachable!("no values known for label {other}"),
             None => &[""],
         };

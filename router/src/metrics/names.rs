@@ -7,6 +7,8 @@ pub const REQUESTS: &str = "tessera_requests_total";
 pub const REQUEST_SUCCESS: &str = "tessera_request_success_total";
 /// Counter with label `err` (error class): requests that failed.
 pub const REQUEST_FAILURE: &str = "tessera_request_failure_total";
+/// The `speculator` values of the speculative-decoding metrics: the shards' proposers.
+pub const SPECULATORS: &[&str] = &["ngram", "draft", "medusa"];
 /// Every `err` class of [`REQUEST_FAILURE`]: the `error_type` of each error the router
 /// answers with (`crate::error` checks that the two agree), exported at zero from the start.
 pub const FAILURE_CLASSES: &[&str] = &[
@@ -89,11 +91,12 @@ pub const PREFIX_CACHE_QUERIED_TOKENS: &str = "tessera_prefix_cache_queried_toke
 pub const PREFIX_CACHE_HIT_TOKENS: &str = "tessera_prefix_cache_hit_tokens_total";
 /// Gauge: hit tokens / queried tokens since start (batcher).
 pub const PREFIX_CACHE_HIT_RATIO: &str = "tessera_prefix_cache_hit_ratio";
-/// Counter: draft tokens proposed by speculative decoding.
+/// Counter with label `speculator`: draft tokens proposed by speculative decoding (a tree's
+/// nodes count one each).
 pub const SPECULATIVE_PROPOSED_TOKENS: &str = "tessera_speculative_proposed_tokens_total";
-/// Counter: draft tokens the target model accepted.
+/// Counter with label `speculator`: draft tokens the target model accepted.
 pub const SPECULATIVE_ACCEPTED_TOKENS: &str = "tessera_speculative_accepted_tokens_total";
-/// Gauge: accepted / proposed draft tokens since start.
+/// Gauge with label `speculator`: accepted / proposed draft tokens since start.
 pub const SPECULATIVE_ACCEPTANCE: &str = "tessera_speculative_acceptance_ratio";
 
 /// What kind of metric a name is.
@@ -142,9 +145,17 @@ pub const ALL: &[(&str, Kind, Option<&str>)] = &[
     (PREFIX_CACHE_QUERIED_TOKENS, Kind::Counter, None),
     (PREFIX_CACHE_HIT_TOKENS, Kind::Counter, None),
     (PREFIX_CACHE_HIT_RATIO, Kind::Gauge, None),
-    (SPECULATIVE_PROPOSED_TOKENS, Kind::Counter, None),
-    (SPECULATIVE_ACCEPTED_TOKENS, Kind::Counter, None),
-    (SPECULATIVE_ACCEPTANCE, Kind::Gauge, None),
+    (
+        SPECULATIVE_PROPOSED_TOKENS,
+        Kind::Counter,
+        Some("speculator"),
+    ),
+    (
+        SPECULATIVE_ACCEPTED_TOKENS,
+        Kind::Counter,
+        Some("speculator"),
+    ),
+    (SPECULATIVE_ACCEPTANCE, Kind::Gauge, Some("speculator")),
 ];
 
 #[cfg(test)]

@@ -200,13 +200,32 @@ pub(crate) fn record_prefix_cache(queried_tokens: usize, hit_tokens: usize) {
 /// Proposed and accepted draft tokens since start, for the acceptance ratio.
 static SPECULATION: (AtomicU64, AtomicU64) = (AtomicU64::new(0), AtomicU64::new(0));
 
+/// The shards' proposer, as the speculation metrics label it (one of
+/// [`names::SPECULATORS`]).
+static SPECULATOR: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Names the shards' proposer (`InfoResponse.speculator`) for the speculation metrics; a name
+/// outside [`names::SPECULATORS`] is ignored.
+pub fn set_speculator(name: &str) {
+    if let Some(&known) = names::SPECULATORS.iter().find(|&&s| s == name) {
+        let _ = SPECULATOR.set(known);
+    }
+}
+
 /// Records one request's speculative round (called by the batcher).
 pub(crate) fn record_speculation(proposed_tokens: usize, accepted_tokens: usize) {
     if proposed_tokens == 0 {
         return;
     }
-    add(names::SPECULATIVE_PROPOSED_TOKENS, proposed_tokens as u64);
-    add(names::SPECULATIVE_ACCEPTED_TOKENS, accepted_tokens as u64);
+    let speculator = *SPECULATOR.get().unwrap_or(&names::SPECULATORS[0]);
+    let labelled = |name: &'static str, n: usize| {
+        counter!(name, "speculator" => speculator).increment(n as u64);
+        for twin in vllm::twins_of(name) {
+            counter!(twin).increment(n as u64);
+        }
+    };
+    labelled(names::SPECULATIVE_PROPOSED_TOKENS, proposed_tokens);
+    labelled(names::SPECULATIVE_ACCEPTED_TOKENS, accepted_tokens);
     let proposed = SPECULATION
         .0
         .fetch_add(proposed_tokens as u64, Ordering::Relaxed)
@@ -215,7 +234,8 @@ pub(crate) fn record_speculation(proposed_tokens: usize, accepted_tokens: usize)
         .1
         .fetch_add(accepted_tokens as u64, Ordering::Relaxed)
         + accepted_tokens as u64;
-    gauge!(names::SPECULATIVE_ACCEPTANCE).set(accepted as f64 / proposed as f64);
+    gauge!(names::SPECULATIVE_ACCEPTANCE, "speculator" => speculator)
+        .set(accepted as f64 / proposed as f64);
 }
 
 /// Records the block pool's state (called by the batcher after every step).

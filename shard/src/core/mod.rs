@@ -121,6 +121,11 @@ impl Engine {
         self.speculation.map_or(0, |s| s.depth)
     }
 
+    /// The proposer, when speculating.
+    pub fn speculator(&self) -> Option<Speculator> {
+        self.speculation.map(|s| s.speculator)
+    }
+
     /// Slots past its tokens a decoding sequence's blocks should have for the proposals of
     /// one step: the depth of a chain, the nodes of a tree.
     pub fn lookahead(&self) -> usize {

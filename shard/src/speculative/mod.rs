@@ -26,6 +26,15 @@ pub enum Speculator {
 }
 
 impl Speculator {
+    /// Its `--speculator` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ngram => "ngram",
+            Self::Draft => "draft",
+            Self::Medusa => "medusa",
+        }
+    }
+
     /// Parses a `--speculator` value.
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
