@@ -229,6 +229,63 @@ fn speculative_greedy_tokens_match_transformers() {
     }
 }
 
+/// The committed Medusa heads (`scripts/train_draft_heads.py`) keep transformers' greedy
+/// tokens for trees of width 1, 4 and 16, alone and in a batch of 32, and get some of their
+/// candidates accepted.
+#[test]
+fn medusa_greedy_tokens_match_transformers() {
+    use tessera_shard::Engine;
+    use tessera_shard::sampling::SamplingParams;
+    use tessera_shard::speculative::{MedusaHeads, SpeculationConfig, Speculator};
+
+    let Some(path) = gguf_path() else { return };
+    let files = ModelFiles::open(&path).unwrap();
+    let golden = golden();
+    let heads_dir = common::repo_root().join("fixtures/smollm2/medusa");
+    let batch: Vec<Vec<u32>> = golden
+        .prompts
+        .iter()
+        .map(|p| p.prompt_ids.clone())
+        .cycle()
+        .take(32)
+        .collect();
+    let params = vec![SamplingParams::default(); batch.len()];
+    let kv_dtype = KvDtype::auto(&files);
+    for width in [1, 4, 16] {
+        let model = Model::load_with(&files, WeightLayout::Exact)
+            .unwrap()
+            .with_kv_dtype(kv_dtype);
+        let (h, v) = (model.config().hidden_size, model.config().vocab_size);
+        let heads = MedusaHeads::load(&heads_dir, h, v).unwrap();
+        let depth = heads.num_heads();
+        let mut engine = Engine::new(model, 1 + 16 * 64, 16)
+            .unwrap()
+            .with_speculation(SpeculationConfig {
+                depth,
+                speculator: Speculator::Medusa,
+            })
+            .with_medusa(heads, width)
+            .unwrap();
+        let (out, (proposed, accepted)) = common::generate(&mut engine, &batch, &params, 32);
+        for (p, o) in golden.prompts.iter().cycle().zip(&out) {
+            assert_eq!(o, &p.greedy_ids, "width {width}, batched: {:?}", p.text);
+        }
+        let (alone, _) = common::generate(&mut engine, &batch[..1], &params[..1], 32);
+        assert_eq!(
+            alone[0], golden.prompts[0].greedy_ids,
+            "width {width} alone"
+        );
+        assert!(
+            proposed > 0 && accepted > 0,
+            "width {width}: {accepted} of {proposed} accepted"
+        );
+        eprintln!(
+            "Medusa width {width}: {accepted} of {proposed} candidates accepted (32 prompts of \
+             32 tokens)"
+        );
+    }
+}
+
 /// The default int8 products (activations as two 8-bit digits per value) against exact f32
 /// on the same Q4_1 weights, teacher-forced along transformers' greedy continuations: at
 /// every position both pick the same token unless exact f32 itself has a near tie (top-2

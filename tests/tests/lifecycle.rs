@@ -95,12 +95,10 @@ async fn sigterm_finishes_in_flight_stream() {
             let router = s.child_pid("tessera-router");
             let body =
                 json!({"inputs": "The", "parameters": {"max_new_tokens": 100, "ignore_eos": true}});
-            let mut sse = s.stream("/generate_stream", &body).await;
-            assert!(matches!(
-                sse.next_item(Duration::from_secs(10)).await,
-                SseItem::Data(_)
-            ));
+            // The shard is paused first, so the stream cannot finish before the signal (a tiny
+            // model writes 100 tokens in milliseconds).
             let paused = Paused::new(shard);
+            let mut sse = s.stream("/generate_stream", &body).await;
             s.signal(Signal::SIGTERM);
             let signalled = Instant::now();
             check_draining(&s, signalled).await;
@@ -109,7 +107,7 @@ async fn sigterm_finishes_in_flight_stream() {
             while let Some(e) = sse.next_json().await {
                 events.push(e);
             }
-            let last = events.last().expect("more events after SIGTERM");
+            let last = events.last().expect("the stream's events after SIGTERM");
             assert_eq!(
                 last["details"]["finish_reason"], "length",
                 "last event {last}"

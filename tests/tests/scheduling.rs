@@ -1,7 +1,7 @@
 //! Memory-aware scheduling end to end: 64 concurrent greedy requests get exactly what they
 //! get alone — with prefix caching on and off, with a KV pool so small that requests are
 //! preempted, with prompts long enough to be prefilled in chunks, and with speculative
-//! decoding.
+//! decoding (n-gram chains, Medusa trees).
 
 use std::time::Duration;
 
@@ -164,10 +164,81 @@ async fn concurrent_outputs_equal_alone_under_every_scheduling_mode() {
         );
         assert!(
             server
-                .metric("tessera_speculative_proposed_tokens_total")
+                .metric("tessera_speculative_proposed_tokens_total{speculator=\"ngram\"}")
                 .await
                 > 0.0
         );
+        drop(server);
+
+        // Medusa heads (zero blocks: each guesses the model's own next token) verified as
+        // trees of 4 paths, on a small pool: the trees' lookahead is in the block accounting.
+        let heads = tempfile::tempdir().expect("temp dir");
+        write_zero_medusa_heads(heads.path(), 64, 3);
+        let dir = heads.path().to_str().expect("utf-8 path");
+        let server = Server::start(
+            "tiny-llama",
+            &[
+                "--kv-cache-memory",
+                "400K",
+                "--speculator",
+                "medusa",
+                "--draft-model-id",
+                dir,
+                "--speculate",
+                "3",
+                "--speculative-tree-width",
+                "4",
+                "--max-batch-prefill-tokens",
+                "64",
+            ],
+        )
+        .await;
+        assert_eq!(
+            alone_vs_together(&server, &prompts).await,
+            reference,
+            "Medusa trees"
+        );
+        let accepted = server
+            .metric("tessera_speculative_accepted_tokens_total{speculator=\"medusa\"}")
+            .await;
+        assert!(accepted > 0.0, "no Medusa candidate was accepted");
+        let (status, v) = server.post("/generate", &body(&prompts[0])).await;
+        assert_eq!(status, 200, "{v}");
+        let steps = v["details"]["accepted_tokens_per_step"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no accepted_tokens_per_step in {v}"));
+        let produced: u64 = steps.iter().map(|a| a.as_u64().unwrap_or(0) + 1).sum();
+        assert!(
+            produced <= 24,
+            "the steps produced more than the 24 tokens: {v}"
+        );
     })
     .await;
+}
+
+/// Writes `heads` Medusa heads with zero residual blocks for a model of `hidden` wide states
+/// (Medusa's layout, read through the model's own LM head) into `dir`.
+fn write_zero_medusa_heads(dir: &std::path::Path, hidden: usize, heads: usize) {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0;
+    for k in 0..heads {
+        for (name, shape) in [
+            (format!("{k}.0.linear.weight"), vec![hidden, hidden]),
+            (format!("{k}.0.linear.bias"), vec![hidden]),
+        ] {
+            let bytes = shape.iter().product::<usize>() * 4;
+            header.insert(
+                name,
+                json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + bytes]}),
+            );
+            offset += bytes;
+        }
+    }
+    let header = serde_json::to_vec(&header).expect("header");
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header);
+    file.resize(file.len() + offset, 0);
+    std::fs::write(dir.join("medusa_lm_head.safetensors"), file).expect("write heads");
+    let config = json!({"medusa_num_heads": heads, "medusa_num_layers": 1});
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("write config");
 }
