@@ -165,7 +165,7 @@ impl Engine {
                 if tree.is_none() && proposed > 0 {
                     tree = Some(TokenTree::from_paths(
                         input[0],
-                        &[proposals.clone()],
+                        std::slice::from_ref(&proposals),
                         proposed + 1,
                     ));
                 }

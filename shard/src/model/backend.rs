@@ -160,5 +160,5 @@ pub(crate) trait Backend {
     fn to_host(&self, x: Self::Act, len: usize) -> Result<Vec<f32>, EngineError>;
 
     /// Host values in this backend's memory and element type.
-    fn from_host(&self, x: &[f32]) -> Result<Self::Act, EngineError>;
+    fn upload_values(&self, x: &[f32]) -> Result<Self::Act, EngineError>;
 }

@@ -332,7 +332,7 @@ impl Backend for CpuBackend {
         Ok(x)
     }
 
-    fn from_host(&self, x: &[f32]) -> Result<Vec<f32>, EngineError> {
+    fn upload_values(&self, x: &[f32]) -> Result<Vec<f32>, EngineError> {
         Ok(x.to_vec())
     }
 }

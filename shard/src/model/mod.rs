@@ -519,7 +519,7 @@ impl Model {
         let local_vocab = self.partition.counts(self.config.vocab_size)[self.partition.rank];
         let local = match &self.compute {
             Compute::Cpu(cpu) => {
-                let x = cpu.from_host(hidden)?;
+                let x = cpu.upload_values(hidden)?;
                 let logits = cpu.lm_head(&x, rows)?;
                 cpu.to_host(logits, rows * local_vocab)?
             }

@@ -854,10 +854,10 @@ fn attend_tree<T: KvElem>(
     heads: usize,
     root: usize,
     tree: Option<TreeMask<'_>>,
-    rows: usize,
     window: Option<usize>,
 ) -> Vec<f32> {
     let hd = c.layout.head_dim;
+    let rows = q.len() / (heads * hd);
     let mut out = vec![f32::NAN; rows * heads * hd];
     let seq = AttentionSeq {
         first_row: 0,
@@ -921,7 +921,7 @@ fn tree_rows_see_the_prefix_and_their_own_path() {
         let c32: Paged<f32> = paged(&mut rng, layout, &k, &v);
         for level in Level::available() {
             let kern = Kernels::for_level(level).unwrap();
-            let got = attend_tree(kern, &c32, &q, heads, root, Some(tree), rows, window);
+            let got = attend_tree(kern, &c32, &q, heads, root, Some(tree), window);
             let d = max_abs_diff(&got, &want);
             assert!(d < 2e-5, "case {ci} {level:?}: max |diff| {d}");
             let mut naive = vec![0f32; got.len()];
@@ -972,8 +972,8 @@ fn a_chain_tree_is_bit_identical_to_causal_rows() {
     let cb: Paged<bf16> = paged(&mut rng, layout, &k, &v);
     for level in Level::available() {
         let kern = Kernels::for_level(level).unwrap();
-        let chain = attend_tree(kern, &cb, &q, heads, root, Some(tree), rows, Some(100));
-        let causal = attend_tree(kern, &cb, &q, heads, root, None, rows, Some(100));
+        let chain = attend_tree(kern, &cb, &q, heads, root, Some(tree), Some(100));
+        let causal = attend_tree(kern, &cb, &q, heads, root, None, Some(100));
         assert_eq!(
             chain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             causal.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),

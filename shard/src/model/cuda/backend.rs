@@ -417,7 +417,7 @@ impl<T: DeviceElem> Backend for CudaBackend<T> {
         Ok(host.into_iter().map(|v| v.to_f32()).collect())
     }
 
-    fn from_host(&self, x: &[f32]) -> Result<CudaSlice<T>, EngineError> {
+    fn upload_values(&self, x: &[f32]) -> Result<CudaSlice<T>, EngineError> {
         let padded: &[f32] = if x.is_empty() { &[0.0] } else { x };
         self.stream()
             .clone_htod(&to_elems::<T>(padded))

@@ -155,7 +155,7 @@ impl CudaModel {
             hidden: &[f32],
             rows: usize,
         ) -> Result<Vec<f32>, EngineError> {
-            let x = b.from_host(hidden)?;
+            let x = b.upload_values(hidden)?;
             let logits = b.lm_head(&x, rows)?;
             b.to_host(logits, rows * b.local_vocab())
         }
