@@ -348,3 +348,5 @@ pub(crate) fn attend_head(
 mod perf;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tree_tests;
