@@ -5,7 +5,13 @@
 //! let files = tessera_formats::ModelFiles::open("fixtures/tiny-llama".as_ref())?;
 //! let model = Model::load(&files)?;
 //! let mut cache = model.new_cache(64, 16)?;
-//! let chunk = SequenceChunk { tokens: &[1, 2, 3], start_position: 0, block_table: &[0], logits: LogitsWanted::Last };
+//! let chunk = SequenceChunk {
+//!     tokens: &[1, 2, 3],
+//!     start_position: 0,
+//!     block_table: &[0],
+//!     logits: LogitsWanted::Last,
+//!     tree: None,
+//! };
 //! let out = model.forward(&[chunk], &mut cache)?;
 //! assert_eq!(out.last(0).map(|l| l.len()), Some(model.config().vocab_size));
 //! # Ok::<(), tessera_shard::EngineError>(())
