@@ -285,6 +285,7 @@ fn http_app() -> &'static (tokio::runtime::Runtime, axum::Router) {
                         generated_tokens: 1,
                         finish_reason: FinishReason::Length,
                         seed: None,
+                        accepted_per_step: Vec::new(),
                     },
                     queued: entry.queued,
                     start: now,
