@@ -351,7 +351,17 @@ struct Layers {
     family: Family,
 }
 
+/// Decoder layers a configuration may declare: far above any released model, and small enough
+/// that the per-layer tables a hostile file asks for stay small.
+pub(crate) const MAX_LAYERS: usize = 1024;
+
 fn layers(raw: &RawConfig, architecture: Architecture, head_dim: usize) -> Result<Layers, String> {
+    if raw.num_hidden_layers > MAX_LAYERS {
+        return Err(format!(
+            "num_hidden_layers {} is more than the {MAX_LAYERS} supported",
+            raw.num_hidden_layers
+        ));
+    }
     let rope = RopeKeys::parse(raw, architecture)?;
     let max_position_embeddings = raw.max_position_embeddings.unwrap_or(4096);
     let rotary_factor = raw

@@ -143,6 +143,13 @@ impl GgufFile {
         let dtype = self.file_dtype()?;
         let eos_token_ids = self.eos_token_ids()?;
         let num_layers = self.required_usize(&key("block_count"))?;
+        if num_layers > crate::config::MAX_LAYERS {
+            return Err(self.invalid(format!(
+                "{} is {num_layers}: more than the {} layers supported",
+                key("block_count"),
+                crate::config::MAX_LAYERS
+            )));
+        }
         let sliding_window = self
             .optional_usize(&key("attention.sliding_window"))?
             .filter(|&w| w > 0);
