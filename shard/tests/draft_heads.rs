@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{generate, load_fixture, two_sample_chi2};
+use common::{FIXTURES, generate, load_fixture, two_sample_chi2};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::{Dtype, tensor::TensorView};
@@ -15,19 +15,6 @@ use tessera_shard::speculative::{MedusaHeads, SpeculationConfig, Speculator};
 use tessera_shard::{Engine, Model};
 
 const BLOCK: usize = 16;
-const FIXTURES: [&str; 11] = [
-    "tiny-llama",
-    "tiny-qwen2",
-    "tiny-mistral",
-    "tiny-qwen3",
-    "tiny-gemma2",
-    "tiny-gemma3",
-    "tiny-phi3",
-    "tiny-llama-yarn",
-    "tiny-llama-dynamic",
-    "tiny-qwen3-moe",
-    "tiny-mixtral",
-];
 
 /// How a test head's residual blocks are made.
 #[derive(Clone, Copy, Debug)]

@@ -6,24 +6,11 @@ mod common;
 use std::sync::Arc;
 
 use common::{
-    Schedule, assert_close_under_schedules, assert_goldens, golden, load_fixture, repo_root,
+    FIXTURES, Schedule, assert_close_under_schedules, assert_goldens, golden, load_fixture,
+    repo_root,
 };
 use tessera_formats::ModelFiles;
 use tessera_shard::{Model, Op, OpTimes};
-
-const FIXTURES: [&str; 11] = [
-    "tiny-llama",
-    "tiny-qwen2",
-    "tiny-mistral",
-    "tiny-qwen3",
-    "tiny-gemma2",
-    "tiny-gemma3",
-    "tiny-phi3",
-    "tiny-llama-yarn",
-    "tiny-llama-dynamic",
-    "tiny-qwen3-moe",
-    "tiny-mixtral",
-];
 
 /// Fixtures that also ship as a GGUF file (`model.gguf`, written as llama.cpp writes the
 /// family), checked against the same goldens.

@@ -11,6 +11,22 @@ use tessera_kernels::cpu::WeightFormat;
 use tessera_shard::sampling::{Sampler, SamplingParams};
 use tessera_shard::{Engine, KvCache, LogitsWanted, Model, NewSequence, SequenceChunk, StepPlan};
 
+/// Every tiny fixture the project generates (`scripts/make_test_models.py`,
+/// `scripts/make_family_models.py`).
+pub const FIXTURES: [&str; 11] = [
+    "tiny-llama",
+    "tiny-qwen2",
+    "tiny-mistral",
+    "tiny-qwen3",
+    "tiny-gemma2",
+    "tiny-gemma3",
+    "tiny-phi3",
+    "tiny-llama-yarn",
+    "tiny-llama-dynamic",
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
+];
+
 /// The repository: `$TESSERA_REPO_ROOT` when set (test executables built on one machine and
 /// run from another checkout, as `scripts/gpu-pack.sh` does), else where this was built.
 pub fn repo_root() -> PathBuf {

@@ -162,14 +162,30 @@ fn attend<T: KvElem>(
     rows: usize,
     window: Option<usize>,
 ) -> Vec<f32> {
+    assert_eq!(q.len(), rows * heads * c.layout.head_dim);
+    attend_tree(kernels, c, q, heads, first, None, window)
+}
+
+/// Runs the rows of `q` (`[rows, heads, hd]`) from `first` as one sequence, as `tree` lays
+/// them out (`None`: consecutive positions).
+pub(super) fn attend_tree<T: KvElem>(
+    kernels: &Kernels,
+    c: &Paged<T>,
+    q: &[f32],
+    heads: usize,
+    root: usize,
+    tree: Option<TreeMask<'_>>,
+    window: Option<usize>,
+) -> Vec<f32> {
     let hd = c.layout.head_dim;
+    let rows = q.len() / (heads * hd);
     let mut out = vec![f32::NAN; rows * heads * hd];
     let seq = AttentionSeq {
         first_row: 0,
         rows,
-        first_position: first,
+        first_position: root,
         block_table: &c.table,
-        tree: None,
+        tree,
     };
     let p = PagedAttention {
         kv: c.pages(),

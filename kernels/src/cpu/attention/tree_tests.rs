@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::flash::PARTITION;
-use super::tests::{Heads, Paged, heads_of, max_abs_diff, paged, random};
+use super::tests::{Heads, Paged, attend_tree, heads_of, max_abs_diff, paged, random};
 use super::*;
 use crate::cpu::Level;
 
@@ -86,39 +86,6 @@ fn tree_reference(
             }
         }
     }
-    out
-}
-
-fn attend_tree<T: KvElem>(
-    kernels: &Kernels,
-    c: &Paged<T>,
-    q: &[f32],
-    heads: usize,
-    root: usize,
-    tree: Option<TreeMask<'_>>,
-    window: Option<usize>,
-) -> Vec<f32> {
-    let hd = c.layout.head_dim;
-    let rows = q.len() / (heads * hd);
-    let mut out = vec![f32::NAN; rows * heads * hd];
-    let seq = AttentionSeq {
-        first_row: 0,
-        rows,
-        first_position: root,
-        block_table: &c.table,
-        tree,
-    };
-    let p = PagedAttention {
-        kv: c.pages(),
-        q,
-        q_stride: heads * hd,
-        num_heads: heads,
-        seqs: &[seq],
-        scale: 1.0 / (hd as f32).sqrt(),
-        window,
-        softcap: None,
-    };
-    paged_attention_with(kernels, &p, &mut out);
     out
 }
 
