@@ -1,4 +1,4 @@
-//! Kernel micro-benchmarks at SmolLM2-135M shapes, next to the machine's measured limits.
+//! Kernel micro-benchmarks at model shapes, next to the machine's measured limits.
 //!
 //! Run with `cargo bench -p tessera-kernels --bench kernels`. Plain `std::time` timing: one
 //! warm-up, then at least 3 repetitions and a time budget per row; the median is reported.
@@ -22,7 +22,9 @@
 //! The machine limits are measured before and after the kernels (the better of each figure
 //! is kept; see `machine.rs`) and printed above the table.
 //!
-//! Environment: `TESSERA_BENCH_FILTER=text` runs only rows whose name contains `text`
+//! Environment: `TESSERA_BENCH_SHAPES` (comma-separated, default `smollm2`; also
+//! `tinyllama-1.1b` and `llama-3b`, the real-size bench models' shapes) picks the models whose
+//! matrices and attention are timed; `TESSERA_BENCH_FILTER=text` runs only rows whose name contains `text`
 //! (`gemv`, `gemm`, `Q4_1`, `attention`…); `TESSERA_BENCH_BUDGET_MS` (default 150) is the
 //! time per row; `TESSERA_BENCH_BW_MIB` sizes the bandwidth buffer (see `machine.rs`).
 
@@ -39,24 +41,68 @@ use tessera_kernels::quant::{BlockQ4_1, BlockQ8_0};
 #[path = "machine.rs"]
 mod machine;
 
-// SmolLM2-135M shapes.
-const HIDDEN: usize = 576;
-const HEADS: usize = 9;
-const KV_HEADS: usize = 3;
-const HEAD_DIM: usize = 64;
-const INTER: usize = 1536;
-const VOCAB: usize = 49152;
-const BLOCK: usize = 16;
+/// A model's shape: the linear layers' sizes and the attention's.
+struct ModelShape {
+    name: &'static str,
+    hidden: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    inter: usize,
+    vocab: usize,
+}
 
-/// The model's linear layers as (label, k = in, n = out); q/k/v and gate/up are fused as
-/// `shard` loads them.
-const SHAPES: [(&str, usize, usize); 5] = [
-    ("qkv 576→960", HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM),
-    ("o 576→576", HIDDEN, HEADS * HEAD_DIM),
-    ("gate_up 576→3072", HIDDEN, 2 * INTER),
-    ("down 1536→576", INTER, HIDDEN),
-    ("lm_head 576→49152", HIDDEN, VOCAB),
+/// The shapes `TESSERA_BENCH_SHAPES` picks from: SmolLM2-135M's, and the real-size bench
+/// models' (`scripts/make_bench_models.sh`), whose matrices do not fit in the caches.
+const MODEL_SHAPES: [ModelShape; 3] = [
+    ModelShape {
+        name: "smollm2",
+        hidden: 576,
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        inter: 1536,
+        vocab: 49152,
+    },
+    ModelShape {
+        name: "tinyllama-1.1b",
+        hidden: 2048,
+        heads: 32,
+        kv_heads: 4,
+        head_dim: 64,
+        inter: 5632,
+        vocab: 49152,
+    },
+    ModelShape {
+        name: "llama-3b",
+        hidden: 3072,
+        heads: 24,
+        kv_heads: 8,
+        head_dim: 128,
+        inter: 8192,
+        vocab: 49152,
+    },
 ];
+
+impl ModelShape {
+    /// The model's linear layers as (label, k = in, n = out); q/k/v and gate/up are fused as
+    /// `shard` loads them.
+    fn linears(&self) -> [(String, usize, usize); 5] {
+        let qkv = (self.heads + 2 * self.kv_heads) * self.head_dim;
+        let attn = self.heads * self.head_dim;
+        let layer =
+            |label: &str, k: usize, n: usize| (format!("{} {label} {k}→{n}", self.name), k, n);
+        [
+            layer("qkv", self.hidden, qkv),
+            layer("o", attn, self.hidden),
+            layer("gate_up", self.hidden, 2 * self.inter),
+            layer("down", self.inter, self.hidden),
+            layer("lm_head", self.hidden, self.vocab),
+        ]
+    }
+}
+
+const BLOCK: usize = 16;
 
 /// Every storage format of `WeightMatrix` (add new ones here; `random_matrix` fills any
 /// format it does not know with small finite values).
@@ -157,7 +203,7 @@ struct Row {
 fn print_table(limits: &machine::Limits, rows: &[Row]) {
     let (bw, peak) = (limits.bandwidth.all, limits.f32_peak());
     println!(
-        "\nKernels at SmolLM2-135M shapes ({}, {} threads; median). %BW: of the {}-thread \
+        "\nKernels ({}, {} threads; median). %BW: of the {}-thread \
          read bandwidth {:.1} GB/s; %peak: of the {}-thread f32 FMA peak {:.1} GFLOP/s",
         describe(),
         limits.threads,
@@ -199,7 +245,12 @@ enum Variant {
     Bf16Activations,
 }
 
-fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+fn linear_rows(
+    shape: &ModelShape,
+    budget: Duration,
+    cold_bytes: usize,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Vec<Row> {
     let mut rows = Vec::new();
     // The block formats twice (Q5_1 shares Q5_0's kernels; Q2_K is not repacked): multiplied
     // exactly in f32, and repacked for int8 dot products (K-quants and IQ4_XS only where rows
@@ -240,14 +291,14 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
             _ => ActivationDtype::Float32,
         };
         let int8 = variant == Variant::Int8;
-        for (si, &(label, k, n)) in SHAPES.iter().enumerate() {
+        for (si, (label, k, n)) in shape.linears().into_iter().enumerate() {
             if !k.is_multiple_of(format.block_elements()) {
                 continue;
             }
             let names: Vec<(usize, String)> = [1usize, 16, 128, 512]
                 .into_iter()
                 // Prefill only needs the last row's logits.
-                .filter(|&m| m <= 16 || n != VOCAB)
+                .filter(|&m| m <= 16 || n != shape.vocab)
                 .map(|m| {
                     let kind = if m == 1 { "gemv" } else { "gemm" };
                     (m, format!("{kind} {fname} {label} m={m}"))
@@ -302,11 +353,12 @@ fn linear_rows(budget: Duration, cold_bytes: usize, wanted: &dyn Fn(&str) -> boo
     rows
 }
 
-fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+fn attention_rows(shape: &ModelShape, budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+    let (heads, head_dim) = (shape.heads, shape.head_dim);
     let layout = attention::KvLayout {
         block_size: BLOCK,
-        kv_heads: KV_HEADS,
-        head_dim: HEAD_DIM,
+        kv_heads: shape.kv_heads,
+        head_dim,
     };
     let mut rows = Vec::new();
     // (sequences, context, query rows per sequence)
@@ -317,9 +369,9 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
         (16, 512, 1),
     ] {
         let name = if rows_per_seq == 1 {
-            format!("attention decode batch={batch} ctx={ctx}")
+            format!("{} attention decode batch={batch} ctx={ctx}", shape.name)
         } else {
-            format!("attention prefill rows={rows_per_seq}")
+            format!("{} attention prefill rows={rows_per_seq}", shape.name)
         };
         if !wanted(&name) {
             continue;
@@ -347,9 +399,9 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
             })
             .collect();
         let total_rows = batch * rows_per_seq;
-        let q = random(total_rows * HEADS * HEAD_DIM, 5);
-        let mut out = vec![0f32; total_rows * HEADS * HEAD_DIM];
-        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        let q = random(total_rows * heads * head_dim, 5);
+        let mut out = vec![0f32; total_rows * heads * head_dim];
+        let scale = 1.0 / (head_dim as f32).sqrt();
         let s = time_kernel(budget, || {
             let problem = attention::PagedAttention {
                 kv: attention::PagedKv {
@@ -358,8 +410,8 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
                     v: &cv,
                 },
                 q: black_box(&q),
-                q_stride: HEADS * HEAD_DIM,
-                num_heads: HEADS,
+                q_stride: heads * head_dim,
+                num_heads: heads,
                 seqs: &seqs,
                 scale,
                 window: None,
@@ -370,7 +422,7 @@ fn attention_rows(budget: Duration, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
         });
         // Visible positions summed over the query rows of one sequence.
         let visible: usize = (ctx - rows_per_seq + 1..=ctx).sum();
-        let flop = (batch * visible * HEADS * 4 * HEAD_DIM) as f64;
+        let flop = (batch * visible * heads * 4 * head_dim) as f64;
         let kv_bytes = (batch * ctx * layout.slot_width() * 2 * 4) as f64;
         rows.push(Row {
             name,
@@ -429,6 +481,20 @@ fn main() {
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(256)
         << 20;
+    let shapes: Vec<&ModelShape> = env("TESSERA_BENCH_SHAPES")
+        .unwrap_or_else(|| "smollm2".into())
+        .split(',')
+        .map(|name| {
+            let name = name.trim();
+            MODEL_SHAPES
+                .iter()
+                .find(|s| s.name == name)
+                .unwrap_or_else(|| {
+                    let known: Vec<&str> = MODEL_SHAPES.iter().map(|s| s.name).collect();
+                    panic!("TESSERA_BENCH_SHAPES: unknown shape {name:?} (known: {known:?})")
+                })
+        })
+        .collect();
     let start = Instant::now();
     println!(
         "tessera kernel bench: {}, {} rayon threads",
@@ -439,8 +505,11 @@ fn main() {
     // On one of rayon's threads, as the engine runs its forward pass: calls from outside the
     // pool would also time handing the work over and waking up.
     let rows = rayon::scope(|_| {
-        let mut rows = linear_rows(budget, cold_bytes, &wanted);
-        rows.extend(attention_rows(budget, &wanted));
+        let mut rows = Vec::new();
+        for shape in &shapes {
+            rows.extend(linear_rows(shape, budget, cold_bytes, &wanted));
+            rows.extend(attention_rows(shape, budget, &wanted));
+        }
         rows.extend(packing_rows(&wanted));
         rows
     });

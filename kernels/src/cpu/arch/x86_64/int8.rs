@@ -115,18 +115,19 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool>(
     // exist, and write the places the caller vouches for.
     unsafe {
         if m == 1 {
-            // Decode: a group's four tiles at a time (one stream; four independent chains
-            // hide latency), single tiles up to the first group and after the last.
+            // Decode: a group's four tiles at a time (its lanes' streams at once; four
+            // independent chains hide latency), single tiles up to the first group and after
+            // the last.
             while t < t0 + nt && !t.is_multiple_of(GROUP) {
-                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
+                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
                 t += 1;
             }
             while t + GROUP <= t0 + nt {
-                kernel::<Q4, HIGH, LUT, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
+                kernel::<Q4, HIGH, LUT, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
                 t += GROUP;
             }
             while t < t0 + nt {
-                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo, true);
+                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
                 t += 1;
             }
         } else {
@@ -138,17 +139,17 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool>(
                 let mut i = 0;
                 while i + 4 <= m {
                     if pair {
-                        kernel::<Q4, HIGH, LUT, 4, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, LUT, 4, 2>(w, t, x, i, o.add(i * ldo), ldo);
                     } else {
-                        kernel::<Q4, HIGH, LUT, 4, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, LUT, 4, 1>(w, t, x, i, o.add(i * ldo), ldo);
                     }
                     i += 4;
                 }
                 while i < m {
                     if pair {
-                        kernel::<Q4, HIGH, LUT, 1, 2>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, LUT, 1, 2>(w, t, x, i, o.add(i * ldo), ldo);
                     } else {
-                        kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                        kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, i, o.add(i * ldo), ldo);
                     }
                     i += 1;
                 }
@@ -157,11 +158,6 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool>(
         }
     }
 }
-
-/// How many blocks ahead of the arithmetic the tile kernel prefetches: 7.5 KiB of a `Q4_1`
-/// group's stream, far enough to cover the memory latency, near enough that the lines are
-/// still in cache when the arithmetic reaches them.
-pub(crate) const AHEAD: usize = 6;
 
 /// Nibble line `h` of a tile's block (`lines`: the block's quant lines) as the values of its
 /// low nibbles and of its high ones, each plus `16 << level` where bit `level` of the `HIGH`
@@ -244,27 +240,6 @@ unsafe fn crumb_half(lines: *const u8, h: usize, half: usize) -> __m512i {
     }
 }
 
-/// Asks for the tiles' stream [`AHEAD`] blocks past the current one (`lines` and `scales` of
-/// each tile's current block, `qb` quant bytes each, blocks `stride` apart), so that DRAM
-/// latency overlaps the arithmetic of this block.
-#[target_feature(enable = "sse")]
-#[inline]
-pub(crate) fn prefetch_ahead<const C: usize>(
-    lines: &[*const u8; C],
-    scales: &[*const u16; C],
-    qb: usize,
-    stride: usize,
-) {
-    // A prefetch never faults (addresses past the matrix are fine); `wrapping_add` keeps the
-    // pointer arithmetic defined.
-    for (l, s) in lines.iter().zip(scales) {
-        for o in (0..qb).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(o + AHEAD * stride).cast());
-        }
-        _mm_prefetch::<_MM_HINT_T0>(s.wrapping_byte_add(AHEAD * stride).cast());
-    }
-}
-
 /// Writes `acc[r][c]` at `out[r * ldo + c * 16 + lane]` for tile `t + c`'s valid lanes.
 ///
 /// # Safety
@@ -294,9 +269,9 @@ unsafe fn store_tiles<const R: usize, const C: usize>(
 
 /// Rows `i0..i0 + R` of `x` times tiles `t..t + C`, written at `out[r * ldo + c * 16 + lane]`
 /// for the tiles' valid lanes. Nibbles (`Q4`, with `HIGH` lines of high bits) are quants with a
-/// minimum, or with `LUT` indices into the kind's table (then, as bytes, offset by 128). With
-/// `prefetch`, the tiles' stream is asked for ahead: the first rows over a pair of tiles fetch
-/// it, the next rows find it in cache.
+/// minimum, or with `LUT` indices into the kind's table (then, as bytes, offset by 128). Nothing
+/// is prefetched by hand: software prefetches take the line-fill slots the hardware
+/// prefetchers would use, and slow a stream from DRAM down.
 ///
 /// # Safety
 /// The rows and tiles exist; `out` is writable at those places.
@@ -315,10 +290,9 @@ unsafe fn kernel<
     i0: usize,
     out: *mut f32,
     ldo: usize,
-    prefetch: bool,
 ) {
     let blocks = w.blocks();
-    let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
+    let stride = w.block_stride();
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
     let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
     let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
@@ -330,14 +304,11 @@ unsafe fn kernel<
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     // SAFETY (whole body): tile c's block b lies at starts[c] + b · stride bytes, inside `w`
     // for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and
-    // 32 quants from 32 · that). Prefetches may point past the end: they never fault.
+    // 32 quants from 32 · that).
     unsafe {
         for b in 0..blocks {
             let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));
             let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
-            if prefetch {
-                prefetch_ahead(&lines, &scales, qb, stride);
-            }
             // Two integer chains per (row, tile): against the high and the low digits.
             let mut sa = [[_mm512_setzero_si512(); C]; R];
             let mut sb_ = [[_mm512_setzero_si512(); C]; R];
@@ -416,7 +387,8 @@ unsafe fn kernel<
     }
 }
 
-/// `Q6_K` (and `Q3_K`, `CRUMB`): tiles in pairs, each unpacked line shared by up to four rows.
+/// `Q6_K` (and `Q3_K`, `CRUMB`): decode over whole groups, otherwise tiles in pairs, each unpacked
+/// line shared by up to four rows.
 ///
 /// # Safety
 /// As `portable::tiles`; only reachable after [`avx512_vnni_supported`].
@@ -433,22 +405,32 @@ unsafe fn tiles_q6<const CRUMB: bool>(
     let mut t = t0;
     // SAFETY (whole body): as `tiles_vnni`.
     unsafe {
+        if m == 1 {
+            // Decode: whole groups, as `tiles_vnni`.
+            while t < t0 + nt && !t.is_multiple_of(GROUP) {
+                kernel_q6::<CRUMB, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                t += 1;
+            }
+            while t + GROUP <= t0 + nt {
+                kernel_q6::<CRUMB, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                t += GROUP;
+            }
+        }
         while t < t0 + nt {
             let o = out.add((t - t0) * TILE);
             let pair = t + 2 <= t0 + nt;
             let mut i = 0;
             while i < m {
                 let o = o.add(i * ldo);
-                let first = i == 0;
                 match (m - i, pair) {
-                    (1, true) => kernel_q6::<CRUMB, 1, 2>(w, t, x, i, o, ldo, first),
-                    (2, true) => kernel_q6::<CRUMB, 2, 2>(w, t, x, i, o, ldo, first),
-                    (3, true) => kernel_q6::<CRUMB, 3, 2>(w, t, x, i, o, ldo, first),
-                    (_, true) => kernel_q6::<CRUMB, 4, 2>(w, t, x, i, o, ldo, first),
-                    (1, false) => kernel_q6::<CRUMB, 1, 1>(w, t, x, i, o, ldo, first),
-                    (2, false) => kernel_q6::<CRUMB, 2, 1>(w, t, x, i, o, ldo, first),
-                    (3, false) => kernel_q6::<CRUMB, 3, 1>(w, t, x, i, o, ldo, first),
-                    (_, false) => kernel_q6::<CRUMB, 4, 1>(w, t, x, i, o, ldo, first),
+                    (1, true) => kernel_q6::<CRUMB, 1, 2>(w, t, x, i, o, ldo),
+                    (2, true) => kernel_q6::<CRUMB, 2, 2>(w, t, x, i, o, ldo),
+                    (3, true) => kernel_q6::<CRUMB, 3, 2>(w, t, x, i, o, ldo),
+                    (_, true) => kernel_q6::<CRUMB, 4, 2>(w, t, x, i, o, ldo),
+                    (1, false) => kernel_q6::<CRUMB, 1, 1>(w, t, x, i, o, ldo),
+                    (2, false) => kernel_q6::<CRUMB, 2, 1>(w, t, x, i, o, ldo),
+                    (3, false) => kernel_q6::<CRUMB, 3, 1>(w, t, x, i, o, ldo),
+                    (_, false) => kernel_q6::<CRUMB, 4, 1>(w, t, x, i, o, ldo),
                 }
                 i += 4;
             }
@@ -474,10 +456,9 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
     i0: usize,
     out: *mut f32,
     ldo: usize,
-    prefetch: bool,
 ) {
     let blocks = w.blocks();
-    let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
+    let stride = w.block_stride();
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
     let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
     let (xq, xl, xd) = (x.q.as_ptr(), x.q_lo.as_ptr(), x.d.as_ptr());
@@ -492,9 +473,6 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
         for b in 0..blocks {
             let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));
             let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
-            if prefetch {
-                prefetch_ahead(&lines, &scales, qb, stride);
-            }
             let xg = |digits: *const i8, r: usize, g: usize| {
                 _mm512_set1_epi32(
                     digits

@@ -15,7 +15,6 @@
 use std::arch::x86_64::*;
 
 use super::avx2::mask;
-use super::int8::prefetch_ahead;
 use super::int8_avx2::{Line2, crumb_pair, nibble_line};
 use crate::cpu::int8::Int8Kernels;
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
@@ -82,10 +81,10 @@ unsafe fn tiles_of<const Q4: bool, const HIGH: usize, const LUT: bool>(
             while t < t0 + nt {
                 let o = out.add((t - t0) * TILE);
                 if t + 2 <= t0 + nt {
-                    kernel::<Q4, HIGH, LUT, 1, 2>(w, t, x, 0, o, ldo, true);
+                    kernel::<Q4, HIGH, LUT, 1, 2>(w, t, x, 0, o, ldo);
                     t += 2;
                 } else {
-                    kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, o, ldo, true);
+                    kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, o, ldo);
                     t += 1;
                 }
             }
@@ -100,11 +99,11 @@ unsafe fn tiles_of<const Q4: bool, const HIGH: usize, const LUT: bool>(
             }
             let mut i = 0;
             while i + 2 <= x.m {
-                kernel::<Q4, HIGH, LUT, 2, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                kernel::<Q4, HIGH, LUT, 2, 1>(w, t, x, i, o.add(i * ldo), ldo);
                 i += 2;
             }
             if i < x.m {
-                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, i, o.add(i * ldo), ldo, i == 0);
+                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, i, o.add(i * ldo), ldo);
             }
         }
     }
@@ -125,7 +124,7 @@ unsafe fn tiles_halves<const CRUMB: bool>(
     unsafe {
         if x.m == 1 {
             for t in t0..t0 + nt {
-                kernel_halves::<CRUMB>(w, t, x, 0, out.add((t - t0) * TILE), true);
+                kernel_halves::<CRUMB>(w, t, x, 0, out.add((t - t0) * TILE));
             }
             return;
         }
@@ -207,9 +206,8 @@ unsafe fn kernel<
     i0: usize,
     out: *mut f32,
     ldo: usize,
-    prefetch: bool,
 ) {
-    let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
+    let stride = w.block_stride();
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
     let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
     let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
@@ -219,14 +217,11 @@ unsafe fn kernel<
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[[_mm256_setzero_ps(); 2]; C]; R];
     // SAFETY (whole body): tile c's block b lies at starts[c] + b · stride bytes, inside `w`;
-    // row r's block b is entry xs[r] + b of `x`'s vectors. Prefetches never fault.
+    // row r's block b is entry xs[r] + b of `x`'s vectors.
     unsafe {
         for b in 0..w.blocks() {
             let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));
             let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
-            if prefetch {
-                prefetch_ahead(&lines, &scales, qb, stride);
-            }
             // Per (row, tile, register): against the high digits, and against the low ones
             // (which start from the offset of unsigned quants, where there is one).
             let mut sa = [[[_mm256_setzero_si256(); 2]; C]; R];
@@ -304,9 +299,8 @@ unsafe fn kernel_halves<const CRUMB: bool>(
     x: &QuantizedRows,
     i: usize,
     out: *mut f32,
-    prefetch: bool,
 ) {
-    let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
+    let stride = w.block_stride();
     let (lines0, scales0) = w.tile_start(t);
     let at = x.at(i, 0);
     let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
@@ -319,9 +313,6 @@ unsafe fn kernel_halves<const CRUMB: bool>(
         for b in 0..w.blocks() {
             let lines = lines0.add(b * stride);
             let scales = scales0.byte_add(b * stride);
-            if prefetch {
-                prefetch_ahead(&[lines], &[scales], qb, stride);
-            }
             // [half][register]: against the high digits, and against the low ones.
             let mut sa = [[_mm256_setzero_si256(); 2]; 2];
             let mut sb = sa;
@@ -411,7 +402,7 @@ unsafe fn kernel_rows<const CRUMB: bool, const HIGH: usize, const SPLIT: bool>(
     ldo: usize,
     sums: &mut RowSums,
 ) {
-    let (qb, stride) = (w.kind().quant_bytes(), w.block_stride());
+    let stride = w.block_stride();
     let (lines0, scales0) = w.tile_start(t);
     let shift = w.kind().half_shift();
     let acc = &mut sums.0;
@@ -423,9 +414,6 @@ unsafe fn kernel_rows<const CRUMB: bool, const HIGH: usize, const SPLIT: bool>(
             for b in 0..w.blocks() {
                 let lines = lines0.add(b * stride);
                 let scales = scales0.byte_add(b * stride);
-                if i0 == 0 {
-                    prefetch_ahead(&[lines], &[scales], qb, stride);
-                }
                 let v = unpack::<CRUMB, HIGH>(lines);
                 // The two halves' scales, or the block's scale and minimum.
                 let ds: [[__m256; 2]; 2] = std::array::from_fn(|s| {

@@ -6,7 +6,7 @@ use crate::quant::{
     BlockQ5K, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K,
 };
 
-use super::{GROUP, LINE, QK, TILE};
+use super::{LANE_TILES, LANES, LINE, QK, TILE};
 
 /// The IQ4 table's values as the kernels multiply them: unsigned bytes `value + 128`.
 const IQ4_UNSIGNED: [u8; 16] = {
@@ -94,10 +94,15 @@ impl PackedKind {
         }
     }
 
-    /// Bytes of one block of one group: its tiles' quants, then their scales (a whole
-    /// number of lines, so every quant line stays aligned).
+    /// Bytes of one block of one lane: its tiles' quants, then their scales (a whole number
+    /// of lines, so every quant line stays aligned).
+    pub(crate) const fn lane_block_bytes(self) -> usize {
+        LANE_TILES * (self.quant_bytes() + 2 * self.scales())
+    }
+
+    /// Bytes of one block of one group (all its lanes).
     pub(crate) const fn group_block_bytes(self) -> usize {
-        GROUP * (self.quant_bytes() + 2 * self.scales())
+        LANES * self.lane_block_bytes()
     }
 
     /// f16 scales of one block of one tile: `d`, then `m` (or the second half's `d`).

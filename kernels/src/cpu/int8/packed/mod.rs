@@ -42,10 +42,12 @@
 //!   the other formats keep `d` and `m`), taking `32 · Σ x` of the half off in integers. 28
 //!   bytes per 32 values against the file's 26.25.
 //!
-//! Tiles come in groups of four (64 rows), which the decode kernel reads together. A group
-//! stores block after block, and one block of a group is one contiguous stretch: the four
-//! tiles' lines, then their scales. So a GEMV reads each thread's share of the matrix as one
-//! sequential stream.
+//! Tiles come in groups of four (64 rows), which the decode kernel reads together. A group is
+//! stored as two lanes of two tiles, one after the other; a lane stores block after block, and
+//! one block of a lane is one contiguous stretch: its two tiles' lines, then their scales. So a
+//! GEMV reads each group as two sequential streams at once: a core keeps too few of its own
+//! loads in flight to reach the memory's bandwidth on one stream, and the hardware prefetchers
+//! run ahead on each stream they see.
 //!
 //! Rows past the matrix's end (the last group's padding) are zero. The bytes are those of
 //! the GGUF blocks, rearranged: memory stays the file's size, plus at most 63 padding rows.
@@ -66,6 +68,10 @@ pub(crate) use kind::QuantLayout;
 pub const TILE: usize = 16;
 /// Tiles per group: the decode kernel's width.
 pub const GROUP: usize = 4;
+/// Sequential streams per group: tiles `LANE_TILES · l ..` of a group are lane `l`.
+pub(crate) const LANES: usize = 2;
+/// Tiles per lane.
+pub(crate) const LANE_TILES: usize = GROUP / LANES;
 /// Values per quantization block.
 pub const QK: usize = 32;
 /// Bytes of one line (one `vpdpbusd` operand).
@@ -100,17 +106,19 @@ impl PackedMatrix {
     /// Byte offsets in `data` of tile `t`'s quants and scales of block `b`.
     fn offsets(&self, t: usize, b: usize) -> (usize, usize) {
         let (g, c) = (t / GROUP, t % GROUP);
-        let base = g * self.blocks() * self.kind.group_block_bytes();
-        let (quants, scales) = Self::offsets_in_group(self.kind, c, b);
+        let blocks = self.blocks();
+        let base = g * blocks * self.kind.group_block_bytes();
+        let (quants, scales) = Self::offsets_in_group(self.kind, blocks, c, b);
         (base + quants, base + scales)
     }
 
     /// Byte offsets, from the start of its group, of the quants and scales of block `b` of the
-    /// group's tile `c`.
-    fn offsets_in_group(kind: PackedKind, c: usize, b: usize) -> (usize, usize) {
-        let base = b * kind.group_block_bytes();
+    /// group's tile `c`, in a matrix of `blocks` blocks per row.
+    fn offsets_in_group(kind: PackedKind, blocks: usize, c: usize, b: usize) -> (usize, usize) {
+        let (lane, c) = (c / LANE_TILES, c % LANE_TILES);
+        let base = (lane * blocks + b) * kind.lane_block_bytes();
         let quants = base + c * kind.quant_bytes();
-        let scales = base + GROUP * kind.quant_bytes() + c * 2 * kind.scales();
+        let scales = base + LANE_TILES * kind.quant_bytes() + c * 2 * kind.scales();
         (quants, scales)
     }
 
@@ -162,7 +170,7 @@ impl PackedMatrix {
 
     /// Bytes from one block of a tile to its next.
     pub(crate) fn block_stride(&self) -> usize {
-        self.kind.group_block_bytes()
+        self.kind.lane_block_bytes()
     }
 
     /// The f16 scales of block `b` of tile `t`.

@@ -327,7 +327,7 @@ impl PackedMatrix {
                 for c in 0..GROUP {
                     let t = g * GROUP + c;
                     for b in 0..blocks {
-                        let (q, s) = Self::offsets_in_group(kind, c, b);
+                        let (q, s) = Self::offsets_in_group(kind, blocks, c, b);
                         for r in 0..TILE {
                             f(
                                 t * TILE + r,
