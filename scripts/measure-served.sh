@@ -126,7 +126,7 @@ EOF
 
 # ---- engine ----
 if [[ ${SKIP_ENGINE:-0} != 1 ]]; then
-    TESSERA_CACHE=$(dirname "$MODEL") TESSERA_BENCH_WEIGHTS=native \
+    TESSERA_BENCH_GGUF=$MODEL TESSERA_BENCH_WEIGHTS=native \
         TESSERA_BENCH_REPS=$ENGINE_REPS "$BIN_DIR/engine-bench" --bench \
         >"$OUT_DIR/engine.txt" 2>&1 || {
         echo "[$LABEL] engine-bench failed:" >&2
