@@ -103,9 +103,9 @@ def gemma_norm_names(hf: str) -> str | None:
     if parts[:2] != ["model", "layers"]:
         return None
     names = {
-        "post_attention_layernorm": "attn_post_norm",
+        "post_attention_layernorm": "post_attention_norm",
         "pre_feedforward_layernorm": "ffn_norm",
-        "post_feedforward_layernorm": "ffn_post_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
     }
     module = ".".join(parts[3:-1])
     return f"blk.{parts[2]}.{names[module]}.{parts[-1]}" if module in names else None

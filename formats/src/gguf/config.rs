@@ -265,6 +265,11 @@ impl GgufFile {
             sparse_layers,
             sliding_layers,
             attention_scale: self.optional_f32(&key("attention.scale"))?,
+            query_pre_attn_scalar: if gemma {
+                self.gemma_query_scalar(arch, architecture, num_layers)?
+            } else {
+                None
+            },
             attention_softcap: self.optional_f32(&key("attn_logit_softcapping"))?,
             final_softcap: self.optional_f32(&key("final_logit_softcapping"))?,
             local_rope_theta: match architecture {
@@ -277,6 +282,27 @@ impl GgufFile {
             norms_stored_plus_one: gemma,
             ..FamilyKeys::default()
         })
+    }
+
+    /// The score scalar of a Gemma file that does not write `attention.scale` (llama.cpp's
+    /// converter does not): llama.cpp takes `hidden / heads` for the 27B models, which it
+    /// knows by their layer count, and the head size for every other size.
+    fn gemma_query_scalar(
+        &self,
+        arch: &str,
+        architecture: Architecture,
+        num_layers: usize,
+    ) -> Result<Option<f64>, FormatError> {
+        let layers_27b = match architecture {
+            Architecture::Gemma2 => 46,
+            _ => 62,
+        };
+        let shape = self.attention_shape(arch)?;
+        Ok(Some(if num_layers == layers_27b {
+            (shape.hidden_size / shape.num_heads) as f64
+        } else {
+            shape.head_dim as f64
+        }))
     }
 
     /// The attention head layout from the `{arch}.attention.*` keys, checked for what the

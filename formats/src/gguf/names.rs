@@ -2,8 +2,9 @@
 
 /// The GGUF name of a Hugging Face decoder tensor name, if it has one. With `sandwich`
 /// (Gemma's four norms per layer) `post_attention_layernorm` is the norm of the attention's
-/// output (`attn_post_norm`) and `pre_feedforward_layernorm` the MLP's input norm
-/// (`ffn_norm`); otherwise `post_attention_layernorm` is the MLP's input norm.
+/// output (`post_attention_norm`), `pre_feedforward_layernorm` the MLP's input norm
+/// (`ffn_norm`) and `post_feedforward_layernorm` its output's (`post_ffw_norm`); otherwise
+/// `post_attention_layernorm` is the MLP's input norm.
 pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
     match name {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
@@ -22,10 +23,10 @@ pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
     };
     let gguf = match (module, suffix) {
         ("input_layernorm", "weight") => "attn_norm",
-        ("post_attention_layernorm", "weight") if sandwich => "attn_post_norm",
+        ("post_attention_layernorm", "weight") if sandwich => "post_attention_norm",
         ("post_attention_layernorm", "weight") => "ffn_norm",
         ("pre_feedforward_layernorm", "weight") if sandwich => "ffn_norm",
-        ("post_feedforward_layernorm", "weight") if sandwich => "ffn_post_norm",
+        ("post_feedforward_layernorm", "weight") if sandwich => "post_ffw_norm",
         ("self_attn.q_norm", "weight") => "attn_q_norm",
         ("self_attn.k_norm", "weight") => "attn_k_norm",
         ("self_attn.q_proj", _) => "attn_q",
@@ -158,9 +159,9 @@ mod tests {
             assert_eq!(hf_to_gguf(bad, false), None, "{bad}");
         }
         for (hf, gguf) in [
-            ("post_attention_layernorm", "attn_post_norm"),
+            ("post_attention_layernorm", "post_attention_norm"),
             ("pre_feedforward_layernorm", "ffn_norm"),
-            ("post_feedforward_layernorm", "ffn_post_norm"),
+            ("post_feedforward_layernorm", "post_ffw_norm"),
             ("self_attn.q_norm", "attn_q_norm"),
         ] {
             let name = format!("model.layers.2.{hf}.weight");

@@ -268,3 +268,33 @@ fn llama3_rope_scaling_is_recovered_from_rope_freqs() {
         "{err}"
     );
 }
+
+#[test]
+fn gemma_files_without_a_score_scale_take_llama_cpps() {
+    // Heads of 6 in a hidden size of 8 over 2 heads: the two rules differ (6 and 4).
+    let config = |arch: &str, layers: u32, scale: Option<f32>| {
+        let (mut w, _, _) = tiny_model(arch, false, true);
+        let replaced = [
+            format!("{arch}.block_count"),
+            format!("{arch}.attention.key_length"),
+            format!("{arch}.attention.value_length"),
+        ];
+        w.kvs.retain(|(k, _)| !replaced.contains(k));
+        let mut w = w
+            .kv(&replaced[0], V::U32(layers))
+            .kv(&replaced[1], V::U32(6))
+            .kv(&replaced[2], V::U32(6));
+        if let Some(s) = scale {
+            w = w.kv(&format!("{arch}.attention.scale"), V::F32(s));
+        }
+        let file = open_bytes(&w.bytes().0).unwrap();
+        file.model_config().unwrap().family.attention_scale
+    };
+    let by_head = (6f64).powf(-0.5) as f32;
+    let by_hidden = (4f64).powf(-0.5) as f32;
+    assert_eq!(config("gemma2", 2, None), by_head);
+    assert_eq!(config("gemma2", 46, None), by_hidden);
+    assert_eq!(config("gemma3", 62, None), by_hidden);
+    assert_eq!(config("gemma3", 46, None), by_head);
+    assert_eq!(config("gemma3", 62, Some(0.125)), 0.125);
+}
