@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves that scripts/test.sh passes on a first run: a fresh clone of HEAD, with every cache the
-# project uses pointed at an empty folder. Nothing of the user's is removed or written: HOME
+# project uses pointed at an empty folder. Nothing of the user's is removed: HOME
 # (so ~/.cache/tessera: the model, the NVRTC venv, the PTX cache; pip's cache), XDG_CACHE_HOME
 # and TESSERA_CACHE all point into a new temporary folder, and the clone has its own target/
 # (so target/helm-check and target/schemathesis start empty too). Cargo and rustup keep the
@@ -12,8 +12,9 @@
 #                                       the Helm check and the Schemathesis run; compiled code
 #                                       comes from this checkout's target/ (CARGO_TARGET_DIR),
 #                                       while the clone's own target/ holds the tools' venvs
-#   scripts/first-run-check.sh --full   the whole scripts/test.sh in the fresh clone (a cold
-#                                       build: CI's budget, not a laptop's coffee break)
+#   scripts/first-run-check.sh --full   the whole scripts/test.sh in the fresh clone: a cold
+#                                       build, unless CARGO_TARGET_DIR names a target folder
+#                                       to compile into (the binaries are then taken from it)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 export CARGO_HOME="${CARGO_HOME:-$HOME/.cargo}"
@@ -33,6 +34,9 @@ cd "$empty/clone"
 echo "first-run-check: fresh clone of $(git rev-parse --short HEAD) in $PWD, HOME=$HOME" >&2
 
 if [[ "${1:-}" == "--full" ]]; then
+  if [[ -n "${CARGO_TARGET_DIR:-}" ]]; then
+    export TESSERA_BIN_DIR="$CARGO_TARGET_DIR/debug"
+  fi
   bash scripts/test.sh
 else
   export CARGO_INCREMENTAL=0
