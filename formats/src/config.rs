@@ -241,6 +241,37 @@ pub(crate) fn token_ids(value: Option<&Value>) -> Vec<u32> {
 }
 
 impl ModelConfig {
+    /// The longest sequence the model serves, as vLLM derives `max_model_len`: a scaling that
+    /// stretches positions (linear, dynamic NTK) multiplies `max_position_embeddings` by its
+    /// factor, YaRN reaches `original · factor`; Llama 3 and LongRoPE configs already declare
+    /// the stretched length, as does Gemma 3, whose linear scaling is its global layers' only.
+    /// Never shorter than what the config declares.
+    pub fn context_length(&self) -> usize {
+        let declared = self.max_position_embeddings;
+        let stretched = match &self.rope_scaling {
+            Some(RopeScaling::Linear { factor }) if self.family.local_rope_theta.is_none() => {
+                declared as f64 * f64::from(*factor)
+            }
+            Some(RopeScaling::DynamicNtk { factor, .. }) => declared as f64 * f64::from(*factor),
+            Some(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                ..
+            }) => f64::from(*original_max_position_embeddings) * f64::from(*factor),
+            _ => 0.0,
+        };
+        // Saturating float-to-int cast: an absurd factor cannot wrap.
+        declared.max(stretched as usize)
+    }
+
+    /// Whether a sequence's rotary frequencies depend on its length (LongRoPE, dynamic NTK).
+    pub fn rope_depends_on_length(&self) -> bool {
+        matches!(
+            self.rope_scaling,
+            Some(RopeScaling::LongRope { .. } | RopeScaling::DynamicNtk { .. })
+        )
+    }
+
     /// Reads a Hugging Face `config.json` (transformers 4 and 5 key styles).
     pub fn from_hf_file(path: &Path) -> Result<Self, FormatError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -714,6 +745,53 @@ mod tests {
         assert_eq!(c.eos_token_ids, vec![1, 2]);
         assert_eq!(c.head_dim, 4);
         assert!(c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn context_length_follows_the_rope_scaling() {
+        let with = |arch: &str, scaling: &str| {
+            parse(&format!(
+                r#"{{"architectures":["{arch}"],"vocab_size":10,"hidden_size":8,
+                "intermediate_size":16,"num_hidden_layers":2,"num_attention_heads":2,
+                "max_position_embeddings":32768,"rope_scaling":{scaling}}}"#
+            ))
+            .context_length()
+        };
+        let llama = "LlamaForCausalLM";
+        assert_eq!(with(llama, "null"), 32768);
+        assert_eq!(
+            with(
+                "Qwen2ForCausalLM",
+                r#"{"type":"yarn","factor":4.0,"original_max_position_embeddings":32768}"#
+            ),
+            131072
+        );
+        assert_eq!(
+            with(
+                llama,
+                r#"{"type":"yarn","factor":2.0,"original_max_position_embeddings":4096}"#
+            ),
+            32768,
+            "never below the declared length"
+        );
+        assert_eq!(with(llama, r#"{"type":"dynamic","factor":2.0}"#), 65536);
+        assert_eq!(with(llama, r#"{"type":"linear","factor":4.0}"#), 131072);
+        assert_eq!(
+            with(
+                llama,
+                r#"{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,
+                "high_freq_factor":4.0,"original_max_position_embeddings":8192}"#
+            ),
+            32768
+        );
+        assert_eq!(
+            with(
+                "Gemma3ForCausalLM",
+                r#"{"rope_type":"linear","factor":8.0}"#
+            ),
+            32768,
+            "Gemma 3 declares the length its global layers' scaling reaches"
+        );
     }
 
     #[test]

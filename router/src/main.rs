@@ -309,6 +309,13 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let info = client.info().await?;
+    let prefix_caching = args.prefix_caching && !info.rope_depends_on_length;
+    if args.prefix_caching && !prefix_caching {
+        tracing::warn!(
+            "prefix caching is off: this model's rotary frequencies depend on a sequence's \
+             length, so one prompt's cached keys do not fit another"
+        );
+    }
     let limits = limits(&args, info.max_position_embeddings as usize)?;
     let max_batch_size = args
         .max_batch_size
@@ -325,7 +332,7 @@ async fn main() -> anyhow::Result<()> {
         limits: SchedulerLimits {
             max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
             max_batch_size,
-            prefix_caching: args.prefix_caching,
+            prefix_caching,
             speculate: info.speculate as usize,
         },
         queue_capacity: args.max_concurrent_requests,

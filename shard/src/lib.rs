@@ -11,6 +11,7 @@
 //!     block_table: &[0],
 //!     logits: LogitsWanted::Last,
 //!     tree: None,
+//!     prompt_len: 3,
 //! };
 //! let out = model.forward(&[chunk], &mut cache)?;
 //! assert_eq!(out.last(0).map(|l| l.len()), Some(model.config().vocab_size));

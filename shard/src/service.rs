@@ -96,13 +96,14 @@ impl TextGenerationService for ShardService {
             speculate: engine.lookahead() as u32,
             supports_chunking: true,
             vocab_size: c.vocab_size as u32,
-            max_position_embeddings: c.max_position_embeddings as u32,
+            max_position_embeddings: c.context_length() as u32,
             architecture: format!("{:?}", c.architecture).to_lowercase(),
             world_size: self.info.world_size,
             speculator: engine
                 .speculator()
                 .map(|s| s.name().to_owned())
                 .unwrap_or_default(),
+            rope_depends_on_length: c.rope_depends_on_length(),
         }))
     }
 

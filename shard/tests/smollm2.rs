@@ -536,6 +536,7 @@ fn all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
         block_table: &blocks,
         logits: LogitsWanted::All,
         tree: None,
+        prompt_len: tokens.len(),
     };
     let out = model.forward(&[chunk], &mut cache).unwrap();
     (0..tokens.len())

@@ -97,10 +97,7 @@ fn greedy_tokens_are_identical_at_every_depth() {
                     "{name} drafted by {draft}, depth {depth}: batched"
                 );
                 assert!(proposed > 0);
-                // Under length-dependent RoPE a draft's catch-up chunks rotate by their end, not
-                // as each token would decoded alone, so such a model may disagree with itself.
-                let fixed_rope = !["tiny-phi3", "tiny-llama-dynamic"].contains(&name);
-                if draft == name && fixed_rope {
+                if draft == name {
                     assert_eq!(
                         accepted, proposed,
                         "{name} drafting for itself must be always right"

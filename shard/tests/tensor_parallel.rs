@@ -128,11 +128,13 @@ fn fixtures_match_the_single_shard_engine() {
         ("tiny-mistral", &[2, 4][..]),
         ("tiny-qwen3", &[2][..]),
         ("tiny-gemma2", &[2][..]),
+        ("tiny-gemma2/model.gguf", &[2][..]),
         ("tiny-gemma3", &[2][..]),
         ("tiny-gemma3/model.gguf", &[2][..]),
         ("tiny-phi3", &[2][..]),
         ("tiny-phi3/model.gguf", &[2][..]),
         ("tiny-llama-yarn", &[2][..]),
+        ("tiny-llama-dynamic", &[2][..]),
         ("tiny-qwen3-moe", &[2][..]),
         ("tiny-mixtral/model.gguf", &[2][..]),
     ] {

@@ -235,3 +235,38 @@ async fn tiny_mistral_goldens_and_concurrency() {
     })
     .await;
 }
+
+/// LongRoPE rotates a prompt by its length: a shorter prompt's cached prefix does not fit a
+/// prompt past the original context, and chunked, batched prefill changes nothing.
+#[tokio::test]
+async fn tiny_phi3_goldens_after_a_shared_prefix_and_concurrency() {
+    within("tiny-phi3 goldens", TEST_LIMIT, async {
+        let server = Server::start("tiny-phi3", &["--dtype", "float32"]).await;
+        let golden = golden("tiny-phi3");
+        let longest = golden["prompts"]
+            .as_array()
+            .expect("prompts")
+            .iter()
+            .max_by_key(|p| p["prompt_ids"].as_array().map_or(0, Vec::len))
+            .and_then(|p| p["text"].as_str())
+            .expect("a golden prompt");
+        // Its first 20 words: more than a cache block, within the original 64 tokens.
+        let prefix = longest.split(' ').take(20).collect::<Vec<_>>().join(" ");
+        let n = server.tokenize(&prefix).await.len();
+        assert!((16..64).contains(&n), "the prefix is {n} tokens");
+        server.greedy_ids(&prefix, 1).await;
+        let mut checks = Checks::new();
+        checks
+            .run("goldens", TEST_LIMIT, goldens(&server, "tiny-phi3"))
+            .await;
+        checks
+            .run(
+                "32 concurrent = alone",
+                TEST_LIMIT,
+                concurrent_equals_alone(&server, "tiny-phi3"),
+            )
+            .await;
+        checks.finish();
+    })
+    .await;
+}

@@ -38,6 +38,7 @@ pub(crate) fn prefill(
             block_table: t,
             logits: LogitsWanted::Last,
             tree: None,
+            prompt_len: p.len(),
         })
         .collect();
     black_box(model.forward(&chunks, cache).expect("prefill"))
@@ -63,6 +64,7 @@ pub(crate) fn decode(
                 block_table: t,
                 logits: LogitsWanted::Last,
                 tree: None,
+                prompt_len: ctx,
             })
             .collect();
         let out = model.forward(&chunks, cache).expect("decode");

@@ -88,6 +88,7 @@ impl Engine {
                 block_table: &self.sequences[id].blocks,
                 logits: LogitsWanted::Last,
                 tree: None,
+                prompt_len: self.sequences[id].prompt_len,
             })
             .collect();
         let out = draft.model.forward(&chunks, &mut draft.cache)?;

@@ -258,6 +258,7 @@ impl Engine {
             block_table: &[0],
             logits: LogitsWanted::Last,
             tree: None,
+            prompt_len: 1,
         };
         let out = self.model.forward(&[chunk], &mut self.cache)?;
         match out.last(0) {
@@ -283,6 +284,7 @@ impl Engine {
             block_table: &blocks,
             logits: LogitsWanted::Last,
             tree: None,
+            prompt_len: tokens,
         };
         self.model.forward(&[chunk], &mut self.cache)?;
         Ok(())

@@ -61,6 +61,7 @@ impl Engine {
                         (false, false) => LogitsWanted::None,
                     },
                     tree: c.tree.as_ref().map(TokenTree::mask),
+                    prompt_len: seq.prompt_len,
                 }
             })
             .collect();

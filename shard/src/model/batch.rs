@@ -12,7 +12,7 @@ pub(crate) struct FlatBatch<'a> {
     pub(crate) input_ids: Vec<u32>,
     pub(crate) positions: Vec<u32>,
     /// Per token, the sequence length whose rotary frequencies it takes (length-dependent
-    /// RoPE): a chunk's end, or for verified proposals the length each would be decoded at.
+    /// RoPE): the prompt's length for a prompt token, else the length it is decoded at.
     pub(crate) rope_lens: Vec<usize>,
     /// Cache slot (block · block_size + offset) of each token.
     pub(crate) slots: Vec<usize>,
@@ -59,10 +59,8 @@ impl<'a> FlatBatch<'a> {
                 let depth = c.tree.map_or(i, |tree| tree.depths[i] as usize);
                 b.input_ids.push(t);
                 b.positions.push((c.start_position + depth) as u32);
-                b.rope_lens.push(match c.tree {
-                    Some(_) => c.start_position + depth + 1,
-                    None => c.start_position + c.tokens.len(),
-                });
+                b.rope_lens
+                    .push(c.prompt_len.max(c.start_position + depth + 1));
                 b.slots.push(slot(c.block_table, block_size, p));
             }
             b.seqs.push(AttentionSeq {
@@ -194,7 +192,8 @@ mod tests {
 
     #[test]
     fn a_mixed_batch_flattens_into_the_kernels_index() {
-        // A 3-token prompt chunk at position 4 (blocks 7, 2 of 4 slots) and a decode at 9.
+        // A 3-token chunk at position 4 of an 8-token prompt (blocks 7, 2 of 4 slots) and a
+        // decode at 9 after a 6-token prompt.
         let chunks = [
             SequenceChunk {
                 tokens: &[10, 11, 12],
@@ -202,6 +201,7 @@ mod tests {
                 block_table: &[7, 2],
                 logits: LogitsWanted::All,
                 tree: None,
+                prompt_len: 8,
             },
             SequenceChunk {
                 tokens: &[13],
@@ -209,10 +209,12 @@ mod tests {
                 block_table: &[1, 3, 5],
                 logits: LogitsWanted::Last,
                 tree: None,
+                prompt_len: 6,
             },
         ];
         let b = FlatBatch::new(&chunks, 4);
         assert_eq!(b.slots, vec![8, 9, 10, 21]);
+        assert_eq!(b.rope_lens, vec![8, 8, 8, 10]);
         let k = b.kernel_index().unwrap();
         assert_eq!(
             k,

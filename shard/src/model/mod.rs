@@ -72,6 +72,10 @@ pub struct SequenceChunk<'a> {
     /// length-dependent RoPE it rotates as it would decoded alone. `None`: consecutive
     /// positions computed together (a prompt chunk, a decoded token).
     pub tree: Option<TreeMask<'a>>,
+    /// Tokens of the sequence's prompt. Under length-dependent RoPE the prompt's tokens rotate
+    /// by the prompt's length and each later token by the length it is decoded at, as
+    /// transformers generates, however the prompt is chunked or the sequence recomputed.
+    pub prompt_len: usize,
 }
 
 /// Logits of one pass: a `[rows, vocab]` matrix and, per chunk, its rows.

@@ -1,12 +1,11 @@
 //! Rotary frequencies as transformers computes them: plain, linear, Llama 3, YaRN, LongRoPE
 //! and dynamic NTK scaling.
 //!
-//! LongRoPE and dynamic NTK choose a sequence's frequencies by its length. A sequence's new
-//! tokens in a pass rotate by its length at the end of that pass (what transformers does when
-//! it generates with a cache: the prompt by the prompt's length, each new token by the length
-//! so far); keys already cached keep their rotation. Proposals a pass verifies rotate each by
-//! the length it would be decoded at. The choice never depends on the other sequences of the
-//! batch.
+//! LongRoPE and dynamic NTK choose a sequence's frequencies by its length, as transformers
+//! does when it generates with a cache: the prompt's tokens rotate by the prompt's length,
+//! each later token (a decoded one, a verified proposal, one recomputed after preemption) by
+//! the length it is decoded at; keys already cached keep their rotation. The choice depends
+//! neither on how the prompt is chunked nor on the other sequences of the batch.
 
 use std::borrow::Cow;
 

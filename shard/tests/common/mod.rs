@@ -182,7 +182,7 @@ pub fn assert_goldens(name: &str, model: &Model, golden: &Golden, tol: f32) {
 }
 
 /// Asserts that every `(schedule, chunk)` gives prompt logits within `tol` of running each
-/// prompt alone, unchunked, and the same 20 greedy tokens.
+/// prompt alone, unchunked (bit for bit when `tol` is 0), and the same 20 greedy tokens.
 pub fn assert_close_under_schedules(
     name: &str,
     model: &Model,
@@ -195,8 +195,18 @@ pub fn assert_close_under_schedules(
         let other = run(model, prompts, 20, chunk, schedule);
         for (i, (a, b)) in alone.iter().zip(&other).enumerate() {
             let diff = max_abs_diff(&a.prompt_logits, &b.prompt_logits);
+            let bits = |o: &Outcome| {
+                o.prompt_logits
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>()
+            };
             assert!(
-                diff <= tol,
+                if tol == 0.0 {
+                    bits(a) == bits(b)
+                } else {
+                    diff <= tol
+                },
                 "{name} prompt {i} {schedule:?} chunk {chunk}: logits differ by {diff}"
             );
             assert_eq!(
@@ -312,6 +322,7 @@ pub fn run(
                         LogitsWanted::None
                     },
                     tree: None,
+                    prompt_len: s.prompt_len,
                 }
             })
             .collect();
