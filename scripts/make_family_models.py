@@ -24,6 +24,10 @@ the goldens mean the same thing (last-position logits, 20 greedy tokens, uncache
   * tiny-llama-dynamic: Llama with dynamic NTK (factor 2, max_position_embeddings 64); no GGUF.
   * tiny-qwen3-moe: Qwen3-MoE, 4 experts top 2 (renormalised), layer 1 dense (mlp_only_layers).
   * tiny-mixtral:   Mixtral, 4 experts top 2; GGUF `llama` with ffn_*_exps and ffn_gate_inp.
+  * tiny-qwen2-moe: Qwen2-MoE, 4 experts top 2 (not renormalised) beside a gated shared expert,
+                    q/k/v biases, layer 2 dense (decoder_sparse_step 2 with mlp_only_layers).
+
+Arguments name the fixtures to rebuild (default: all of them), e.g. `tiny-qwen2-moe`.
 
 Each directory but tiny-llama-dynamic also holds `model.gguf` (f32 tensors): llama.cpp's architecture name and tensor
 names, Gemma's norms stored as 1 + w (as the converter does), q/k rows permuted for `llama`
@@ -45,6 +49,8 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
     Phi3Config,
@@ -91,6 +97,10 @@ def gguf_name(hf: str) -> str | None:
         "mlp.gate_up_proj": "ffn_up",
         "mlp.gate": "ffn_gate_inp",
         "block_sparse_moe.gate": "ffn_gate_inp",
+        "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj": "ffn_up_shexp",
+        "mlp.shared_expert.down_proj": "ffn_down_shexp",
+        "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
     }
     if module in names:
         return f"blk.{layer}.{names[module]}.{suffix}"
@@ -406,19 +416,64 @@ def make_mixtral(tok) -> None:
     build("tiny-mixtral", cfg, MixtralForCausalLM, base.SEED + 21, tok, "llama", extra)
 
 
+def make_qwen2_moe(tok) -> None:
+    # 3 layers: sparse, sparse, dense (decoder_sparse_step 1 with mlp_only_layers [2]); 4 experts
+    # of width 32, top 2, not renormalised (Qwen2-MoE's default); a shared expert of width 48
+    # whose sigmoid gate scales it per token; q/k/v biases.
+    cfg = Qwen2MoeConfig(**dict(COMMON, hidden_act="silu"), num_hidden_layers=3,
+                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                         shared_expert_intermediate_size=48, norm_topk_prob=False,
+                         decoder_sparse_step=1, mlp_only_layers=[2], qkv_bias=True,
+                         use_sliding_window=False, tie_word_embeddings=False)
+
+    def extra(w):
+        w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+        w.add_expert_count(4)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(32)
+        w.add_expert_shared_feed_forward_length(48)
+
+    def check(out, tok):
+        # Without the shared expert the goldens must move, or they would not test it.
+        model = base.reload(out)
+        ids = torch.tensor([tok.encode(base.PROMPTS[-1], add_special_tokens=False).ids])
+        with torch.no_grad():
+            want = model(ids).logits[0, -1]
+            for layer in model.model.layers[:2]:
+                layer.mlp.shared_expert_gate.weight.fill_(-1e4)
+            got = model(ids).logits[0, -1]
+        moved = float((want - got).abs().max())
+        print(f"tiny-qwen2-moe: dropping the shared expert moves the logits by {moved:.2f}")
+        assert moved > 0.5, moved
+
+    build("tiny-qwen2-moe", cfg, Qwen2MoeForCausalLM, base.SEED + 22, tok, "qwen2moe", extra,
+          check=check)
+
+
+FIXTURES = {
+    "tiny-qwen3": make_qwen3,
+    "tiny-gemma2": make_gemma2,
+    "tiny-gemma3": make_gemma3,
+    "tiny-phi3": make_phi3,
+    "tiny-llama-yarn": make_llama_yarn,
+    "tiny-llama-dynamic": make_llama_dynamic,
+    "tiny-qwen3-moe": make_qwen3_moe,
+    "tiny-mixtral": make_mixtral,
+    "tiny-qwen2-moe": make_qwen2_moe,
+}
+
+
 def main() -> None:
     torch.manual_seed(base.SEED)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     tok = base.build_tokenizer()
-    make_qwen3(tok)
-    make_gemma2(tok)
-    make_gemma3(tok)
-    make_phi3(tok)
-    make_llama_yarn(tok)
-    make_llama_dynamic(tok)
-    make_qwen3_moe(tok)
-    make_mixtral(tok)
+    wanted = sys.argv[1:] or list(FIXTURES)
+    unknown = [n for n in wanted if n not in FIXTURES]
+    if unknown:
+        raise SystemExit(f"unknown fixtures {unknown}; known: {', '.join(FIXTURES)}")
+    for name in wanted:
+        FIXTURES[name](tok)
     print("done")
 
 

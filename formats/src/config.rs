@@ -21,6 +21,9 @@ pub enum Architecture {
     Qwen3,
     /// Qwen3-MoE: Qwen3's attention, sparse MoE MLPs.
     Qwen3Moe,
+    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention, sparse MoE MLPs beside a
+    /// gated shared expert.
+    Qwen2Moe,
     /// Mixtral: Mistral's attention, sparse MoE MLPs (GGUF: `llama` with experts).
     Mixtral,
     /// Phi-3, Phi-3.5 and Phi-4 (`Phi3ForCausalLM`): Llama's layer with fused `qkv_proj` and
@@ -38,7 +41,7 @@ impl Architecture {
     /// The architectures as users name them, for error messages.
     pub const SUPPORTED: &'static str = "LlamaForCausalLM (llama), MistralForCausalLM (mistral), \
         Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3), Qwen3MoeForCausalLM (qwen3_moe; \
-        GGUF qwen3moe), MixtralForCausalLM (mixtral; GGUF llama with experts), \
+        GGUF qwen3moe), Qwen2MoeForCausalLM (qwen2_moe; GGUF qwen2moe), MixtralForCausalLM (mixtral; GGUF llama with experts), \
         Phi3ForCausalLM (phi3), \
         Gemma2ForCausalLM (gemma2), \
         Gemma3ForCausalLM (gemma3_text; GGUF gemma3)";
@@ -52,6 +55,7 @@ impl Architecture {
             "Qwen3ForCausalLM" | "qwen3" => Some(Self::Qwen3),
             "Phi3ForCausalLM" | "phi3" => Some(Self::Phi3),
             "Qwen3MoeForCausalLM" | "qwen3_moe" | "qwen3moe" => Some(Self::Qwen3Moe),
+            "Qwen2MoeForCausalLM" | "qwen2_moe" | "qwen2moe" => Some(Self::Qwen2Moe),
             "MixtralForCausalLM" | "mixtral" => Some(Self::Mixtral),
             "Gemma2ForCausalLM" | "gemma2" => Some(Self::Gemma2),
             "Gemma3ForCausalLM" | "gemma3_text" | "gemma3" => Some(Self::Gemma3),
@@ -205,6 +209,7 @@ struct RawConfig {
     sliding_window: Option<Value>,
     use_sliding_window: Option<bool>,
     attention_bias: Option<bool>,
+    qkv_bias: Option<bool>,
     dtype: Option<String>,
     torch_dtype: Option<String>,
     bos_token_id: Option<Value>,
@@ -223,6 +228,7 @@ struct RawConfig {
     num_local_experts: Option<usize>,
     num_experts_per_tok: Option<usize>,
     moe_intermediate_size: Option<usize>,
+    shared_expert_intermediate_size: Option<usize>,
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
@@ -363,9 +369,10 @@ impl ModelConfig {
             max_position_embeddings,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             sliding_window,
-            attention_bias: raw
-                .attention_bias
-                .unwrap_or(architecture == Architecture::Qwen2),
+            attention_bias: raw.attention_bias.or(raw.qkv_bias).unwrap_or(matches!(
+                architecture,
+                Architecture::Qwen2 | Architecture::Qwen2Moe
+            )),
             dtype,
             bos_token_id: token_ids(raw.bos_token_id.as_ref()).first().copied(),
             eos_token_ids: token_ids(raw.eos_token_id.as_ref()),
@@ -416,7 +423,10 @@ fn layers(raw: &RawConfig, architecture: Architecture, head_dim: usize) -> Resul
         (_, Some(false))
             if matches!(
                 architecture,
-                Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe
+                Architecture::Qwen2
+                    | Architecture::Qwen3
+                    | Architecture::Qwen3Moe
+                    | Architecture::Qwen2Moe
             ) =>
         {
             None
@@ -520,10 +530,10 @@ fn sliding_layers(raw: &RawConfig) -> Result<Option<Vec<bool>>, String> {
     }))
 }
 
-/// The sparse MLP of a Qwen3-MoE or Mixtral config.
+/// The sparse MLP of a Qwen2-MoE, Qwen3-MoE or Mixtral config.
 fn moe(raw: &RawConfig, arch: Architecture) -> Result<Option<Moe>, String> {
     let (experts, intermediate, norm, names) = match arch {
-        Architecture::Qwen3Moe => (
+        Architecture::Qwen3Moe | Architecture::Qwen2Moe => (
             raw.num_experts.or(raw.num_local_experts),
             raw.moe_intermediate_size,
             raw.norm_topk_prob.unwrap_or(false),
@@ -551,12 +561,17 @@ fn moe(raw: &RawConfig, arch: Architecture) -> Result<Option<Moe>, String> {
             "num_experts_per_tok ({top_k}) must be between 1 and the experts ({experts})"
         ));
     }
+    let shared_expert_intermediate = match arch {
+        Architecture::Qwen2Moe => raw.shared_expert_intermediate_size.filter(|&n| n > 0),
+        _ => None,
+    };
     Ok(Some(Moe {
         experts,
         top_k,
         expert_intermediate,
         norm_topk_prob: norm,
         names,
+        shared_expert_intermediate,
     }))
 }
 

@@ -38,6 +38,9 @@ pub struct Moe {
     pub norm_topk_prob: bool,
     /// Tensor names in Hugging Face files.
     pub names: ExpertNames,
+    /// Inner width of the shared expert every token also goes through, its output scaled by
+    /// `sigmoid(x · shared_expert_gate)` (Qwen2-MoE); `None`: no shared expert.
+    pub shared_expert_intermediate: Option<usize>,
 }
 
 /// One decoder layer's attention options, and whether its MLP is sparse.

@@ -14,7 +14,7 @@ use tessera_shard::{Model, Op, OpTimes};
 
 /// Fixtures that also ship as a GGUF file (`model.gguf`, written as llama.cpp writes the
 /// family), checked against the same goldens.
-const GGUF_FIXTURES: [&str; 7] = [
+const GGUF_FIXTURES: [&str; 8] = [
     "tiny-qwen3",
     "tiny-gemma2",
     "tiny-gemma3",
@@ -22,6 +22,7 @@ const GGUF_FIXTURES: [&str; 7] = [
     "tiny-llama-yarn",
     "tiny-qwen3-moe",
     "tiny-mixtral",
+    "tiny-qwen2-moe",
 ];
 
 #[test]

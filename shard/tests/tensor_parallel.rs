@@ -137,6 +137,8 @@ fn fixtures_match_the_single_shard_engine() {
         ("tiny-llama-dynamic", &[2][..]),
         ("tiny-qwen3-moe", &[2][..]),
         ("tiny-mixtral/model.gguf", &[2][..]),
+        ("tiny-qwen2-moe", &[2, 4][..]),
+        ("tiny-qwen2-moe/model.gguf", &[2][..]),
     ] {
         let dir = fixture.split('/').next().unwrap_or(fixture);
         let golden = common::golden(dir);

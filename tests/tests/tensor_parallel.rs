@@ -86,6 +86,7 @@ async fn two_shards_match_one_shard_on_every_fixture() {
                 "tiny-llama-dynamic",
                 "tiny-qwen3-moe",
                 "tiny-mixtral",
+                "tiny-qwen2-moe",
             ] {
                 let prompts = prompts(model);
                 let (one, two) = tokio::join!(

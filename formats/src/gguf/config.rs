@@ -240,13 +240,17 @@ impl GgufFile {
                     experts,
                     top_k,
                     expert_intermediate,
+                    // llama.cpp renormalises every family's picks but Qwen2-MoE's.
                     norm_topk_prob: self
                         .optional_bool(&key("expert_weights_norm"))?
-                        .unwrap_or(true),
+                        .unwrap_or(architecture != Architecture::Qwen2Moe),
                     names: match architecture {
                         Architecture::Llama | Architecture::Mixtral => ExpertNames::Mixtral,
                         _ => ExpertNames::Qwen,
                     },
+                    shared_expert_intermediate: self
+                        .optional_usize(&key("expert_shared_feed_forward_length"))?
+                        .filter(|&n| n > 0),
                 })
             }
         };

@@ -39,6 +39,11 @@ pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
         ("mlp.gate_proj", "weight") => "ffn_gate",
         // The MoE router.
         ("mlp.gate" | "block_sparse_moe.gate", "weight") => "ffn_gate_inp",
+        // Qwen2-MoE's shared expert and its gate.
+        ("mlp.shared_expert.gate_proj", "weight") => "ffn_gate_shexp",
+        ("mlp.shared_expert.up_proj", "weight") => "ffn_up_shexp",
+        ("mlp.shared_expert.down_proj", "weight") => "ffn_down_shexp",
+        ("mlp.shared_expert_gate", "weight") => "ffn_gate_inp_shexp",
         ("mlp.up_proj", "weight") => "ffn_up",
         ("mlp.down_proj", "weight") => "ffn_down",
         _ => return None,
@@ -167,6 +172,16 @@ mod tests {
             let name = format!("model.layers.2.{hf}.weight");
             let want = format!("blk.2.{gguf}.weight");
             assert_eq!(hf_to_gguf(&name, true), Some(want), "{hf}");
+        }
+        for (hf, gguf) in [
+            ("shared_expert.gate_proj", "ffn_gate_shexp"),
+            ("shared_expert.up_proj", "ffn_up_shexp"),
+            ("shared_expert.down_proj", "ffn_down_shexp"),
+            ("shared_expert_gate", "ffn_gate_inp_shexp"),
+        ] {
+            let name = format!("model.layers.4.mlp.{hf}.weight");
+            let want = format!("blk.4.{gguf}.weight");
+            assert_eq!(hf_to_gguf(&name, false), Some(want), "{hf}");
         }
     }
 

@@ -4,14 +4,16 @@
 //!
 //! A token's result does not depend on which tokens share its experts: its rows of each
 //! product are computed as they would be alone, and its experts' outputs are added to it in
-//! ascending expert order (as transformers' `index_add_` loop adds them).
+//! ascending expert order (as transformers' `index_add_` loop adds them), then a shared
+//! expert's, scaled by its gate (Qwen2-MoE).
 
 use tessera_formats::Moe;
 use tessera_kernels::cpu::{ActivationDtype, activation, linear_weights_as};
 
-use super::weights::MoeWeights;
+use super::weights::{Expert, MoeWeights};
 
-/// `out = Σ_picked p_e · expert_e(x)` for `rows` rows of `x` (see the module documentation).
+/// `out = Σ_picked p_e · expert_e(x) + sigmoid(x · g) · shared(x)` for `rows` rows of `x`
+/// (see the module documentation).
 pub(crate) fn forward(
     w: &MoeWeights,
     moe: &Moe,
@@ -23,44 +25,83 @@ pub(crate) fn forward(
     let hidden = x.len() / rows.max(1);
     let picked = route(w, moe, x, rows, activations);
     out.fill(0.0);
-    let (mut gathered, mut gate_up, mut act, mut y) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut buffers = Buffers::default();
     for (expert, tokens) in w.experts.iter().zip(&picked) {
         if tokens.is_empty() {
             continue;
         }
-        let n = tokens.len();
-        let inner = expert.down.in_features();
-        gathered.clear();
+        buffers.gathered.clear();
         for &(t, _) in tokens {
-            gathered.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+            buffers
+                .gathered
+                .extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
         }
-        gate_up.resize(n * 2 * inner, 0.0);
-        act.resize(n * inner, 0.0);
-        y.resize(n * hidden, 0.0);
-        let (gu, down) = (&expert.gate_up, &expert.down);
-        linear_weights_as(
-            &gathered,
-            &gu.weight,
-            gu.bias.as_deref(),
-            n,
-            &mut gate_up,
-            activations,
-        );
-        activation::silu_mul(&gate_up, inner, &mut act);
-        linear_weights_as(
-            &act,
-            &down.weight,
-            down.bias.as_deref(),
-            n,
-            &mut y,
-            activations,
-        );
+        let y = buffers.mlp(expert, tokens.len(), hidden, activations);
         for (&(t, p), yr) in tokens.iter().zip(y.chunks_exact(hidden)) {
             for (o, v) in out[t * hidden..(t + 1) * hidden].iter_mut().zip(yr) {
                 *o += v * p;
             }
         }
+    }
+    if let Some(shared) = &w.shared {
+        buffers.gathered.clear();
+        buffers.gathered.extend_from_slice(&x[..rows * hidden]);
+        let y = buffers.mlp(&shared.mlp, rows, hidden, activations);
+        for ((o, xr), yr) in out
+            .chunks_exact_mut(hidden)
+            .zip(x.chunks_exact(hidden))
+            .zip(y.chunks_exact(hidden))
+        {
+            let g: f32 = xr.iter().zip(&shared.gate).map(|(a, b)| a * b).sum();
+            let scale = 1.0 / (1.0 + (-g).exp());
+            for (o, v) in o.iter_mut().zip(yr) {
+                *o += scale * v;
+            }
+        }
+    }
+}
+
+/// Scratch space for the experts' products, reused across experts.
+#[derive(Default)]
+struct Buffers {
+    gathered: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    y: Vec<f32>,
+}
+
+impl Buffers {
+    /// `down(silu(gate) · up)` of the `n` rows in `gathered`.
+    fn mlp(
+        &mut self,
+        expert: &Expert,
+        n: usize,
+        hidden: usize,
+        activations: ActivationDtype,
+    ) -> &[f32] {
+        let inner = expert.down.in_features();
+        self.gate_up.resize(n * 2 * inner, 0.0);
+        self.act.resize(n * inner, 0.0);
+        self.y.resize(n * hidden, 0.0);
+        let (gu, down) = (&expert.gate_up, &expert.down);
+        linear_weights_as(
+            &self.gathered,
+            &gu.weight,
+            gu.bias.as_deref(),
+            n,
+            &mut self.gate_up,
+            activations,
+        );
+        activation::silu_mul(&self.gate_up, inner, &mut self.act);
+        linear_weights_as(
+            &self.act,
+            &down.weight,
+            down.bias.as_deref(),
+            n,
+            &mut self.y,
+            activations,
+        );
+        &self.y
     }
 }
 

@@ -126,6 +126,7 @@ impl Mlp {
                 .chain(
                     m.experts
                         .iter()
+                        .chain(m.shared.as_ref().map(|s| &s.mlp))
                         .flat_map(|e| [&e.gate_up.weight, &e.down.weight]),
                 )
                 .collect(),
@@ -138,6 +139,15 @@ impl Mlp {
 pub(crate) struct MoeWeights {
     pub(crate) router: WeightMatrix,
     pub(crate) experts: Vec<Expert>,
+    /// Qwen2-MoE's shared expert, which every token goes through.
+    pub(crate) shared: Option<SharedExpert>,
+}
+
+/// A shared expert: this rank's slices of a dense SiLU MLP, and the whole gate vector whose
+/// `sigmoid(x · gate)` scales its output per token.
+pub(crate) struct SharedExpert {
+    pub(crate) mlp: Expert,
+    pub(crate) gate: Vec<f32>,
 }
 
 /// One expert: this rank's `[gate | up]` rows and down columns.
@@ -476,9 +486,45 @@ impl Loader<'_> {
                 })
             })
             .collect::<Result<_, EngineError>>()?;
+        let shared = match moe.shared_expert_intermediate {
+            Some(inter) => Some(self.shared_expert(&prefix, inter, hidden)?),
+            None => None,
+        };
         Ok(MoeWeights {
             router: self.for_compute(router),
             experts,
+            shared,
+        })
+    }
+
+    /// `{prefix}.shared_expert` (this rank's rows of its inner width `inter`) and its gate.
+    fn shared_expert(
+        &self,
+        prefix: &str,
+        inter: usize,
+        hidden: usize,
+    ) -> Result<SharedExpert, EngineError> {
+        let rows = self.partition.split(inter);
+        let mlp = format!("{prefix}.shared_expert");
+        let parts = [
+            ("gate_proj", inter, rows.clone()),
+            ("up_proj", inter, rows.clone()),
+        ];
+        let name = format!("{prefix}.shared_expert_gate.weight");
+        // `[1, hidden]` in Hugging Face files; GGUF files may hold it as a vector.
+        let gate = self.source.load_f32(&name)?;
+        if gate.data.len() != hidden || gate.shape.iter().product::<usize>() != hidden {
+            return Err(self.error(format!(
+                "tensor {name:?} has shape {:?}, the config implies [1, {hidden}]",
+                gate.shape
+            )));
+        }
+        Ok(SharedExpert {
+            mlp: Expert {
+                gate_up: self.fused(&mlp, &parts, hidden)?,
+                down: self.row_parallel(&format!("{mlp}.down_proj"), hidden, inter, rows)?,
+            },
+            gate: gate.data,
         })
     }
 }

@@ -13,7 +13,7 @@ use tessera_shard::{Engine, KvCache, LogitsWanted, Model, NewSequence, SequenceC
 
 /// Every tiny fixture the project generates (`scripts/make_test_models.py`,
 /// `scripts/make_family_models.py`).
-pub const FIXTURES: [&str; 11] = [
+pub const FIXTURES: [&str; 12] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-mistral",
@@ -25,6 +25,7 @@ pub const FIXTURES: [&str; 11] = [
     "tiny-llama-dynamic",
     "tiny-qwen3-moe",
     "tiny-mixtral",
+    "tiny-qwen2-moe",
 ];
 
 /// The repository: `$TESSERA_REPO_ROOT` when set (test executables built on one machine and
