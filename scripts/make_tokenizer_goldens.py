@@ -11,6 +11,10 @@
    AutoTokenizer on the fixtures/tiny-* model directories (ModelTokenizer::from_hf_dir).
 3. formats/tests/data/tiny_spm_tokenizer.json: a tiny hand-built SentencePiece-style
    ("llama") GGUF tokenizer, its metadata and transformers' ids/decodes for it.
+4. formats/tests/data/tiny_family_tokenizers.json: GGUF tokenizers as llama.cpp writes two
+   families' vocabularies, and transformers' ids/decodes for them: Gemma's SentencePiece
+   vocabulary (`llama` model, no space prefix, `gemma2` architecture) and Qwen's byte-level
+   BPE with the `qwen2` pre-tokenizer (digits split one by one).
 
 Needs transformers (5.x), tokenizers and gguf.
 """
@@ -188,6 +192,93 @@ def tiny_spm(tmp: Path) -> dict:
     return {"spec": spec, "cases": cases}
 
 
+def write_gguf_tokenizer(path: Path, arch: str, spec: dict) -> None:
+    """A GGUF file holding only `spec`'s tokenizer metadata (and the keys a config needs)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(16)
+    w.add_head_count(1)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model(spec["model"])
+    if spec.get("pre"):
+        w.add_tokenizer_pre(spec["pre"])
+    w.add_token_list(spec["tokens"])
+    w.add_token_types(spec["token_types"])
+    if spec.get("scores"):
+        w.add_token_scores(spec["scores"])
+    if spec.get("merges"):
+        w.add_token_merges(spec["merges"])
+    w.add_bos_token_id(spec["bos_id"])
+    w.add_eos_token_id(spec["eos_id"])
+    if spec.get("unk_id") is not None:
+        w.add_unk_token_id(spec["unk_id"])
+    w.add_add_bos_token(spec["add_bos"])
+    if spec.get("add_space_prefix") is not None:
+        w.add_add_space_prefix(spec["add_space_prefix"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def gguf_cases(tmp: Path, arch: str, spec: dict, texts: list[str]) -> dict:
+    path = tmp / f"tiny-{arch}.gguf"
+    write_gguf_tokenizer(path, arch, spec)
+    tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file=path.name)
+    cases = []
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=True)
+        cases.append(
+            {
+                "text": text,
+                "ids": ids,
+                "ids_no_special": tok.encode(text, add_special_tokens=False),
+                "decoded": tok.decode(ids, skip_special_tokens=False),
+                "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+            }
+        )
+    return {"arch": arch, "spec": spec, "cases": cases}
+
+
+def tiny_gemma(tmp: Path) -> dict:
+    """Gemma's vocabulary as llama.cpp converts it: `llama` pieces with byte fallback and
+    scores, `<pad>`/`<eos>`/`<bos>`/`<unk>` first, no space prefix, bos added."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    types = [3, 3, 3, 2, 4, 4]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    scores = [0.0] * len(tokens)
+    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "a", "n", "t", "\n", "▁h", "ll", "▁he",
+              "llo", "▁hello", "he", "hello", "▁w", "or", "▁wor", "ld", "▁world", "wor",
+              "world", "an", "▁an", "▁and", "at", "▁t", "▁th", "▁the", "▁▁", "▁▁▁▁"]
+    for i, piece in enumerate(pieces):
+        tokens.append(piece)
+        types.append(1)
+        scores.append(-float(i))
+    spec = {"model": "llama", "tokens": tokens, "token_types": types, "scores": scores,
+            "bos_id": 2, "eos_id": 1, "unk_id": 3, "add_bos": True, "add_space_prefix": False}
+    texts = SPM_TEXTS + ["<start_of_turn>user\nhello world<end_of_turn>\n",
+                         "hello  world    and\tthe", "world hello"]
+    return gguf_cases(tmp, "gemma2", spec, texts)
+
+
+def tiny_qwen2(tmp: Path) -> dict:
+    """A byte-level BPE vocabulary (the tiny fixtures') written as llama.cpp writes Qwen's:
+    `gpt2` model, `qwen2` pre-tokenizer, `<|endoftext|>` bos not added."""
+    fixture = json.loads((ROOT / "fixtures" / "tiny-qwen2" / "tokenizer.json").read_text())
+    vocab = fixture["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {a["content"] for a in fixture["added_tokens"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in fixture["model"]["merges"]]
+    spec = {"model": "gpt2", "pre": "qwen2", "tokens": tokens,
+            "token_types": [3 if t in special else 1 for t in tokens], "merges": merges,
+            "bos_id": 0, "eos_id": 2, "add_bos": False}
+    texts = TEXTS[:60] + ["12345 67 8", "x=1234567890;y=42", "I'M HERE, YOU'RE THERE"]
+    return gguf_cases(tmp, "qwen2", spec, texts)
+
+
 FIXTURES = ["tiny-llama", "tiny-mistral", "tiny-qwen2"]
 
 
@@ -237,6 +328,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = DATA / "tiny_spm_tokenizer.json"
         out.write_text(json.dumps(tiny_spm(Path(tmp)), ensure_ascii=False, indent=1) + "\n")
+        print("wrote", out)
+    with tempfile.TemporaryDirectory() as tmp:
+        families = [tiny_gemma(Path(tmp)), tiny_qwen2(Path(tmp))]
+        out = DATA / "tiny_family_tokenizers.json"
+        out.write_text(json.dumps(families, ensure_ascii=False, indent=1) + "\n")
         print("wrote", out)
 
 

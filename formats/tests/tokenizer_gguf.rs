@@ -247,3 +247,77 @@ fn decode_rejects_ids_outside_the_vocabulary() {
     let err = tok.decode(&[1, 99_999], false).unwrap_err();
     assert!(err.to_string().contains("99999"), "{err}");
 }
+
+/// A spec as `scripts/make_tokenizer_goldens.py` wrote it to JSON.
+fn spec_from_json(s: &Value) -> GgufTokenizerSpec {
+    let text = |k: &str| s[k].as_str().map(str::to_string);
+    let id = |k: &str| s[k].as_u64().map(|n| n as u32);
+    GgufTokenizerSpec {
+        model: text("model").expect("model"),
+        pre: text("pre"),
+        tokens: strings(&s["tokens"]),
+        token_types: s["token_types"]
+            .as_array()
+            .map(|a| a.iter().map(|t| t.as_i64().unwrap() as i32).collect()),
+        scores: s["scores"]
+            .as_array()
+            .map(|a| a.iter().map(|t| t.as_f64().unwrap() as f32).collect()),
+        merges: s["merges"].as_array().map(|_| strings(&s["merges"])),
+        bos_id: id("bos_id"),
+        eos_id: id("eos_id"),
+        unk_id: id("unk_id"),
+        add_bos: s["add_bos"].as_bool(),
+        add_space_prefix: s["add_space_prefix"].as_bool(),
+        ..Default::default()
+    }
+}
+
+/// Gemma's SentencePiece vocabulary (no space prefix) and Qwen's byte-level BPE with the
+/// `qwen2` pre-tokenizer, as llama.cpp writes them: the ids and decodes transformers' GGUF
+/// loader gives.
+#[test]
+fn gemma_and_qwen_vocabularies_match_transformers() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny_family_tokenizers.json");
+    let text = std::fs::read_to_string(&path).expect("tiny_family_tokenizers.json");
+    let families: Value = serde_json::from_str(&text).expect("valid JSON");
+    let mut failures = Vec::new();
+    for family in families.as_array().expect("a list") {
+        let arch = family["arch"].as_str().unwrap_or_default();
+        let tok = ModelTokenizer::from_gguf(&spec_from_json(&family["spec"]), Path::new(FILE))
+            .unwrap_or_else(|e| panic!("{arch}: {e}"));
+        for case in family["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let ids_with = tok.encode(text, true).unwrap();
+            let checks = [
+                (
+                    "ids",
+                    format!("{ids_with:?}"),
+                    format!("{:?}", ids(&case["ids"])),
+                ),
+                (
+                    "ids without specials",
+                    format!("{:?}", tok.encode(text, false).unwrap()),
+                    format!("{:?}", ids(&case["ids_no_special"])),
+                ),
+                (
+                    "decoded",
+                    format!("{:?}", tok.decode(&ids_with, false).unwrap()),
+                    format!("{:?}", case["decoded"].as_str().unwrap()),
+                ),
+                (
+                    "decoded skipping specials",
+                    format!("{:?}", tok.decode(&ids_with, true).unwrap()),
+                    format!("{:?}", case["decoded_skip_special"].as_str().unwrap()),
+                ),
+            ];
+            for (what, got, want) in checks {
+                if got != want {
+                    failures.push(format!(
+                        "{arch} {text:?} {what}:\n  ours         {got}\n  transformers {want}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
