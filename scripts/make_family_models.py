@@ -23,7 +23,8 @@ the goldens mean the same thing (last-position logits, 20 greedy tokens, uncache
   * tiny-llama-yarn:    Llama with YaRN (factor 4, original context 32).
   * tiny-llama-dynamic: Llama with dynamic NTK (factor 2, max_position_embeddings 64); no GGUF.
   * tiny-qwen3-moe: Qwen3-MoE, 4 experts top 2 (renormalised), layer 1 dense (mlp_only_layers).
-  * tiny-mixtral:   Mixtral, 4 experts top 2; GGUF `llama` with ffn_*_exps and ffn_gate_inp.
+  * tiny-mixtral:   Mixtral, 4 experts top 2; GGUF `llama` with ffn_*_exps and ffn_gate_inp, and
+                    model-per-expert.gguf with each expert's own ffn_{gate,up,down}.E tensors.
   * tiny-qwen2-moe: Qwen2-MoE, 4 experts top 2 (not renormalised) beside a gated shared expert,
                     q/k/v biases, layer 2 dense (decoder_sparse_step 2 with mlp_only_layers).
 
@@ -142,11 +143,14 @@ def llama_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool, tensors=None) -> None:
-    """`model`'s weights as f32 tensors in `out/model.gguf`, with the metadata llama.cpp reads."""
+def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool, tensors=None,
+               per_expert=False, file="model.gguf") -> None:
+    """`model`'s weights as f32 tensors in `out/file`, with the metadata llama.cpp reads; with
+    `per_expert`, each expert's matrices as their own tensors (`blk.N.ffn_gate.E.weight`), as
+    llama.cpp wrote MoE files before it stacked them."""
     cfg = model.config
     tensors = tensors or {}
-    w = gguf.GGUFWriter(str(out / "model.gguf"), arch)
+    w = gguf.GGUFWriter(str(out / file), arch)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
@@ -178,7 +182,11 @@ def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool, tensors=Non
         raise ValueError("untied model without lm_head.weight")
     for name, stacked in stack_experts(state).items():
         data = stacked.numpy().astype(np.float32)
-        w.add_tensor(name, data)
+        if per_expert:
+            for e in range(data.shape[0]):
+                w.add_tensor(name.replace("_exps.weight", f".{e}.weight"), data[e])
+        else:
+            w.add_tensor(name, data)
     for name, p in state.items():
         if ".experts." in name:
             continue
@@ -414,6 +422,14 @@ def make_mixtral(tok) -> None:
         w.add_expert_used_count(2)
 
     build("tiny-mixtral", cfg, MixtralForCausalLM, base.SEED + 21, tok, "llama", extra)
+    write_mixtral_per_expert(tok, extra)
+
+
+def write_mixtral_per_expert(tok, extra) -> None:
+    """tiny-mixtral as the Mixtral GGUF files made before llama.cpp stacked experts."""
+    out = base.FIXTURES / "tiny-mixtral"
+    write_gguf(out, base.reload(out), "llama", tok, extra, False, per_expert=True,
+               file="model-per-expert.gguf")
 
 
 def make_qwen2_moe(tok) -> None:

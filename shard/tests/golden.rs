@@ -12,17 +12,18 @@ use common::{
 use tessera_formats::ModelFiles;
 use tessera_shard::{Model, Op, OpTimes};
 
-/// Fixtures that also ship as a GGUF file (`model.gguf`, written as llama.cpp writes the
-/// family), checked against the same goldens.
-const GGUF_FIXTURES: [&str; 8] = [
-    "tiny-qwen3",
-    "tiny-gemma2",
-    "tiny-gemma3",
-    "tiny-phi3",
-    "tiny-llama-yarn",
-    "tiny-qwen3-moe",
-    "tiny-mixtral",
-    "tiny-qwen2-moe",
+/// GGUF files of the fixtures, written as llama.cpp writes each family (and, for Mixtral, as
+/// it wrote MoE files before it stacked experts), checked against the same goldens.
+const GGUF_FILES: [&str; 9] = [
+    "tiny-qwen3/model.gguf",
+    "tiny-gemma2/model.gguf",
+    "tiny-gemma3/model.gguf",
+    "tiny-phi3/model.gguf",
+    "tiny-llama-yarn/model.gguf",
+    "tiny-qwen3-moe/model.gguf",
+    "tiny-mixtral/model.gguf",
+    "tiny-mixtral/model-per-expert.gguf",
+    "tiny-qwen2-moe/model.gguf",
 ];
 
 #[test]
@@ -35,8 +36,9 @@ fn logits_and_greedy_tokens_match_transformers() {
 
 #[test]
 fn gguf_files_match_transformers() {
-    for name in GGUF_FIXTURES {
-        let path = repo_root().join("fixtures").join(name).join("model.gguf");
+    for file in GGUF_FILES {
+        let path = repo_root().join("fixtures").join(file);
+        let name = file.split('/').next().unwrap_or(file);
         let files = ModelFiles::open(&path).unwrap();
         let hf = ModelFiles::open(&path.with_file_name("")).unwrap();
         // The converter stores Gemma's norms as `1 + w`: the one difference there may be.
@@ -49,7 +51,7 @@ fn gguf_files_match_transformers() {
             "{name}: the GGUF metadata describes other layers than config.json"
         );
         let model = Model::load(&files).unwrap();
-        assert_goldens(&format!("{name}.gguf"), &model, &golden(name), 1e-4);
+        assert_goldens(file, &model, &golden(name), 1e-4);
     }
 }
 

@@ -213,10 +213,17 @@ impl GgufFile {
 
     /// The GGUF tensor behind a Hugging Face name, if the name maps and the tensor exists: a
     /// whole tensor, or one expert's matrix of a stacked 3-D expert tensor (as a 2-D tensor
-    /// of its bytes).
+    /// of its bytes), or of older files its own tensor.
     fn resolve(&self, name: &str) -> Result<Cow<'_, TensorInfo>, FormatError> {
-        if let Some((gguf_name, expert)) = names::hf_expert_to_gguf(name) {
-            return self.expert_slice(name, &gguf_name, expert).map(Cow::Owned);
+        if let Some(expert) = names::hf_expert_to_gguf(name) {
+            if self.tensor_info(&expert.stacked).is_none()
+                && let Some(single) = self.tensor_info(&expert.single)
+            {
+                return Ok(Cow::Borrowed(single));
+            }
+            return self
+                .expert_slice(name, &expert.stacked, expert.expert)
+                .map(Cow::Owned);
         }
         let gguf_name = names::hf_to_gguf(name, self.sandwich_norms()).ok_or_else(|| {
             FormatError::tensor(

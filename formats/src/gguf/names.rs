@@ -51,10 +51,20 @@ pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
     Some(format!("blk.{layer}.{gguf}.{suffix}"))
 }
 
+/// Where one expert's matrix lies in a GGUF file.
+#[derive(Debug, PartialEq)]
+pub(crate) struct ExpertTensor {
+    /// The 3-D tensor that stacks every expert's (`blk.N.ffn_gate_exps.weight`).
+    pub(crate) stacked: String,
+    /// The expert's own 2-D tensor in files converted before llama.cpp stacked them
+    /// (`blk.N.ffn_gate.E.weight`).
+    pub(crate) single: String,
+    pub(crate) expert: usize,
+}
+
 /// For one expert's matrix (`model.layers.N.mlp.experts.E.gate_proj.weight`, or Mixtral's
-/// `block_sparse_moe.experts.E.w1.weight`), the GGUF tensor that stacks every expert's
-/// (`blk.N.ffn_gate_exps.weight`) and `E`.
-pub(crate) fn hf_expert_to_gguf(name: &str) -> Option<(String, usize)> {
+/// `block_sparse_moe.experts.E.w1.weight`), its GGUF tensors.
+pub(crate) fn hf_expert_to_gguf(name: &str) -> Option<ExpertTensor> {
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     let rest = rest
@@ -65,16 +75,17 @@ pub(crate) fn hf_expert_to_gguf(name: &str) -> Option<(String, usize)> {
     if !all_digits(layer) || !all_digits(expert) {
         return None;
     }
-    let stacked = match matrix {
-        "gate_proj.weight" | "w1.weight" => "ffn_gate_exps",
-        "up_proj.weight" | "w3.weight" => "ffn_up_exps",
-        "down_proj.weight" | "w2.weight" => "ffn_down_exps",
+    let kind = match matrix {
+        "gate_proj.weight" | "w1.weight" => "ffn_gate",
+        "up_proj.weight" | "w3.weight" => "ffn_up",
+        "down_proj.weight" | "w2.weight" => "ffn_down",
         _ => return None,
     };
-    Some((
-        format!("blk.{layer}.{stacked}.weight"),
-        expert.parse().ok()?,
-    ))
+    Some(ExpertTensor {
+        stacked: format!("blk.{layer}.{kind}_exps.weight"),
+        single: format!("blk.{layer}.{kind}.{expert}.weight"),
+        expert: expert.parse().ok()?,
+    })
 }
 
 /// Whether this GGUF tensor is a q or k projection (weight or bias), and which head count
@@ -189,11 +200,19 @@ mod tests {
     fn expert_matrices_are_slices_of_the_stacked_tensors() {
         assert_eq!(
             hf_expert_to_gguf("model.layers.3.mlp.experts.7.up_proj.weight"),
-            Some(("blk.3.ffn_up_exps.weight".into(), 7))
+            Some(ExpertTensor {
+                stacked: "blk.3.ffn_up_exps.weight".into(),
+                single: "blk.3.ffn_up.7.weight".into(),
+                expert: 7
+            })
         );
         assert_eq!(
             hf_expert_to_gguf("model.layers.0.block_sparse_moe.experts.12.w2.weight"),
-            Some(("blk.0.ffn_down_exps.weight".into(), 12))
+            Some(ExpertTensor {
+                stacked: "blk.0.ffn_down_exps.weight".into(),
+                single: "blk.0.ffn_down.12.weight".into(),
+                expert: 12
+            })
         );
         assert_eq!(
             hf_expert_to_gguf("model.layers.0.mlp.experts.x.w2.weight"),
