@@ -64,6 +64,21 @@ impl Architecture {
     }
 }
 
+/// How a sequence's length chooses its rotary frequencies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LengthDependentRope {
+    /// One set of frequencies up to `threshold` tokens, another past it (LongRoPE).
+    Switches {
+        /// The longest sequence that takes the first set.
+        threshold: usize,
+    },
+    /// Past `threshold` tokens, other frequencies for every length (dynamic NTK).
+    Grows {
+        /// The longest sequence that takes the base frequencies.
+        threshold: usize,
+    },
+}
+
 /// How rotary position frequencies are adjusted for long contexts.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
@@ -270,12 +285,24 @@ impl ModelConfig {
         declared.max(stretched as usize)
     }
 
-    /// Whether a sequence's rotary frequencies depend on its length (LongRoPE, dynamic NTK).
-    pub fn rope_depends_on_length(&self) -> bool {
-        matches!(
-            self.rope_scaling,
-            Some(RopeScaling::LongRope { .. } | RopeScaling::DynamicNtk { .. })
-        )
+    /// How a sequence's length changes its rotary frequencies, if it does (LongRoPE, dynamic
+    /// NTK): what a cache that shares keys between sequences must tell apart.
+    pub fn length_dependent_rope(&self) -> Option<LengthDependentRope> {
+        match &self.rope_scaling {
+            Some(RopeScaling::LongRope {
+                original_max_position_embeddings,
+                ..
+            }) => Some(LengthDependentRope::Switches {
+                threshold: *original_max_position_embeddings,
+            }),
+            Some(RopeScaling::DynamicNtk {
+                original_max_position_embeddings,
+                ..
+            }) => Some(LengthDependentRope::Grows {
+                threshold: *original_max_position_embeddings,
+            }),
+            _ => None,
+        }
     }
 
     /// Reads a Hugging Face `config.json` (transformers 4 and 5 key styles).

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use axum::http::HeaderValue;
 use clap::Parser;
 use tessera_formats::ModelFiles;
-use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
+use tessera_router::batcher::{self, BatcherConfig, RopeLengthRule, SchedulerLimits};
 use tessera_router::client::ShardedClient;
 use tessera_router::client::WarmupRequest;
 use tessera_router::telemetry::TelemetryConfig;
@@ -309,13 +309,12 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let info = client.info().await?;
-    let prefix_caching = args.prefix_caching && !info.rope_depends_on_length;
-    if args.prefix_caching && !prefix_caching {
-        tracing::warn!(
-            "prefix caching is off: this model's rotary frequencies depend on a sequence's \
-             length, so one prompt's cached keys do not fit another"
-        );
-    }
+    let threshold = info.rope_length_threshold as usize;
+    let rope = match (threshold, info.rope_grows_with_length) {
+        (0, _) => RopeLengthRule::Fixed,
+        (threshold, false) => RopeLengthRule::Switches { threshold },
+        (threshold, true) => RopeLengthRule::Grows { threshold },
+    };
     let limits = limits(&args, info.max_position_embeddings as usize)?;
     let max_batch_size = args
         .max_batch_size
@@ -332,8 +331,9 @@ async fn main() -> anyhow::Result<()> {
         limits: SchedulerLimits {
             max_batch_prefill_tokens: limits.max_batch_prefill_tokens,
             max_batch_size,
-            prefix_caching,
+            prefix_caching: args.prefix_caching,
             speculate: info.speculate as usize,
+            rope,
         },
         queue_capacity: args.max_concurrent_requests,
     });

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use tessera_formats::LengthDependentRope;
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::text_generation_service_server::TextGenerationService;
 use tokio::sync::Mutex;
@@ -103,7 +104,17 @@ impl TextGenerationService for ShardService {
                 .speculator()
                 .map(|s| s.name().to_owned())
                 .unwrap_or_default(),
-            rope_depends_on_length: c.rope_depends_on_length(),
+            rope_length_threshold: match c.length_dependent_rope() {
+                Some(
+                    LengthDependentRope::Switches { threshold }
+                    | LengthDependentRope::Grows { threshold },
+                ) => threshold as u32,
+                None => 0,
+            },
+            rope_grows_with_length: matches!(
+                c.length_dependent_rope(),
+                Some(LengthDependentRope::Grows { .. })
+            ),
         }))
     }
 

@@ -237,7 +237,8 @@ async fn tiny_mistral_goldens_and_concurrency() {
 }
 
 /// LongRoPE rotates a prompt by its length: a shorter prompt's cached prefix does not fit a
-/// prompt past the original context, and chunked, batched prefill changes nothing.
+/// prompt past the original context (but does fit another such prompt), and chunked, batched
+/// prefill changes nothing.
 #[tokio::test]
 async fn tiny_phi3_goldens_after_a_shared_prefix_and_concurrency() {
     within("tiny-phi3 goldens", TEST_LIMIT, async {
@@ -255,6 +256,22 @@ async fn tiny_phi3_goldens_after_a_shared_prefix_and_concurrency() {
         let n = server.tokenize(&prefix).await.len();
         assert!((16..64).contains(&n), "the prefix is {n} tokens");
         server.greedy_ids(&prefix, 1).await;
+        let hits = "tessera_prefix_cache_hit_tokens_total";
+        let before = server.metric(hits).await;
+        let long_again = format!("{longest} Again.");
+        let alone = server.greedy_ids(&long_again, 4).await;
+        let after_first = server.metric(hits).await;
+        assert_eq!(
+            after_first, before,
+            "the shorter prompt's cached blocks were reused past the original context"
+        );
+        assert_eq!(server.greedy_ids(&long_again, 4).await, alone);
+        let reused = server.metric(hits).await - after_first;
+        assert!(
+            reused >= 64.0,
+            "a prompt past the original context reused {reused} cached tokens of the same \
+             prompt (before: {before}, after the first: {after_first})"
+        );
         let mut checks = Checks::new();
         checks
             .run("goldens", TEST_LIMIT, goldens(&server, "tiny-phi3"))

@@ -15,6 +15,16 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 pub(crate) struct BlockHash(u64);
 
 impl BlockHash {
+    /// The root a sequence's first block chains onto when its K/V depend on more than its
+    /// tokens (a `salt`, e.g. the rotary frequencies its length chose), so that it never
+    /// shares blocks with sequences of another salt.
+    pub(crate) fn root(salt: u64) -> Self {
+        let mut h = DefaultHasher::new();
+        "root".hash(&mut h);
+        salt.hash(&mut h);
+        Self(h.finish())
+    }
+
     /// Chains `tokens` (one full block) onto `parent` (`None` for the first block).
     pub(crate) fn chain(parent: Option<BlockHash>, tokens: &[u32]) -> Self {
         let mut h = DefaultHasher::new();
@@ -119,10 +129,15 @@ impl BlockPool {
     }
 
     /// Full blocks at the start of `tokens` whose K/V are cached, each with a new reference;
-    /// at most `max_blocks` of them.
-    pub(crate) fn lookup(&mut self, tokens: &[u32], max_blocks: usize) -> Vec<u32> {
+    /// at most `max_blocks` of them. The first block chains onto `root`.
+    pub(crate) fn lookup(
+        &mut self,
+        root: Option<BlockHash>,
+        tokens: &[u32],
+        max_blocks: usize,
+    ) -> Vec<u32> {
         let mut found = Vec::new();
-        let mut parent = None;
+        let mut parent = root;
         for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
             let hash = BlockHash::chain(parent, chunk);
             let Some(&block) = self.by_hash.get(&hash) else {
@@ -218,12 +233,12 @@ mod tests {
         p.release(b);
         assert_eq!(p.available(), 3);
         // Found again, with references.
-        assert_eq!(p.lookup(&tokens, 10), vec![a, b]);
+        assert_eq!(p.lookup(None, &tokens, 10), vec![a, b]);
         assert_eq!(p.ref_count(a), 1);
-        assert_eq!(p.lookup(&tokens, 1), vec![a]);
+        assert_eq!(p.lookup(None, &tokens, 1), vec![a]);
         assert_eq!(p.ref_count(a), 2);
         // A different first block shares nothing.
-        assert!(p.lookup(&[9, 9, 3, 4], 10).is_empty());
+        assert!(p.lookup(None, &[9, 9, 3, 4], 10).is_empty());
         p.release(a);
         p.release(a);
         p.release(b);
@@ -231,7 +246,10 @@ mod tests {
         let c = p.allocate().unwrap();
         assert!(c != a && c != b);
         assert_eq!(p.allocate(), Some(a));
-        assert!(p.lookup(&tokens, 10).is_empty(), "a's prefix was evicted");
+        assert!(
+            p.lookup(None, &tokens, 10).is_empty(),
+            "a's prefix was evicted"
+        );
         assert_eq!(p.allocate(), Some(b));
         assert_eq!(p.allocate(), None);
     }
@@ -244,6 +262,18 @@ mod tests {
         p.register(b, None, &[1, 2]);
         p.release(b);
         assert_eq!(p.available(), 2, "b was never cached, so it is empty again");
-        assert_eq!(p.lookup(&[1, 2, 3], 5), vec![a]);
+        assert_eq!(p.lookup(None, &[1, 2, 3], 5), vec![a]);
+    }
+
+    #[test]
+    fn blocks_under_another_root_are_not_shared() {
+        let mut p = BlockPool::new(4, 2);
+        let a = p.allocate().unwrap();
+        let root = Some(BlockHash::root(1));
+        p.register(a, root, &[1, 2]);
+        p.release(a);
+        assert!(p.lookup(None, &[1, 2, 3], 5).is_empty());
+        assert!(p.lookup(Some(BlockHash::root(2)), &[1, 2, 3], 5).is_empty());
+        assert_eq!(p.lookup(root, &[1, 2, 3], 5), vec![a]);
     }
 }

@@ -98,7 +98,7 @@ impl Model {
     fn admit(&mut self, pool: &mut BlockPool, tokens: &[u32]) {
         let needed = pool.blocks_for(tokens.len());
         let full = tokens.len() / BLOCK_SIZE;
-        let mut blocks = pool.lookup(tokens, full);
+        let mut blocks = pool.lookup(None, tokens, full);
         for (i, &b) in blocks.iter().enumerate() {
             assert_eq!(
                 self.content.get(&b).map(Vec::as_slice),

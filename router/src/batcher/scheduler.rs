@@ -34,6 +34,41 @@ pub struct SchedulerLimits {
     /// Tokens the shards may propose per decoding request (speculative decoding); blocks for
     /// them are given when free, never by preempting.
     pub speculate: usize,
+    /// How a prompt's length chooses its rotary frequencies, which cached prefixes must match.
+    pub rope: RopeLengthRule,
+}
+
+/// How a sequence's length chooses the rotary frequencies its keys were computed with: its
+/// prompt's tokens rotate by the prompt's length, later ones by the length they are decoded at.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RopeLengthRule {
+    /// The frequencies never depend on the length.
+    #[default]
+    Fixed,
+    /// One set up to `threshold` tokens, another past it (LongRoPE).
+    Switches {
+        /// The longest prompt that takes the first set.
+        threshold: usize,
+    },
+    /// Past `threshold` tokens, other frequencies for every length (dynamic NTK).
+    Grows {
+        /// The longest prompt that takes the base frequencies.
+        threshold: usize,
+    },
+}
+
+impl RopeLengthRule {
+    /// The root a prompt of `len` tokens chains its blocks onto: prompts share cached blocks
+    /// only when their lengths chose the same frequencies. A block of generated tokens past
+    /// the threshold stays under its prompt's root, which only a prompt as long as the
+    /// tokens before it could share; such a prompt takes other frequencies, and another root.
+    fn root(self, len: usize) -> Option<BlockHash> {
+        match self {
+            Self::Switches { threshold } if len > threshold => Some(BlockHash::root(1)),
+            Self::Grows { threshold } if len > threshold => Some(BlockHash::root(len as u64)),
+            _ => None,
+        }
+    }
 }
 
 fn seq_is_decoding(seq: &Sequence) -> bool {
@@ -57,6 +92,8 @@ struct Sequence {
     /// Full blocks registered in the prefix cache, and the hash of the last one.
     registered: usize,
     last_hash: Option<BlockHash>,
+    /// What the first block chains onto ([`RopeLengthRule::root`]).
+    root: Option<BlockHash>,
 }
 
 /// A request the shards have not seen (new, or resumed after preemption).
@@ -142,6 +179,7 @@ impl Scheduler {
 
     /// Queues a request.
     pub(crate) fn add(&mut self, id: u64, prompt: Vec<u32>, lookup_prefix: bool) {
+        let root = self.limits.rope.root(prompt.len());
         self.seqs.insert(
             id,
             Sequence {
@@ -153,7 +191,8 @@ impl Scheduler {
                 blocks_sent: 0,
                 lookup_prefix: lookup_prefix && self.limits.prefix_caching,
                 registered: 0,
-                last_hash: None,
+                last_hash: root,
+                root,
             },
         );
         self.waiting.push_back(id);
@@ -318,7 +357,7 @@ impl Scheduler {
             seq.computed = 0;
             seq.blocks_sent = 0;
             seq.registered = 0;
-            seq.last_hash = None;
+            seq.last_hash = seq.root;
         }
     }
 
@@ -330,11 +369,11 @@ impl Scheduler {
             // The last token is always computed, so that the request gets logits.
             let max_blocks = (seq.tokens.len() - 1) / bs;
             plan.prefix_queried_tokens += seq.tokens.len();
-            self.pool.lookup(&seq.tokens, max_blocks)
+            self.pool.lookup(seq.root, &seq.tokens, max_blocks)
         } else {
             Vec::new()
         };
-        let mut parent = None;
+        let mut parent = seq.root;
         for chunk in seq.tokens.chunks_exact(bs).take(hits.len()) {
             parent = Some(BlockHash::chain(parent, chunk));
         }
@@ -353,7 +392,7 @@ impl Scheduler {
                     }
                     seq.computed = 0;
                     seq.registered = 0;
-                    seq.last_hash = None;
+                    seq.last_hash = seq.root;
                     return None;
                 }
             }

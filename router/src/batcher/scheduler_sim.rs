@@ -1,7 +1,9 @@
 //! Seeded random workloads run through the scheduler against a deterministic executor that
 //! stands in for the shards: it keeps a KV cache of block slots and derives each sampled
 //! token from the K/V the request's block table points at, so a wrong block, a wrong
-//! prefix-cache hit or a lost token changes the output.
+//! prefix-cache hit or a lost token changes the output. Under length-dependent RoPE a slot
+//! also records the frequencies its token rotated by, so a cached block reused by a prompt
+//! whose length chose other ones is caught.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -9,7 +11,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng as StdRng;
 
-use super::scheduler::{Scheduler, SchedulerLimits, StepPlan};
+use super::scheduler::{RopeLengthRule, Scheduler, SchedulerLimits, StepPlan};
 
 const VOCAB: u64 = 50;
 
@@ -24,14 +26,28 @@ fn next_token(tokens: &[u32]) -> u32 {
 }
 
 /// The shards' side: per-request token lists and K/V slots holding the hash of the prefix
-/// they were computed for.
+/// they were computed for and of the rotary frequencies they took.
 #[derive(Default)]
 struct Executor {
+    rope: RopeLengthRule,
     slots: HashMap<(u32, usize), u64>,
-    seqs: HashMap<u64, (Vec<u32>, Vec<u32>, usize)>, // tokens, blocks, computed
+    seqs: HashMap<u64, (Vec<u32>, Vec<u32>, usize, usize)>, // tokens, blocks, computed, prompt
 }
 
 impl Executor {
+    /// What the K/V at position `p` hold: the prefix up to it, and which frequencies a token
+    /// there rotates by (the prompt's length for prompt tokens, else its own).
+    fn kv(&self, tokens: &[u32], p: usize, prompt_len: usize) -> u64 {
+        let len = prompt_len.max(p + 1);
+        let freqs = match self.rope {
+            RopeLengthRule::Fixed => 0,
+            RopeLengthRule::Switches { threshold } => u64::from(len > threshold),
+            RopeLengthRule::Grows { threshold } if len > threshold => len as u64,
+            RopeLengthRule::Grows { .. } => 0,
+        };
+        prefix_hash(&tokens[..=p]) ^ freqs.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
     fn run(&mut self, plan: &StepPlan, bs: usize) -> Vec<(u64, u32)> {
         for id in &plan.preempted {
             self.seqs.remove(id);
@@ -49,8 +65,16 @@ impl Executor {
                 "request {} sent twice",
                 w.id
             );
-            self.seqs
-                .insert(w.id, (w.input_ids.clone(), w.blocks.clone(), w.cache_len));
+            let prompt_len = w.input_ids.len() - w.generated_len;
+            self.seqs.insert(
+                w.id,
+                (
+                    w.input_ids.clone(),
+                    w.blocks.clone(),
+                    w.cache_len,
+                    prompt_len,
+                ),
+            );
         }
         let work: Vec<(u64, usize)> = plan
             .new
@@ -63,26 +87,28 @@ impl Executor {
             if n == 0 {
                 continue;
             }
-            let (tokens, blocks, computed) =
-                self.seqs.get_mut(&id).expect("work for an unknown request");
+            let (mut tokens, blocks, computed, prompt_len) =
+                self.seqs.remove(&id).expect("work for an unknown request");
             let slot = |p: usize| (blocks[p / bs], p % bs);
             // Everything already computed must be what this request computed.
-            for p in 0..*computed {
+            for p in 0..computed {
                 assert_eq!(
                     self.slots.get(&slot(p)),
-                    Some(&prefix_hash(&tokens[..=p])),
-                    "request {id}: K/V at position {p} belong to another prefix"
+                    Some(&self.kv(&tokens, p, prompt_len)),
+                    "request {id}: K/V at position {p} belong to another prefix or rotation"
                 );
             }
-            for p in *computed..*computed + n {
-                self.slots.insert(slot(p), prefix_hash(&tokens[..=p]));
+            for p in computed..computed + n {
+                let kv = self.kv(&tokens, p, prompt_len);
+                self.slots.insert(slot(p), kv);
             }
-            *computed += n;
-            if *computed == tokens.len() {
-                let t = next_token(tokens);
+            let computed = computed + n;
+            if computed == tokens.len() {
+                let t = next_token(&tokens);
                 tokens.push(t);
                 out.push((id, t));
             }
+            self.seqs.insert(id, (tokens, blocks, computed, prompt_len));
         }
         out
     }
@@ -106,7 +132,7 @@ fn expected(prompt: &[u32], max_new: usize) -> Vec<u32> {
     t[prompt.len()..].to_vec()
 }
 
-fn simulate(seed: u64, prefix_caching: bool) -> (u64, usize) {
+fn simulate(seed: u64, prefix_caching: bool, rope: RopeLengthRule) -> (u64, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let bs = 4;
     let num_blocks = 21; // 80 tokens: a tiny pool
@@ -115,9 +141,13 @@ fn simulate(seed: u64, prefix_caching: bool) -> (u64, usize) {
         max_batch_size: 8,
         prefix_caching,
         speculate: 0,
+        rope,
     };
     let mut sched = Scheduler::new(limits, num_blocks, bs);
-    let mut exec = Executor::default();
+    let mut exec = Executor {
+        rope,
+        ..Executor::default()
+    };
     let shared: Vec<Vec<u32>> = (0..3)
         .map(|_| {
             (0..rng.random_range(4..30))
@@ -211,7 +241,7 @@ fn random_workloads_keep_blocks_and_outputs_exact() {
     let mut hits = 0;
     for seed in 0..8 {
         for caching in [true, false] {
-            let (p, h) = simulate(seed, caching);
+            let (p, h) = simulate(seed, caching, RopeLengthRule::Fixed);
             preemptions += p;
             if caching {
                 hits += h;
@@ -222,4 +252,22 @@ fn random_workloads_keep_blocks_and_outputs_exact() {
     }
     assert!(preemptions > 0, "the tiny pool must force preemptions");
     assert!(hits > 0, "shared prefixes must hit the cache");
+}
+
+#[test]
+fn length_dependent_rope_shares_only_blocks_of_the_same_rotation() {
+    // Prompts of 1 to 49 tokens, on both sides of the threshold.
+    for rope in [
+        RopeLengthRule::Switches { threshold: 20 },
+        RopeLengthRule::Grows { threshold: 20 },
+    ] {
+        let mut hits = 0;
+        for seed in 0..8 {
+            hits += simulate(seed, true, rope).1;
+        }
+        assert!(
+            hits > 0,
+            "{rope:?}: prompts of one rotation must still share prefixes"
+        );
+    }
 }
