@@ -10,8 +10,8 @@ use axum::http::HeaderValue;
 use clap::Parser;
 use tessera_formats::ModelFiles;
 use tessera_router::batcher::{self, BatcherConfig, RopeLengthRule, SchedulerLimits};
-use tessera_router::client::ShardedClient;
 use tessera_router::client::WarmupRequest;
+use tessera_router::client::{ShardFacts, ShardedClient};
 use tessera_router::telemetry::TelemetryConfig;
 use tessera_router::{
     AppState, Infer, ModelInfo, ReasoningFormat, ToolCallFormat, ValidationConfig,
@@ -136,6 +136,18 @@ async fn connect(path: &str) -> anyhow::Result<ShardedClient> {
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
+    }
+}
+
+/// How the model's rotary frequencies depend on a prompt's length, as the shards report it.
+fn rope_rule(info: &ShardFacts) -> RopeLengthRule {
+    match (
+        info.rope_length_threshold as usize,
+        info.rope_grows_with_length,
+    ) {
+        (0, _) => RopeLengthRule::Fixed,
+        (threshold, false) => RopeLengthRule::Switches { threshold },
+        (threshold, true) => RopeLengthRule::Grows { threshold },
     }
 }
 
@@ -309,12 +321,6 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let info = client.info().await?;
-    let threshold = info.rope_length_threshold as usize;
-    let rope = match (threshold, info.rope_grows_with_length) {
-        (0, _) => RopeLengthRule::Fixed,
-        (threshold, false) => RopeLengthRule::Switches { threshold },
-        (threshold, true) => RopeLengthRule::Grows { threshold },
-    };
     let limits = limits(&args, info.max_position_embeddings as usize)?;
     let max_batch_size = args
         .max_batch_size
@@ -333,7 +339,7 @@ async fn main() -> anyhow::Result<()> {
             max_batch_size,
             prefix_caching: args.prefix_caching,
             speculate: info.speculate as usize,
-            rope,
+            rope: rope_rule(&info),
         },
         queue_capacity: args.max_concurrent_requests,
     });

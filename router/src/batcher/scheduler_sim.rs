@@ -124,6 +124,23 @@ struct Req {
     generated: Vec<u32>,
 }
 
+/// A prompt that starts with one of the `shared` prefixes more often than not, and a budget
+/// that fits 80 tokens.
+fn random_request(rng: &mut StdRng, shared: &[Vec<u32>]) -> Req {
+    let mut prompt = if rng.random_bool(0.6) {
+        shared[rng.random_range(0..shared.len())].clone()
+    } else {
+        Vec::new()
+    };
+    prompt.extend((0..rng.random_range(1..20)).map(|_| rng.random_range(0..VOCAB as u32)));
+    let max_new = rng.random_range(1..=(80 - prompt.len()).min(30));
+    Req {
+        prompt,
+        max_new,
+        generated: Vec::new(),
+    }
+}
+
 fn expected(prompt: &[u32], max_new: usize) -> Vec<u32> {
     let mut t = prompt.to_vec();
     for _ in 0..max_new {
@@ -163,24 +180,9 @@ fn simulate(seed: u64, prefix_caching: bool, rope: RopeLengthRule) -> (u64, usiz
     for step in 0..200_000 {
         if next_id < total && rng.random_bool(0.5) {
             for _ in 0..rng.random_range(1..4) {
-                let mut prompt = if rng.random_bool(0.6) {
-                    shared[rng.random_range(0..shared.len())].clone()
-                } else {
-                    Vec::new()
-                };
-                prompt.extend(
-                    (0..rng.random_range(1..20)).map(|_| rng.random_range(0..VOCAB as u32)),
-                );
-                let max_new = rng.random_range(1..=(80 - prompt.len()).min(30));
-                sched.add(next_id, prompt.clone(), true);
-                reqs.insert(
-                    next_id,
-                    Req {
-                        prompt,
-                        max_new,
-                        generated: Vec::new(),
-                    },
-                );
+                let req = random_request(&mut rng, &shared);
+                sched.add(next_id, req.prompt.clone(), true);
+                reqs.insert(next_id, req);
                 next_id += 1;
             }
         }
