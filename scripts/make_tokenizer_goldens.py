@@ -150,34 +150,6 @@ def tiny_spm(tmp: Path) -> dict:
         tokens.append(piece)
         types.append(4 if piece.startswith("<|") else 1)
         scores.append(-float(i))
-    path = tmp / "tiny-spm.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_space_prefix(True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file=path.name)
-    cases = []
-    for text in SPM_TEXTS:
-        ids = tok.encode(text, add_special_tokens=True)
-        cases.append(
-            {
-                "text": text,
-                "ids": ids,
-                "ids_no_special": tok.encode(text, add_special_tokens=False),
-                "decoded": tok.decode(ids, skip_special_tokens=False),
-                "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
-            }
-        )
     spec = {
         "model": "llama",
         "tokens": tokens,
@@ -189,7 +161,7 @@ def tiny_spm(tmp: Path) -> dict:
         "add_bos": True,
         "add_space_prefix": True,
     }
-    return {"spec": spec, "cases": cases}
+    return gguf_cases(tmp, "llama", spec, SPM_TEXTS)
 
 
 def write_gguf_tokenizer(path: Path, arch: str, spec: dict) -> None:

@@ -186,22 +186,27 @@ async fn concurrent_equals_alone(server: &Server, model: &str) {
     );
 }
 
+/// [`goldens`] and [`concurrent_equals_alone`], both reported if both fail.
+async fn goldens_and_concurrency(server: &Server, model: &str) {
+    let mut checks = Checks::new();
+    checks
+        .run("goldens", TEST_LIMIT, goldens(server, model))
+        .await;
+    checks
+        .run(
+            "32 concurrent = alone",
+            TEST_LIMIT,
+            concurrent_equals_alone(server, model),
+        )
+        .await;
+    checks.finish();
+}
+
 #[tokio::test]
 async fn tiny_llama_goldens_and_concurrency() {
     within("tiny-llama goldens", TEST_LIMIT, async {
         let server = Server::start("tiny-llama", &["--dtype", "float32"]).await;
-        let mut checks = Checks::new();
-        checks
-            .run("goldens", TEST_LIMIT, goldens(&server, "tiny-llama"))
-            .await;
-        checks
-            .run(
-                "32 concurrent = alone",
-                TEST_LIMIT,
-                concurrent_equals_alone(&server, "tiny-llama"),
-            )
-            .await;
-        checks.finish();
+        goldens_and_concurrency(&server, "tiny-llama").await;
     })
     .await;
 }
@@ -219,19 +224,8 @@ async fn tiny_qwen2_goldens() {
 async fn tiny_mistral_goldens_and_concurrency() {
     within("tiny-mistral goldens", TEST_LIMIT, async {
         let server = Server::start("tiny-mistral", &["--dtype", "float32"]).await;
-        let mut checks = Checks::new();
-        checks
-            .run("goldens", TEST_LIMIT, goldens(&server, "tiny-mistral"))
-            .await;
         // Sliding window 8 with long prompts in one batch.
-        checks
-            .run(
-                "32 concurrent = alone",
-                TEST_LIMIT,
-                concurrent_equals_alone(&server, "tiny-mistral"),
-            )
-            .await;
-        checks.finish();
+        goldens_and_concurrency(&server, "tiny-mistral").await;
     })
     .await;
 }
@@ -272,18 +266,7 @@ async fn tiny_phi3_goldens_after_a_shared_prefix_and_concurrency() {
             "a prompt past the original context reused {reused} cached tokens of the same \
              prompt (before: {before}, after the first: {after_first})"
         );
-        let mut checks = Checks::new();
-        checks
-            .run("goldens", TEST_LIMIT, goldens(&server, "tiny-phi3"))
-            .await;
-        checks
-            .run(
-                "32 concurrent = alone",
-                TEST_LIMIT,
-                concurrent_equals_alone(&server, "tiny-phi3"),
-            )
-            .await;
-        checks.finish();
+        goldens_and_concurrency(&server, "tiny-phi3").await;
     })
     .await;
 }

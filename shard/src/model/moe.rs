@@ -25,18 +25,16 @@ pub(crate) fn forward(
     let hidden = x.len() / rows.max(1);
     let picked = route(w, moe, x, rows, activations);
     out.fill(0.0);
-    let mut buffers = Buffers::default();
+    let (mut buffers, mut gathered) = (Buffers::default(), Vec::new());
     for (expert, tokens) in w.experts.iter().zip(&picked) {
         if tokens.is_empty() {
             continue;
         }
-        buffers.gathered.clear();
+        gathered.clear();
         for &(t, _) in tokens {
-            buffers
-                .gathered
-                .extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+            gathered.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
         }
-        let y = buffers.mlp(expert, tokens.len(), hidden, activations);
+        let y = buffers.mlp(expert, &gathered, tokens.len(), hidden, activations);
         for (&(t, p), yr) in tokens.iter().zip(y.chunks_exact(hidden)) {
             for (o, v) in out[t * hidden..(t + 1) * hidden].iter_mut().zip(yr) {
                 *o += v * p;
@@ -44,9 +42,7 @@ pub(crate) fn forward(
         }
     }
     if let Some(shared) = &w.shared {
-        buffers.gathered.clear();
-        buffers.gathered.extend_from_slice(&x[..rows * hidden]);
-        let y = buffers.mlp(&shared.mlp, rows, hidden, activations);
+        let y = buffers.mlp(&shared.mlp, &x[..rows * hidden], rows, hidden, activations);
         for ((o, xr), yr) in out
             .chunks_exact_mut(hidden)
             .zip(x.chunks_exact(hidden))
@@ -64,17 +60,17 @@ pub(crate) fn forward(
 /// Scratch space for the experts' products, reused across experts.
 #[derive(Default)]
 struct Buffers {
-    gathered: Vec<f32>,
     gate_up: Vec<f32>,
     act: Vec<f32>,
     y: Vec<f32>,
 }
 
 impl Buffers {
-    /// `down(silu(gate) · up)` of the `n` rows in `gathered`.
+    /// `down(silu(gate) · up)` of the `n` rows of `x`.
     fn mlp(
         &mut self,
         expert: &Expert,
+        x: &[f32],
         n: usize,
         hidden: usize,
         activations: ActivationDtype,
@@ -85,7 +81,7 @@ impl Buffers {
         self.y.resize(n * hidden, 0.0);
         let (gu, down) = (&expert.gate_up, &expert.down);
         linear_weights_as(
-            &self.gathered,
+            x,
             &gu.weight,
             gu.bias.as_deref(),
             n,
