@@ -41,7 +41,8 @@ impl Architecture {
     /// The architectures as users name them, for error messages.
     pub const SUPPORTED: &'static str = "LlamaForCausalLM (llama), MistralForCausalLM (mistral), \
         Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3), Qwen3MoeForCausalLM (qwen3_moe; \
-        GGUF qwen3moe), Qwen2MoeForCausalLM (qwen2_moe; GGUF qwen2moe), MixtralForCausalLM (mixtral; GGUF llama with experts), \
+        GGUF qwen3moe), Qwen2MoeForCausalLM (qwen2_moe; GGUF qwen2moe), \
+        MixtralForCausalLM (mixtral; GGUF llama with experts), \
         Phi3ForCausalLM (phi3), \
         Gemma2ForCausalLM (gemma2), \
         Gemma3ForCausalLM (gemma3_text; GGUF gemma3)";

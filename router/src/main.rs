@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use axum::http::HeaderValue;
 use clap::Parser;
-use tessera_formats::ModelFiles;
-use tessera_router::batcher::{self, BatcherConfig, RopeLengthRule, SchedulerLimits};
+use tessera_formats::{LengthDependentRope, ModelFiles};
+use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::WarmupRequest;
 use tessera_router::client::{ShardFacts, ShardedClient};
 use tessera_router::telemetry::TelemetryConfig;
@@ -140,14 +140,12 @@ async fn connect(path: &str) -> anyhow::Result<ShardedClient> {
 }
 
 /// How the model's rotary frequencies depend on a prompt's length, as the shards report it.
-fn rope_rule(info: &ShardFacts) -> RopeLengthRule {
-    match (
-        info.rope_length_threshold as usize,
-        info.rope_grows_with_length,
-    ) {
-        (0, _) => RopeLengthRule::Fixed,
-        (threshold, false) => RopeLengthRule::Switches { threshold },
-        (threshold, true) => RopeLengthRule::Grows { threshold },
+fn rope_rule(info: &ShardFacts) -> Option<LengthDependentRope> {
+    let threshold = info.rope_length_threshold as usize;
+    match (threshold, info.rope_grows_with_length) {
+        (0, _) => None,
+        (_, false) => Some(LengthDependentRope::Switches { threshold }),
+        (_, true) => Some(LengthDependentRope::Grows { threshold }),
     }
 }
 

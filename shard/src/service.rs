@@ -89,6 +89,11 @@ impl TextGenerationService for ShardService {
     ) -> Result<Response<pb::InfoResponse>, Status> {
         let engine = self.engine.lock().await;
         let c = engine.model().config();
+        let (rope_length_threshold, rope_grows_with_length) = match c.length_dependent_rope() {
+            Some(LengthDependentRope::Switches { threshold }) => (threshold as u32, false),
+            Some(LengthDependentRope::Grows { threshold }) => (threshold as u32, true),
+            None => (0, false),
+        };
         Ok(Response::new(pb::InfoResponse {
             dtype: self.info.dtype.clone(),
             device_type: engine.model().device_type().into(),
@@ -104,17 +109,8 @@ impl TextGenerationService for ShardService {
                 .speculator()
                 .map(|s| s.name().to_owned())
                 .unwrap_or_default(),
-            rope_length_threshold: match c.length_dependent_rope() {
-                Some(
-                    LengthDependentRope::Switches { threshold }
-                    | LengthDependentRope::Grows { threshold },
-                ) => threshold as u32,
-                None => 0,
-            },
-            rope_grows_with_length: matches!(
-                c.length_dependent_rope(),
-                Some(LengthDependentRope::Grows { .. })
-            ),
+            rope_length_threshold,
+            rope_grows_with_length,
         }))
     }
 

@@ -14,7 +14,7 @@ use metrics_support::{
 };
 use serde_json::{Value, json};
 use tessera_formats::ModelFiles;
-use tessera_router::batcher::{self, BatcherConfig, RopeLengthRule, SchedulerLimits};
+use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::ShardedClient;
 use tessera_router::client::WarmupRequest;
 use tessera_router::{AppState, Infer, ValidationConfig, app, install_recorder};
@@ -54,7 +54,7 @@ async fn start(dir: &std::path::Path) -> Server {
         max_batch_size: 8,
         prefix_caching: true,
         speculate: 0,
-        rope: RopeLengthRule::Fixed,
+        rope: None,
     };
     let (queue, health) = batcher::spawn(BatcherConfig {
         client,

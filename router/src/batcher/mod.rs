@@ -28,8 +28,8 @@ use crate::client::{ClientError, Generation, NewRequest, ShardStep, ShardedClien
 use crate::infer::{Entry, InferError};
 use crate::metrics::names;
 use crate::server::HealthCheck;
+pub use scheduler::SchedulerLimits;
 pub(crate) use scheduler::{NewWork, RunningWork};
-pub use scheduler::{RopeLengthRule, SchedulerLimits};
 use scheduler::{Scheduler, StepPlan};
 use stream::{OutputStream, SpecialTokens};
 

@@ -20,6 +20,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use tessera_formats::LengthDependentRope;
+
 use super::blocks::{BlockHash, BlockPool};
 
 /// Limits of one step.
@@ -34,40 +36,23 @@ pub struct SchedulerLimits {
     /// Tokens the shards may propose per decoding request (speculative decoding); blocks for
     /// them are given when free, never by preempting.
     pub speculate: usize,
-    /// How a prompt's length chooses its rotary frequencies, which cached prefixes must match.
-    pub rope: RopeLengthRule,
+    /// How a prompt's length chooses its rotary frequencies, which cached prefixes must match
+    /// (`None`: it does not).
+    pub rope: Option<LengthDependentRope>,
 }
 
-/// How a sequence's length chooses the rotary frequencies its keys were computed with: its
-/// prompt's tokens rotate by the prompt's length, later ones by the length they are decoded at.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum RopeLengthRule {
-    /// The frequencies never depend on the length.
-    #[default]
-    Fixed,
-    /// One set up to `threshold` tokens, another past it (LongRoPE).
-    Switches {
-        /// The longest prompt that takes the first set.
-        threshold: usize,
-    },
-    /// Past `threshold` tokens, other frequencies for every length (dynamic NTK).
-    Grows {
-        /// The longest prompt that takes the base frequencies.
-        threshold: usize,
-    },
-}
-
-impl RopeLengthRule {
-    /// The root a prompt of `len` tokens chains its blocks onto: prompts share cached blocks
-    /// only when their lengths chose the same frequencies. A block of generated tokens past
-    /// the threshold stays under its prompt's root, which only a prompt as long as the
-    /// tokens before it could share; such a prompt takes other frequencies, and another root.
-    fn root(self, len: usize) -> Option<BlockHash> {
-        match self {
-            Self::Switches { threshold } if len > threshold => Some(BlockHash::root(1)),
-            Self::Grows { threshold } if len > threshold => Some(BlockHash::root(len as u64)),
-            _ => None,
+/// The root a prompt of `len` tokens chains its blocks onto: prompts share cached blocks only
+/// when their lengths chose the same rotary frequencies (its prompt's tokens rotate by the
+/// prompt's length, later ones by the length they are decoded at). A block of generated
+/// tokens past the threshold stays under its prompt's root, which only a prompt as long as the
+/// tokens before it could share; such a prompt takes other frequencies, and another root.
+fn prefix_root(rope: Option<LengthDependentRope>, len: usize) -> Option<BlockHash> {
+    match rope? {
+        LengthDependentRope::Switches { threshold } if len > threshold => Some(BlockHash::root(1)),
+        LengthDependentRope::Grows { threshold } if len > threshold => {
+            Some(BlockHash::root(len as u64))
         }
+        _ => None,
     }
 }
 
@@ -92,7 +77,7 @@ struct Sequence {
     /// Full blocks registered in the prefix cache, and the hash of the last one.
     registered: usize,
     last_hash: Option<BlockHash>,
-    /// What the first block chains onto ([`RopeLengthRule::root`]).
+    /// What the first block chains onto ([`prefix_root`]).
     root: Option<BlockHash>,
 }
 
@@ -179,7 +164,7 @@ impl Scheduler {
 
     /// Queues a request.
     pub(crate) fn add(&mut self, id: u64, prompt: Vec<u32>, lookup_prefix: bool) {
-        let root = self.limits.rope.root(prompt.len());
+        let root = prefix_root(self.limits.rope, prompt.len());
         self.seqs.insert(
             id,
             Sequence {

@@ -11,7 +11,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng as StdRng;
 
-use super::scheduler::{RopeLengthRule, Scheduler, SchedulerLimits, StepPlan};
+use tessera_formats::LengthDependentRope;
+
+use super::scheduler::{Scheduler, SchedulerLimits, StepPlan};
 
 const VOCAB: u64 = 50;
 
@@ -29,7 +31,7 @@ fn next_token(tokens: &[u32]) -> u32 {
 /// they were computed for and of the rotary frequencies they took.
 #[derive(Default)]
 struct Executor {
-    rope: RopeLengthRule,
+    rope: Option<LengthDependentRope>,
     slots: HashMap<(u32, usize), u64>,
     seqs: HashMap<u64, (Vec<u32>, Vec<u32>, usize, usize)>, // tokens, blocks, computed, prompt
 }
@@ -40,10 +42,10 @@ impl Executor {
     fn kv(&self, tokens: &[u32], p: usize, prompt_len: usize) -> u64 {
         let len = prompt_len.max(p + 1);
         let freqs = match self.rope {
-            RopeLengthRule::Fixed => 0,
-            RopeLengthRule::Switches { threshold } => u64::from(len > threshold),
-            RopeLengthRule::Grows { threshold } if len > threshold => len as u64,
-            RopeLengthRule::Grows { .. } => 0,
+            None => 0,
+            Some(LengthDependentRope::Switches { threshold }) => u64::from(len > threshold),
+            Some(LengthDependentRope::Grows { threshold }) if len > threshold => len as u64,
+            Some(LengthDependentRope::Grows { .. }) => 0,
         };
         prefix_hash(&tokens[..=p]) ^ freqs.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
@@ -149,7 +151,7 @@ fn expected(prompt: &[u32], max_new: usize) -> Vec<u32> {
     t[prompt.len()..].to_vec()
 }
 
-fn simulate(seed: u64, prefix_caching: bool, rope: RopeLengthRule) -> (u64, usize) {
+fn simulate(seed: u64, prefix_caching: bool, rope: Option<LengthDependentRope>) -> (u64, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let bs = 4;
     let num_blocks = 21; // 80 tokens: a tiny pool
@@ -243,7 +245,7 @@ fn random_workloads_keep_blocks_and_outputs_exact() {
     let mut hits = 0;
     for seed in 0..8 {
         for caching in [true, false] {
-            let (p, h) = simulate(seed, caching, RopeLengthRule::Fixed);
+            let (p, h) = simulate(seed, caching, None);
             preemptions += p;
             if caching {
                 hits += h;
@@ -260,12 +262,12 @@ fn random_workloads_keep_blocks_and_outputs_exact() {
 fn length_dependent_rope_shares_only_blocks_of_the_same_rotation() {
     // Prompts of 1 to 49 tokens, on both sides of the threshold.
     for rope in [
-        RopeLengthRule::Switches { threshold: 20 },
-        RopeLengthRule::Grows { threshold: 20 },
+        LengthDependentRope::Switches { threshold: 20 },
+        LengthDependentRope::Grows { threshold: 20 },
     ] {
         let mut hits = 0;
         for seed in 0..8 {
-            hits += simulate(seed, true, rope).1;
+            hits += simulate(seed, true, Some(rope)).1;
         }
         assert!(
             hits > 0,
