@@ -144,16 +144,17 @@ pub(crate) struct Args {
     #[arg(long, env = "SPECULATE")]
     pub(crate) speculate: Option<u32>,
 
-    /// Speculative decoding: the proposer (`ngram`, `draft` or `medusa`).
+    /// Speculative decoding: the proposer (`ngram`, `draft`, `medusa` or `eagle`).
     #[arg(long, env = "SPECULATOR")]
     pub(crate) speculator: Option<String>,
 
     /// Speculative decoding: the draft model (a local directory or `.gguf` file), or the
-    /// directory of the model's Medusa heads.
+    /// directory of the model's Medusa heads or EAGLE head.
     #[arg(long, env = "DRAFT_MODEL_ID")]
     pub(crate) draft_model_id: Option<PathBuf>,
 
-    /// Speculative decoding with draft heads: candidate paths per token tree (1: a chain).
+    /// Speculative decoding with draft heads: candidate paths per token tree (Medusa), nodes
+    /// kept per tree level (EAGLE); 1: a chain.
     #[arg(long, env = "SPECULATIVE_TREE_WIDTH")]
     pub(crate) speculative_tree_width: Option<u32>,
 

@@ -12,7 +12,9 @@ use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServ
 use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
 use tessera_shard::sampling::TokenVocab;
 use tessera_shard::service::{ShardInfo, ShardService};
-use tessera_shard::speculative::{DEFAULT_TREE_WIDTH, MedusaHeads, SpeculationConfig, Speculator};
+use tessera_shard::speculative::{
+    DEFAULT_TREE_WIDTH, EagleHead, MedusaHeads, SpeculationConfig, Speculator,
+};
 use tessera_shard::telemetry::{self, TelemetryConfig};
 use tessera_shard::{Engine, KvDtype, Model, WeightLayout};
 use tokio::net::UnixListener;
@@ -74,15 +76,17 @@ struct Args {
     /// Tokens proposed per speculative step (0: no speculation).
     #[arg(long, default_value_t = 0)]
     speculate: u32,
-    /// How tokens are proposed: `ngram` (prompt lookup), `draft` (a draft model) or `medusa`
-    /// (draft heads over the model's hidden state, verified as a tree).
+    /// How tokens are proposed: `ngram` (prompt lookup), `draft` (a draft model), `medusa`
+    /// (draft heads over the model's hidden state) or `eagle` (an EAGLE-style draft layer over
+    /// the model's hidden states); draft heads' proposals are verified as a tree.
     #[arg(long, default_value = "ngram")]
     speculator: String,
     /// A draft model sharing the tokenizer (`--speculator draft`), or the directory of the
-    /// model's Medusa heads (`--speculator medusa`).
+    /// model's Medusa heads (`--speculator medusa`) or EAGLE head (`--speculator eagle`).
     #[arg(long)]
     draft_model_id: Option<PathBuf>,
-    /// Candidate paths in a draft-head tree (`--speculator medusa`; 1: a chain).
+    /// Candidate paths in a draft-head tree (`--speculator medusa`), or nodes kept per level of
+    /// an EAGLE tree (`--speculator eagle`); 1: a chain.
     #[arg(long, default_value_t = DEFAULT_TREE_WIDTH)]
     speculative_tree_width: usize,
     /// Log as JSON lines.
@@ -153,7 +157,7 @@ async fn main() -> anyhow::Result<()> {
 fn check_args(args: &Args) -> anyhow::Result<Speculator> {
     let speculator = Speculator::from_name(&args.speculator).with_context(|| {
         format!(
-            "--speculator {:?}: unknown; use ngram, draft or medusa",
+            "--speculator {:?}: unknown; use ngram, draft, medusa or eagle",
             args.speculator
         )
     })?;
@@ -162,6 +166,11 @@ fn check_args(args: &Args) -> anyhow::Result<Speculator> {
     }
     if speculator == Speculator::Medusa && args.speculate > 0 && args.draft_model_id.is_none() {
         bail!("--speculator medusa needs --draft-model-id (the directory of the model's heads)");
+    }
+    if speculator == Speculator::Eagle && args.speculate > 0 && args.draft_model_id.is_none() {
+        bail!(
+            "--speculator eagle needs --draft-model-id (the directory of the model's EAGLE head)"
+        );
     }
     if args.speculative_tree_width == 0 {
         bail!("--speculative-tree-width must be at least 1");
@@ -285,6 +294,17 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &
             "Medusa heads"
         );
         engine = engine.with_medusa(heads, args.speculative_tree_width)?;
+    }
+    if let (Speculator::Eagle, Some(dir), true) =
+        (speculator, &args.draft_model_id, args.speculate > 0)
+    {
+        if on_gpu {
+            bail!("--speculator eagle: EAGLE draft layers run on the CPU backend only");
+        }
+        let head = EagleHead::load(dir, engine.model().config())
+            .with_context(|| format!("loading the EAGLE head from {}", dir.display()))?;
+        tracing::info!(width = args.speculative_tree_width, "EAGLE draft head");
+        engine = engine.with_eagle(head, args.speculative_tree_width)?;
     }
     Ok((engine, weights_dtype))
 }

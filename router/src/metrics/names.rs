@@ -8,7 +8,7 @@ pub const REQUEST_SUCCESS: &str = "tessera_request_success_total";
 /// Counter with label `err` (error class): requests that failed.
 pub const REQUEST_FAILURE: &str = "tessera_request_failure_total";
 /// The `speculator` values of the speculative-decoding metrics: the shards' proposers.
-pub const SPECULATORS: &[&str] = &["ngram", "draft", "medusa"];
+pub const SPECULATORS: &[&str] = &["ngram", "draft", "medusa", "eagle"];
 /// Every `err` class of [`REQUEST_FAILURE`]: the `error_type` of each error the router
 /// answers with (`crate::error` checks that the two agree), exported at zero from the start.
 pub const FAILURE_CLASSES: &[&str] = &[

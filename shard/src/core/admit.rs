@@ -58,6 +58,7 @@ impl Engine {
                 prompt_len,
                 draft_computed: 0,
                 head_state: Vec::new(),
+                eagle_computed: seq.cache_len,
             },
         );
         Ok(())

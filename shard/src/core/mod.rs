@@ -5,6 +5,7 @@
 
 mod admit;
 mod draft;
+mod eagle;
 mod heads;
 mod pass;
 mod plan;
@@ -15,7 +16,7 @@ use std::time::Instant;
 
 use crate::model::{LogitsWanted, Model, SequenceChunk};
 use crate::sampling::{Pattern, Sampler, TokenVocab};
-use crate::speculative::{MedusaHeads, SpeculationConfig, Speculator, TokenTree};
+use crate::speculative::{EagleHead, MedusaHeads, SpeculationConfig, Speculator, TokenTree};
 use crate::{EngineError, KvCache};
 pub use plan::{NewSequence, RunningUpdate, StepOutput, StepPlan, StepResult, StepTimings};
 
@@ -35,6 +36,8 @@ struct Sequence {
     /// The final hidden state behind the pending token's logits, which draft heads read
     /// (empty until a pass has produced one).
     head_state: Vec<f32>,
+    /// Positions whose K/V are in the EAGLE draft layer's cache.
+    eagle_computed: usize,
 }
 
 /// A draft model for speculation, with its own cache over the same block ids.
@@ -51,6 +54,7 @@ pub struct Engine {
     speculation: Option<SpeculationConfig>,
     draft: Option<Draft>,
     heads: Option<heads::DraftHeads>,
+    eagle: Option<eagle::EagleDraft>,
     vocab: Option<Arc<TokenVocab>>,
     /// Recently compiled output patterns, by text: the `n` samples of a request, and requests
     /// that repeat a pattern, compile it (and walk its sets) once.
@@ -68,6 +72,7 @@ impl Engine {
             speculation: None,
             draft: None,
             heads: None,
+            eagle: None,
             vocab: None,
             patterns: HashMap::new(),
         })
@@ -110,6 +115,24 @@ impl Engine {
         Ok(self)
     }
 
+    /// Uses an EAGLE-style draft `head` to propose trees grown `width` nodes a level
+    /// (`Speculator::Eagle`); it must be made for this model (checked when loaded).
+    pub fn with_eagle(mut self, head: EagleHead, width: usize) -> Result<Self, EngineError> {
+        if width == 0 {
+            return Err(EngineError::InvalidBatch(
+                "a draft-head tree needs a width of at least 1".into(),
+            ));
+        }
+        if self.model.on_gpu() {
+            return Err(EngineError::Device(
+                "EAGLE draft layers run on the CPU backend only".into(),
+            ));
+        }
+        let cache = head.new_cache(self.num_blocks(), self.block_size());
+        self.eagle = Some(eagle::EagleDraft { head, cache, width });
+        Ok(self)
+    }
+
     /// Turns speculative decoding on for every decoding sequence.
     pub fn with_speculation(mut self, config: SpeculationConfig) -> Self {
         self.speculation = (config.depth > 0).then_some(config);
@@ -134,6 +157,10 @@ impl Engine {
                 let depth = s.depth.min(h.heads.num_heads());
                 (h.width * depth).min(TokenTree::MAX_NODES - 1)
             }
+            (Some(s), _) if s.speculator == Speculator::Eagle => match &self.eagle {
+                Some(e) => (e.width * s.depth).min(TokenTree::MAX_NODES - 1),
+                None => 0,
+            },
             _ => self.speculation_depth(),
         }
     }
@@ -218,6 +245,10 @@ impl Engine {
             d.cache = d.model.new_cache(0, bs)?;
             d.cache = d.model.new_cache(num_blocks, bs)?;
         }
+        if let Some(e) = self.eagle.as_mut() {
+            e.cache = e.head.new_cache(0, bs);
+            e.cache = e.head.new_cache(num_blocks, bs);
+        }
         Ok(())
     }
 
@@ -236,12 +267,14 @@ impl Engine {
         self.model.device_kv_budget(fraction, max_tokens)
     }
 
-    /// Bytes one KV block takes, for the model and its draft together.
+    /// Bytes one KV block takes, for the model and its draft (model or layer) together.
     pub fn block_bytes(&self) -> usize {
         let bs = self.block_size();
         let one =
             |m: &Model| KvCache::block_bytes(m.config().num_layers, m.kv_layout(bs), m.kv_dtype());
-        one(&self.model) + self.draft.as_ref().map_or(0, |d| one(&d.model))
+        one(&self.model)
+            + self.draft.as_ref().map_or(0, |d| one(&d.model))
+            + self.eagle.as_ref().map_or(0, |e| e.head.block_bytes(bs))
     }
 
     /// A one-token pass on block 0, which the router never hands out. With several

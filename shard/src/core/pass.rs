@@ -8,6 +8,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::draft::{DraftProposal, is_decoding};
+use super::eagle::CatchUp;
 use super::{Engine, Sequence, StepOutput, StepResult, StepTimings, nanos};
 use crate::EngineError;
 use crate::model::{ForwardOutput, LogitsWanted, SequenceChunk};
@@ -45,6 +46,7 @@ impl Engine {
         let bs = self.cache.block_size();
         let mut drafted = self.propose_with_draft(work)?;
         let mut trees = self.propose_with_heads(work)?;
+        trees.extend(self.propose_with_eagle(work)?);
         let chunks = self.chunks(work, &drafted, &mut trees)?;
         let views: Vec<SequenceChunk<'_>> = chunks
             .iter()
@@ -65,7 +67,10 @@ impl Engine {
                 }
             })
             .collect();
-        let out = if self.heads.is_some() {
+        let out = if self.eagle.is_some() {
+            self.model
+                .forward_keeping_all_hidden(&views, &mut self.cache)?
+        } else if self.heads.is_some() {
             self.model.forward_keeping_hidden(&views, &mut self.cache)?
         } else {
             self.model.forward(&views, &mut self.cache)?
@@ -74,6 +79,8 @@ impl Engine {
         let forward_done = Instant::now();
         let mut drawn = self.draw_plain(&chunks, &out);
         let mut outputs = Vec::with_capacity(chunks.len());
+        let mut catch_up = Vec::new();
+        let hidden = self.model.config().hidden_size;
         for (ci, chunk) in chunks.into_iter().enumerate() {
             let Some(seq) = self.sequences.get_mut(&chunk.id) else {
                 continue;
@@ -91,27 +98,41 @@ impl Engine {
             let rows = || -> Vec<&[f32]> { (0..=chunk.proposed).map(|i| out.row(ci, i)).collect() };
             // The row whose logits gave the sequence its new pending token.
             let mut last_row = out.rows[ci].len().checked_sub(1);
-            let walk = self.heads.is_some() && chunk.proposed > 0;
+            // The rows of the positions the pass computed, in order.
+            let mut computed_rows: Vec<usize> = (0..chunk.len()).collect();
+            let walk = (self.heads.is_some() || self.eagle.is_some()) && chunk.proposed > 0;
             if let (Some(tree), true) = (&chunk.tree, walk) {
-                let (tokens, moves, row) = accept_tree(seq, &chunk, tree, &rows(), bs);
+                let (tokens, moves, path) = accept_tree(seq, &chunk, tree, &rows(), bs);
                 output.tokens = tokens;
-                last_row = Some(row);
+                last_row = path.last().copied();
+                computed_rows = path;
                 self.cache.copy_slots(&moves)?;
             } else if chunk.proposed > 0 {
                 let draft_probs = drafted.remove(&chunk.id).and_then(|(_, q)| q);
                 output.tokens = accept_verified(seq, &chunk, &rows(), draft_probs.as_deref());
                 last_row = Some(output.tokens.len() - 1);
+                computed_rows = (0..output.tokens.len()).collect();
             } else if let Some(token) = drawn.remove(&chunk.id) {
                 seq.tokens.push(token.id);
                 output.tokens.push(token);
             }
-            if let Some(row) = last_row.filter(|_| !output.tokens.is_empty()) {
+            if self.eagle.is_some() {
+                catch_up.push(eagle_catch_up(
+                    seq,
+                    &chunk,
+                    &computed_rows,
+                    &out,
+                    ci,
+                    hidden,
+                ));
+            } else if let Some(row) = last_row.filter(|_| !output.tokens.is_empty()) {
                 seq.head_state.clear();
                 seq.head_state
                     .extend_from_slice(out.hidden_row(ci, row).unwrap_or_default());
             }
             outputs.push(output);
         }
+        self.catch_up_eagle(catch_up)?;
         let end = Instant::now();
         Ok(StepResult {
             outputs,
@@ -155,7 +176,7 @@ impl Engine {
                     Speculator::Draft => {
                         drafted.get(&id).map(|(p, _)| p.clone()).unwrap_or_default()
                     }
-                    Speculator::Medusa => {
+                    Speculator::Medusa | Speculator::Eagle => {
                         tree = trees.remove(&id).filter(|t| !t.is_empty());
                         tree.as_ref()
                             .map(|t| t.tokens()[1..].to_vec())
@@ -236,16 +257,55 @@ fn prompt_logprobs(
     }
 }
 
+/// What the EAGLE draft layer has yet to see of `seq` after this pass computed the chunk's
+/// positions (their rows: `computed_rows`): every position from the last one it saw, each
+/// with the target's state one place earlier (zeros where the pass and the last one did not
+/// compute it). The sequence's head state becomes the last computed position's.
+fn eagle_catch_up(
+    seq: &mut Sequence,
+    chunk: &Chunk,
+    computed_rows: &[usize],
+    out: &ForwardOutput,
+    ci: usize,
+    hidden: usize,
+) -> CatchUp {
+    let start = seq.eagle_computed;
+    let mut features = Vec::with_capacity(seq.computed.saturating_sub(start) * hidden);
+    for j in start..seq.computed {
+        let state = match j.checked_sub(1) {
+            Some(p) if p >= chunk.start => out.token_hidden(ci, computed_rows[p - chunk.start]),
+            Some(p) if p + 1 == chunk.start && seq.head_state.len() == hidden => {
+                Some(&seq.head_state[..])
+            }
+            _ => None,
+        };
+        match state {
+            Some(s) => features.extend_from_slice(s),
+            None => features.resize(features.len() + hidden, 0.0),
+        }
+    }
+    if let Some(last) = computed_rows.last().and_then(|&r| out.token_hidden(ci, r)) {
+        seq.head_state.clear();
+        seq.head_state.extend_from_slice(last);
+    }
+    CatchUp {
+        id: chunk.id,
+        start,
+        features,
+    }
+}
+
 /// Walks the chunk's tree with the sequence's sampler (`rows[i]`: the logits after node
 /// `i`); returns the tokens the step produced, the slot copies that put the accepted path's
-/// K/V at the positions it stands at, and the row behind the last token.
+/// K/V at the positions it stands at, and the rows of the positions the pass computed (the
+/// root's, then the accepted path's).
 fn accept_tree(
     seq: &mut Sequence,
     chunk: &Chunk,
     tree: &TokenTree,
     rows: &[&[f32]],
     block_size: usize,
-) -> (Vec<SampledToken>, Vec<(usize, usize)>, usize) {
+) -> (Vec<SampledToken>, Vec<(usize, usize)>, Vec<usize>) {
     let verdict = verify_tree(&mut seq.sampler, tree, rows);
     let slot = |p: usize| tessera_kernels::cpu::attention::slot(&seq.blocks, block_size, p);
     // Node `n` sits at `start + n` and stands at `start + depth`; nodes never sit before the
@@ -259,8 +319,8 @@ fn accept_tree(
         .collect();
     seq.computed += verdict.path.len();
     seq.tokens.extend(verdict.tokens.iter().map(|t| t.id));
-    let last = verdict.path.last().copied().unwrap_or(0);
-    (verdict.tokens, moves, last)
+    let rows = std::iter::once(0).chain(verdict.path).collect();
+    (verdict.tokens, moves, rows)
 }
 
 /// Verifies the chunk's proposals against their logits rows, keeps the accepted ones'

@@ -8,6 +8,16 @@ use tessera_kernels::cpu::attention::{AttentionSeq, slot};
 use super::{LogitsWanted, SequenceChunk};
 use crate::EngineError;
 
+/// Which final hidden states a pass brings back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeptHidden {
+    None,
+    /// Those of the rows that want logits (what Medusa heads read).
+    LogitRows,
+    /// Every row's (what an EAGLE-style draft layer reads).
+    AllRows,
+}
+
 pub(crate) struct FlatBatch<'a> {
     pub(crate) input_ids: Vec<u32>,
     pub(crate) positions: Vec<u32>,
@@ -24,20 +34,23 @@ pub(crate) struct FlatBatch<'a> {
     pub(crate) block_size: usize,
     /// The logit rows' final hidden states come back with their logits.
     pub(crate) keep_hidden: bool,
+    /// Rows without logits whose final hidden states come back too, after the logit rows'
+    /// (every other row, when a draft layer reads the states of every position).
+    pub(crate) hidden_only_rows: Vec<usize>,
 }
 
 impl<'a> FlatBatch<'a> {
     /// Flattens `chunks` (already checked against the cache) for blocks of `block_size`.
     #[cfg(test)]
     pub(crate) fn new(chunks: &[SequenceChunk<'a>], block_size: usize) -> Self {
-        Self::keeping_hidden(chunks, block_size, false)
+        Self::keeping_hidden(chunks, block_size, KeptHidden::None)
     }
 
-    /// [`Self::new`], the logit rows' final hidden states kept when `keep_hidden`.
+    /// [`Self::new`], keeping the final hidden states `kept` says.
     pub(crate) fn keeping_hidden(
         chunks: &[SequenceChunk<'a>],
         block_size: usize,
-        keep_hidden: bool,
+        kept: KeptHidden,
     ) -> Self {
         let tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let mut b = FlatBatch {
@@ -49,7 +62,8 @@ impl<'a> FlatBatch<'a> {
             logit_rows: Vec::new(),
             out_rows: Vec::with_capacity(chunks.len()),
             block_size,
-            keep_hidden,
+            keep_hidden: kept != KeptHidden::None,
+            hidden_only_rows: Vec::new(),
         };
         for c in chunks {
             let first_row = b.input_ids.len();
@@ -81,7 +95,20 @@ impl<'a> FlatBatch<'a> {
             }
             b.out_rows.push(before..b.logit_rows.len());
         }
+        if kept == KeptHidden::AllRows {
+            let mut has_logits = vec![false; tokens];
+            b.logit_rows.iter().for_each(|&r| has_logits[r] = true);
+            b.hidden_only_rows = (0..tokens).filter(|&r| !has_logits[r]).collect();
+        }
         b
+    }
+
+    /// Rows whose final hidden states the pass computes: the logit rows, then the others kept.
+    pub(crate) fn hidden_rows(&self) -> impl Iterator<Item = usize> + '_ {
+        self.logit_rows
+            .iter()
+            .chain(&self.hidden_only_rows)
+            .copied()
     }
 
     /// Tokens in the pass.

@@ -38,9 +38,9 @@ pub(crate) struct CpuBackend {
 /// A pass on the CPU: the flattened batch and its tokens' rotary cosines and sines (and those
 /// of the local RoPE, when some layers have one).
 pub(crate) struct CpuBatch<'a> {
-    flat: &'a FlatBatch<'a>,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    pub(crate) flat: &'a FlatBatch<'a>,
+    pub(crate) cos: Vec<f32>,
+    pub(crate) sin: Vec<f32>,
     local: Option<(Vec<f32>, Vec<f32>)>,
 }
 
@@ -102,12 +102,13 @@ impl CpuBackend {
         }
     }
 
-    /// The final norm of the rows that want logits (only they go on to the LM head).
+    /// The final norm of the rows that want logits (only they go on to the LM head), then of
+    /// the other rows whose states the batch keeps.
     fn final_hidden(&self, batch: &CpuBatch<'_>, residual: &[f32], proj: &[f32]) -> Vec<f32> {
         let h = self.dims.hidden;
-        let rows = batch.flat.logit_rows.len();
+        let rows = batch.flat.logit_rows.len() + batch.flat.hidden_only_rows.len();
         let mut last = Vec::with_capacity(rows * h);
-        for &r in &batch.flat.logit_rows {
+        for r in batch.flat.hidden_rows() {
             let res = &residual[r * h..(r + 1) * h];
             last.extend(
                 res.iter()
@@ -126,6 +127,7 @@ impl CpuBackend {
         let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         debug_assert_eq!(head.cols(), self.dims.hidden);
         let mut logits = vec![0f32; rows * w.vocab.len()];
+        let hidden = &hidden[..rows * self.dims.hidden];
         linear_weights_as(hidden, head, None, rows, &mut logits, self.activations);
         if let Some(cap) = self.family.final_softcap {
             logits.iter_mut().for_each(|x| *x = softcap(*x, cap));
@@ -338,20 +340,20 @@ impl Backend for CpuBackend {
 }
 
 /// One layer's cache write and attention, for either cache element type.
-struct AttentionStep<'a> {
-    layout: KvLayout,
+pub(crate) struct AttentionStep<'a> {
+    pub(crate) layout: KvLayout,
     /// The new tokens' keys and values in the qkv rows, whose queries attend.
-    new: NewKv<'a>,
-    heads: usize,
-    seqs: &'a [AttentionSeq<'a>],
-    scale: f32,
-    window: Option<usize>,
-    softcap: Option<f32>,
+    pub(crate) new: NewKv<'a>,
+    pub(crate) heads: usize,
+    pub(crate) seqs: &'a [AttentionSeq<'a>],
+    pub(crate) scale: f32,
+    pub(crate) window: Option<usize>,
+    pub(crate) softcap: Option<f32>,
 }
 
 impl AttentionStep<'_> {
     /// Writes the new tokens' K/V (keys rotated, converted to `T`) and attends over the cache.
-    fn run<T: KvElem>(&self, (k, v): &mut (Vec<T>, Vec<T>), out: &mut [f32]) {
+    pub(crate) fn run<T: KvElem>(&self, (k, v): &mut (Vec<T>, Vec<T>), out: &mut [f32]) {
         let layout = self.layout;
         attention::write_kv(PagedKvMut { layout, k, v }, &self.new);
         let problem = PagedAttention {

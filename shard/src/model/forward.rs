@@ -10,7 +10,8 @@ use super::batch::FlatBatch;
 use crate::EngineError;
 
 /// What a pass computed, on the host: this rank's `[logit rows, local vocab]` logits, and the
-/// final hidden states of the same rows when the batch keeps them (empty otherwise).
+/// final hidden states of the batch's kept rows when it keeps them (empty otherwise): the
+/// logit rows', then its other kept rows'.
 pub(crate) struct HostOutput {
     pub(crate) logits: Vec<f32>,
     pub(crate) hidden: Vec<f32>,
@@ -31,7 +32,8 @@ pub(crate) fn forward<B: Backend>(
     Ok(HostOutput {
         logits: backend.to_host(out.logits, rows * local_vocab)?,
         hidden: if batch.keep_hidden {
-            backend.to_host(out.hidden, rows * d.hidden)?
+            let kept = rows + batch.hidden_only_rows.len();
+            backend.to_host(out.hidden, kept * d.hidden)?
         } else {
             Vec::new()
         },

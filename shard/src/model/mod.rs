@@ -17,6 +17,7 @@ mod batch;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod draft_layer;
 mod forward;
 mod moe;
 mod op_times;
@@ -34,7 +35,7 @@ use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
 use crate::kv_cache::{CachePages, KvCache, KvDtype};
 use backend::{Backend, Dims};
-use batch::FlatBatch;
+use batch::{FlatBatch, KeptHidden};
 use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::CudaKv;
@@ -92,9 +93,19 @@ pub struct ForwardOutput {
     pub hidden: Vec<f32>,
     /// Width of a hidden state.
     pub hidden_size: usize,
+    /// When every row's state was kept ([`Model::forward_keeping_all_hidden`]): per chunk, per
+    /// token, its row of `hidden`; empty otherwise.
+    pub token_hidden_rows: Vec<Vec<usize>>,
 }
 
 impl ForwardOutput {
+    /// The final hidden state of token `i` of chunk `chunk`, if the pass kept every row's.
+    pub fn token_hidden(&self, chunk: usize, i: usize) -> Option<&[f32]> {
+        let r = *self.token_hidden_rows.get(chunk)?.get(i)?;
+        self.hidden
+            .get(r * self.hidden_size..(r + 1) * self.hidden_size)
+    }
+
     /// The final hidden state behind logits row `i` of chunk `chunk`, if the pass kept them.
     pub fn hidden_row(&self, chunk: usize, i: usize) -> Option<&[f32]> {
         let r = self.rows[chunk].start + i;
@@ -438,7 +449,7 @@ impl Model {
         chunks: &[SequenceChunk<'_>],
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, EngineError> {
-        self.run_pass(chunks, cache, false)
+        self.run_pass(chunks, cache, KeptHidden::None)
     }
 
     /// [`Self::forward`], returning the final hidden states of the logit rows as well (what
@@ -448,20 +459,30 @@ impl Model {
         chunks: &[SequenceChunk<'_>],
         cache: &mut KvCache,
     ) -> Result<ForwardOutput, EngineError> {
-        self.run_pass(chunks, cache, true)
+        self.run_pass(chunks, cache, KeptHidden::LogitRows)
+    }
+
+    /// [`Self::forward`], returning the final hidden state of every token as well
+    /// ([`ForwardOutput::token_hidden`]; what an EAGLE-style draft layer reads).
+    pub fn forward_keeping_all_hidden(
+        &self,
+        chunks: &[SequenceChunk<'_>],
+        cache: &mut KvCache,
+    ) -> Result<ForwardOutput, EngineError> {
+        self.run_pass(chunks, cache, KeptHidden::AllRows)
     }
 
     fn run_pass(
         &self,
         chunks: &[SequenceChunk<'_>],
         cache: &mut KvCache,
-        keep_hidden: bool,
+        kept: KeptHidden,
     ) -> Result<ForwardOutput, EngineError> {
         self.check(chunks, cache)?;
         let timing = self
             .op_times()
             .map(|times| (times, std::time::Instant::now()));
-        let batch = FlatBatch::keeping_hidden(chunks, cache.layout.block_size, keep_hidden);
+        let batch = FlatBatch::keeping_hidden(chunks, cache.layout.block_size, kept);
         let layers = self.config.num_layers;
         let vocab = self.partition.counts(self.config.vocab_size)[self.partition.rank];
         let out = match (&self.compute, &mut cache.pages) {
@@ -495,6 +516,10 @@ impl Model {
             times.pass(start);
         }
         let rows = batch.logit_rows.len();
+        let token_hidden_rows = match kept {
+            KeptHidden::AllRows => token_hidden_rows(&batch),
+            _ => Vec::new(),
+        };
         let logits = if self.partition.world_size > 1 {
             self.gather_logits(&out.logits, rows)?
         } else {
@@ -506,6 +531,7 @@ impl Model {
             rows: batch.out_rows,
             hidden: out.hidden,
             hidden_size: self.config.hidden_size,
+            token_hidden_rows,
         })
     }
 
@@ -536,6 +562,19 @@ impl Model {
             Ok(local)
         }
     }
+}
+
+/// Per chunk of `batch`, per token, the row of the pass's kept hidden states that holds its.
+fn token_hidden_rows(batch: &FlatBatch<'_>) -> Vec<Vec<usize>> {
+    let mut at = vec![0; batch.tokens()];
+    for (i, r) in batch.hidden_rows().enumerate() {
+        at[r] = i;
+    }
+    batch
+        .seqs
+        .iter()
+        .map(|s| at[s.first_row..s.first_row + s.rows].to_vec())
+        .collect()
 }
 
 /// Whether `tree` lays out `rows` rows as a tree in breadth-first order: row 0 the root, each

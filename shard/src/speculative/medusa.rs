@@ -228,7 +228,7 @@ pub fn likeliest_paths(logits: &[f32], vocab: usize, depth: usize, width: usize)
 
 /// The `n` likeliest tokens of a row of logits with their log-softmax, best first (ties to
 /// the lower id).
-fn top_log_probs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
+pub(crate) fn top_log_probs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let log_z = max + row.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
     let mut ids: Vec<u32> = (0..row.len() as u32).collect();

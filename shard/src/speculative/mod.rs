@@ -4,11 +4,14 @@
 //! (sampling). Proposers that offer several candidates per position (draft heads) verify a
 //! tree of them in one pass (`tree`).
 
+mod eagle;
 mod medusa;
 mod ngram;
 mod tree;
 mod verify;
 
+pub use eagle::EagleHead;
+pub(crate) use medusa::top_log_probs;
 pub use medusa::{MedusaHeads, likeliest_paths};
 pub use ngram::propose_ngram;
 pub use tree::{TokenTree, TreeVerdict, verify_tree};
@@ -23,6 +26,9 @@ pub enum Speculator {
     Draft,
     /// Medusa heads over the model's final hidden state propose a tree of candidates.
     Medusa,
+    /// An EAGLE-style draft layer over the model's hidden states, run a few times on its own
+    /// guesses, proposes a tree of candidates.
+    Eagle,
 }
 
 impl Speculator {
@@ -32,6 +38,7 @@ impl Speculator {
             Self::Ngram => "ngram",
             Self::Draft => "draft",
             Self::Medusa => "medusa",
+            Self::Eagle => "eagle",
         }
     }
 
@@ -41,6 +48,7 @@ impl Speculator {
             "ngram" => Some(Self::Ngram),
             "draft" => Some(Self::Draft),
             "medusa" => Some(Self::Medusa),
+            "eagle" => Some(Self::Eagle),
             _ => None,
         }
     }

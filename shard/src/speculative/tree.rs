@@ -75,6 +75,23 @@ impl TokenTree {
         tree
     }
 
+    /// A tree of `root` and `nodes` (`(parent, token)`, a node's parent before it, depths never
+    /// decreasing), laid out as given; `None` when they are not such a tree or too many.
+    pub fn with_nodes(root: u32, nodes: &[(usize, u32)]) -> Option<Self> {
+        if nodes.len() >= Self::MAX_NODES {
+            return None;
+        }
+        let mut tree = Self::new(root);
+        for (i, &(parent, token)) in nodes.iter().enumerate() {
+            let depth = tree.depths.get(parent).map(|d| d + 1)?;
+            if parent > i || tree.depths.last().is_some_and(|&d| d > depth) {
+                return None;
+            }
+            tree.push(parent, token);
+        }
+        Some(tree)
+    }
+
     /// Appends `token` below node `parent`; the caller keeps breadth-first order.
     fn push(&mut self, parent: usize, token: u32) {
         let i = self.tokens.len();

@@ -88,6 +88,11 @@ impl<T: DeviceElem> CudaBackend<T> {
                     .into(),
             ));
         }
+        if !batch.hidden_only_rows.is_empty() {
+            return Err(EngineError::Device(
+                "EAGLE draft layers run on the CPU backend only".into(),
+            ));
+        }
         if !batch.keep_hidden
             && let Some(logits) = self.graphed_decode(layers, batch, kv)?
         {

@@ -1,0 +1,236 @@
+//! EAGLE-style draft heads (Li et al. 2024): one decoder layer that reads, at position `j`, the
+//! pair `fc([embed(t_j) ; f_{j-1}])`, where `f` is the target's final hidden state (what its LM
+//! head reads), and guesses `f_j`; the target's own LM head turns the guess into the next
+//! token's logits. Run again on its own guesses, it proposes a tree several tokens deep.
+//!
+//! Layout: EAGLE's (`config.json`, a Llama configuration of one layer; `fc.weight`, `fc.bias`
+//! and `layers.0.*` in one safetensors file, optionally under `model.`). As in EAGLE, the layer
+//! has no input norm unless the file carries `layers.0.input_layernorm.weight`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tessera_formats::{FormatError, ModelConfig, WeightSource, open_safetensors};
+use tessera_kernels::cpu::WeightMatrix;
+use tessera_kernels::cpu::attention::KvLayout;
+
+use crate::EngineError;
+use crate::kv_cache::{KvCache, KvDtype};
+
+#[derive(Deserialize)]
+struct HeadConfig {
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    #[serde(default = "one")]
+    num_hidden_layers: usize,
+    #[serde(default = "silu")]
+    hidden_act: String,
+    rms_norm_eps: Option<f32>,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn silu() -> String {
+    "silu".into()
+}
+
+/// A loaded EAGLE-style draft layer, its weights in their file's format.
+pub struct EagleHead {
+    pub(crate) hidden: usize,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) intermediate: usize,
+    pub(crate) eps: f32,
+    /// `[hidden, 2 · hidden]` over `[embedding ; feature]`.
+    pub(crate) fc: WeightMatrix,
+    pub(crate) fc_bias: Option<Vec<f32>>,
+    pub(crate) input_norm: Option<Vec<f32>>,
+    /// `[q | k | v]` rows.
+    pub(crate) qkv: WeightMatrix,
+    pub(crate) o: WeightMatrix,
+    pub(crate) post_attention_norm: Vec<f32>,
+    /// `[gate | up]` rows.
+    pub(crate) gate_up: WeightMatrix,
+    pub(crate) down: WeightMatrix,
+}
+
+/// The weights file of `dir`: `model.safetensors`, or its only safetensors file.
+fn weights_file(dir: &Path) -> Result<PathBuf, EngineError> {
+    let named = dir.join("model.safetensors");
+    if named.exists() {
+        return Ok(named);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| FormatError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        n => Err(EngineError::Weights {
+            path: dir.display().to_string(),
+            message: format!(
+                "expected model.safetensors (or a single .safetensors file), found {n} \
+                 safetensors files"
+            ),
+        }),
+    }
+}
+
+impl EagleHead {
+    /// Loads the head in `dir`, made for a target of configuration `target`.
+    pub fn load(dir: &Path, target: &ModelConfig) -> Result<Self, EngineError> {
+        let bad = |message: String| EngineError::Weights {
+            path: dir.display().to_string(),
+            message,
+        };
+        let config_path = dir.join("config.json");
+        let text =
+            std::fs::read_to_string(&config_path).map_err(|e| FormatError::io(&config_path, e))?;
+        let c: HeadConfig = serde_json::from_str(&text).map_err(|e| {
+            bad(format!(
+                "config.json is not an EAGLE head's configuration: {e}"
+            ))
+        })?;
+        let heads = c.num_attention_heads;
+        let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads.max(1));
+        if c.num_hidden_layers != 1 || c.hidden_act != "silu" {
+            return Err(bad(format!(
+                "an EAGLE head is one SiLU decoder layer; this one has {} layers of {}",
+                c.num_hidden_layers, c.hidden_act
+            )));
+        }
+        if c.hidden_size != target.hidden_size || head_dim != target.head_dim {
+            return Err(bad(format!(
+                "the head is {} wide with heads of {head_dim}; the model is {} wide with heads \
+                 of {}: a head must be made for its model",
+                c.hidden_size, target.hidden_size, target.head_dim
+            )));
+        }
+        let kv_heads = c.num_key_value_heads.unwrap_or(heads);
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(bad(format!(
+                "{heads} query heads cannot share {kv_heads} KV heads"
+            )));
+        }
+        let file = weights_file(dir)?;
+        let source = open_safetensors(&file)?;
+        let prefix = if source.contains("model.fc.weight") {
+            "model."
+        } else {
+            ""
+        };
+        let w = Tensors {
+            source: source.as_ref(),
+            prefix,
+            dir,
+        };
+        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (heads * head_dim, kv_heads * head_dim);
+        let layer = |name: &str| format!("layers.0.{name}");
+        Ok(Self {
+            hidden: h,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate: inter,
+            eps: c.rms_norm_eps.unwrap_or(target.rms_norm_eps),
+            fc: w.matrix("fc.weight", h, 2 * h)?,
+            fc_bias: w.optional_vector("fc.bias", h)?,
+            input_norm: w.optional_vector(&layer("input_layernorm.weight"), h)?,
+            qkv: WeightMatrix::concat_rows(vec![
+                w.matrix(&layer("self_attn.q_proj.weight"), q, h)?,
+                w.matrix(&layer("self_attn.k_proj.weight"), kv, h)?,
+                w.matrix(&layer("self_attn.v_proj.weight"), kv, h)?,
+            ]),
+            o: w.matrix(&layer("self_attn.o_proj.weight"), h, q)?,
+            post_attention_norm: w
+                .optional_vector(&layer("post_attention_layernorm.weight"), h)?
+                .ok_or_else(|| bad("layers.0.post_attention_layernorm.weight is missing".into()))?,
+            gate_up: WeightMatrix::concat_rows(vec![
+                w.matrix(&layer("mlp.gate_proj.weight"), inter, h)?,
+                w.matrix(&layer("mlp.up_proj.weight"), inter, h)?,
+            ]),
+            down: w.matrix(&layer("mlp.down_proj.weight"), h, inter)?,
+        })
+    }
+
+    /// Its cache's layout for blocks of `block_size` tokens (all its KV heads: under tensor
+    /// parallelism every rank runs the whole layer).
+    pub fn kv_layout(&self, block_size: usize) -> KvLayout {
+        KvLayout {
+            block_size,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// A cache of `num_blocks` blocks for the layer (in f32, on the host).
+    pub fn new_cache(&self, num_blocks: usize, block_size: usize) -> KvCache {
+        KvCache::with_dtype(1, num_blocks, self.kv_layout(block_size), KvDtype::Float32)
+    }
+
+    /// Bytes one block of its cache takes.
+    pub fn block_bytes(&self, block_size: usize) -> usize {
+        KvCache::block_bytes(1, self.kv_layout(block_size), KvDtype::Float32)
+    }
+}
+
+/// The head file's tensors, checked against the shapes the layer needs.
+struct Tensors<'a> {
+    source: &'a dyn WeightSource,
+    prefix: &'a str,
+    dir: &'a Path,
+}
+
+impl Tensors<'_> {
+    fn bad(&self, message: String) -> EngineError {
+        EngineError::Weights {
+            path: self.dir.display().to_string(),
+            message,
+        }
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, EngineError> {
+        let full = format!("{}{name}", self.prefix);
+        if !self.source.contains(&full) {
+            return Err(self.bad(format!("{full} is missing")));
+        }
+        let shape = self.source.shape(&full)?;
+        if shape != [rows, cols] {
+            return Err(self.bad(format!(
+                "{full} is shaped {shape:?}; the layer needs [{rows}, {cols}]"
+            )));
+        }
+        if let Some(native) = self.source.load_native(&full)? {
+            return WeightMatrix::from_bytes(native.format, rows, cols, &native.bytes)
+                .map_err(|e| self.bad(format!("{full}: {e}")));
+        }
+        Ok(WeightMatrix::from_f32(
+            rows,
+            cols,
+            self.source.load_f32(&full)?.data,
+        ))
+    }
+
+    fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, EngineError> {
+        let full = format!("{}{name}", self.prefix);
+        if !self.source.contains(&full) {
+            return Ok(None);
+        }
+        let t = self.source.load_f32(&full)?;
+        if t.shape != [len] {
+            return Err(self.bad(format!(
+                "{full} is shaped {:?}; the layer needs [{len}]",
+                t.shape
+            )));
+        }
+        Ok(Some(t.data))
+    }
+}
