@@ -9,8 +9,8 @@ speculative step (from the `tessera_speculative_accepted_tokens_total` counter: 
 a request's first token yields its accepted candidates plus one token).
 
 Usage: scripts/bench_draft_heads.py PORT [CONCURRENCY ...]   (default: 1 8)
-Run it against servers started alternately with --speculate 0, the n-gram speculator and
---speculator medusa, on the same machine, and compare.
+Run it against servers started alternately with --speculate 0, the n-gram speculator,
+--speculator medusa and --speculator eagle, on the same machine, and compare.
 """
 
 import json

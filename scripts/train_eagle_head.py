@@ -242,6 +242,40 @@ def losses(layer, lm_head, part, embed, cfg, noise, gen):
     return total, per_step
 
 
+def load_layer(cfg, path):
+    from safetensors.torch import load_file
+
+    tensors = {k: v.float() for k, v in load_file(path).items()}
+    layer = EagleLayer(cfg)
+    with torch.no_grad():
+        layer.fc.weight.copy_(tensors["fc.weight"])
+        layer.fc.bias.copy_(tensors["fc.bias"])
+        for mine, theirs in [
+            ("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+            ("o", "self_attn.o_proj"), ("norm", "post_attention_layernorm"),
+            ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj"),
+        ]:
+            getattr(layer, mine).copy_(tensors[f"layers.0.{theirs}.weight"])
+    return layer
+
+
+@torch.no_grad()
+def write_parity(out_dir, layer, embed, cfg, seq, positions=24):
+    """Inputs and step-1 outputs of the saved (f16) layer over one held-out sequence, for the
+    engine's test that its pass matches this script's."""
+    ids, feats, _ = seq
+    ids, feats = ids[:positions], feats[:positions].float()
+    inputs = shifted(feats[None], 1)
+    cos, sin = rope_tables(cfg, torch.arange(len(ids)))
+    out = unrolled(layer, embed(ids[None]), inputs, torch.tensor([len(ids)]), cos, sin, 1)[0][0]
+    parity = {
+        "tokens": ids.tolist(),
+        "features": [[round(x, 6) for x in row] for row in inputs[0].tolist()],
+        "outputs": [[round(x, 6) for x in row] for row in out.tolist()],
+    }
+    (out_dir / "parity.json").write_text(json.dumps(parity) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     cache = Path(os.environ.get("TESSERA_CACHE", Path.home() / ".cache" / "tessera"))
@@ -260,6 +294,10 @@ def main():
     ap.add_argument("--port", type=int, default=3918)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument(
+        "--parity-only", action="store_true",
+        help="only rewrite parity.json for the head already in --out",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -297,6 +335,11 @@ def main():
         p.requires_grad_(False)
     cfg = model.config
     n = len(train_prompts)
+    if args.parity_only:
+        eval_data = sequences(tok, model, eval_prompts[:1], replies[n : n + 1], 1)
+        layer = load_layer(cfg, args.out / "model.safetensors")
+        write_parity(args.out, layer, model.model.embed_tokens, cfg, eval_data[0])
+        return
     train_data = sequences(tok, model, train_prompts, replies[:n], args.read_batch)
     eval_data = sequences(tok, model, eval_prompts, replies[n:], args.read_batch)
     read = time.time()
@@ -348,6 +391,10 @@ def main():
         "layers.0.mlp.down_proj.weight": half(layer.down),
     }
     save_file(tensors, args.out / "model.safetensors")
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            param.copy_(param.to(torch.float16).float())
+    write_parity(args.out, layer, embed, cfg, eval_data[0])
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -6,10 +6,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use common::{Schedule, repo_root, run};
+use common::{Schedule, repo_root, run, smollm2_gguf};
 use half::f16;
 use serde::Deserialize;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
@@ -19,8 +19,6 @@ use tessera_kernels::quant::{
     QK_K, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q6_k,
 };
 use tessera_shard::{KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
-
-const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Deserialize)]
 struct Golden {
@@ -43,30 +41,10 @@ struct Chat {
     greedy_text: String,
 }
 
-/// The GGUF's path, or `None` (after saying why) when the test should be skipped.
-fn gguf_path() -> Option<PathBuf> {
-    let dir = std::env::var_os("TESSERA_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera")));
-    let path = dir.map(|d| d.join(GGUF));
-    match path {
-        Some(p) if p.is_file() => Some(p),
-        other => {
-            let required = std::env::var("TESSERA_REQUIRE_SMOLLM2").is_ok_and(|v| v == "1");
-            let msg = format!(
-                "{GGUF} not found (looked at {other:?}); fetch it with scripts/fetch_smollm2.sh"
-            );
-            assert!(!required, "TESSERA_REQUIRE_SMOLLM2=1: {msg}");
-            eprintln!("skipping the SmolLM2 test: {msg}");
-            None
-        }
-    }
-}
-
 /// With both KV-cache element types: `--dtype auto` picks bfloat16 for this Q4_1 model.
 #[test]
 fn greedy_tokens_match_transformers() {
-    let Some(path) = gguf_path() else { return };
+    let Some(path) = smollm2_gguf() else { return };
     let files = ModelFiles::open(&path).unwrap();
     assert_eq!(KvDtype::auto(&files), KvDtype::Bfloat16);
     // Exact f32 arithmetic on the dequantized weights, as transformers computed the goldens
@@ -84,7 +62,7 @@ fn greedy_tokens_match_transformers() {
 #[cfg(feature = "cuda")]
 #[test]
 fn greedy_tokens_on_the_gpu() {
-    let Some(path) = gguf_path() else { return };
+    let Some(path) = smollm2_gguf() else { return };
     let files = ModelFiles::open(&path).unwrap();
     let load = |dtype| {
         let model = Model::load_with(&files, WeightLayout::Exact)
@@ -184,7 +162,7 @@ fn speculative_greedy_tokens_match_transformers() {
     use tessera_shard::sampling::SamplingParams;
     use tessera_shard::speculative::{SpeculationConfig, Speculator};
 
-    let Some(path) = gguf_path() else { return };
+    let Some(path) = smollm2_gguf() else { return };
     let files = ModelFiles::open(&path).unwrap();
     let golden = golden();
     let prompts: Vec<Vec<u32>> = golden
@@ -229,71 +207,6 @@ fn speculative_greedy_tokens_match_transformers() {
     }
 }
 
-/// The committed Medusa heads (`scripts/train_draft_heads.py`) keep transformers' greedy
-/// tokens for trees of width 1, 4 and 16, alone and batched (32 sequences at widths 1 and 4),
-/// and get some of their candidates accepted.
-#[test]
-fn medusa_greedy_tokens_match_transformers() {
-    use tessera_shard::Engine;
-    use tessera_shard::sampling::SamplingParams;
-    use tessera_shard::speculative::{MedusaHeads, SpeculationConfig, Speculator};
-
-    let Some(path) = gguf_path() else { return };
-    let files = ModelFiles::open(&path).unwrap();
-    let golden = golden();
-    let heads_dir = common::repo_root().join("fixtures/smollm2/medusa");
-    let batch: Vec<Vec<u32>> = golden
-        .prompts
-        .iter()
-        .map(|p| p.prompt_ids.clone())
-        .cycle()
-        .take(32)
-        .collect();
-    let params = vec![SamplingParams::default(); batch.len()];
-    let kv_dtype = KvDtype::auto(&files);
-    for width in [1, 4, 16] {
-        let model = Model::load_with(&files, WeightLayout::Exact)
-            .unwrap()
-            .with_kv_dtype(kv_dtype);
-        let (h, v) = (model.config().hidden_size, model.config().vocab_size);
-        let heads = MedusaHeads::load(&heads_dir, h, v).unwrap();
-        let depth = heads.num_heads();
-        let mut engine = Engine::new(model, 1 + 16 * 64, 16)
-            .unwrap()
-            .with_speculation(SpeculationConfig {
-                depth,
-                speculator: Speculator::Medusa,
-            })
-            .with_medusa(heads, width)
-            .unwrap();
-        // Trees of 16 paths over 32 sequences are ~1500 rows a step: the batch of 32 runs at
-        // the narrower widths, the golden prompts together at every width.
-        let n = if width == 16 {
-            golden.prompts.len()
-        } else {
-            batch.len()
-        };
-        let (out, (proposed, accepted)) =
-            common::generate(&mut engine, &batch[..n], &params[..n], 32);
-        for (p, o) in golden.prompts.iter().cycle().zip(&out) {
-            assert_eq!(o, &p.greedy_ids, "width {width}, batched: {:?}", p.text);
-        }
-        let (alone, _) = common::generate(&mut engine, &batch[..1], &params[..1], 32);
-        assert_eq!(
-            alone[0], golden.prompts[0].greedy_ids,
-            "width {width} alone"
-        );
-        assert!(
-            proposed > 0 && accepted > 0,
-            "width {width}: {accepted} of {proposed} accepted"
-        );
-        eprintln!(
-            "Medusa width {width}: {accepted} of {proposed} candidates accepted ({n} prompts of \
-             32 tokens)"
-        );
-    }
-}
-
 /// The default int8 products (activations as two 8-bit digits per value) against exact f32
 /// on the same Q4_1 weights, teacher-forced along transformers' greedy continuations: at
 /// every position both pick the same token unless exact f32 itself has a near tie (top-2
@@ -301,7 +214,7 @@ fn medusa_greedy_tokens_match_transformers() {
 /// of free-running greedy decoding, if any.
 #[test]
 fn int8_products_agree_with_exact_f32() {
-    let Some(path) = gguf_path() else { return };
+    let Some(path) = smollm2_gguf() else { return };
     // Most of SmolLM2's bytes are Q4_1 blocks (the tied embedding is Q8_0).
     int8_agrees_with_exact(&ModelFiles::open(&path).unwrap(), "Q4_1", "Q4_1");
 }
@@ -315,7 +228,7 @@ fn int8_products_agree_with_exact_f32() {
 /// bit used), `Q4_0` or `IQ4_NL`, int8 products agree with exact f32 as they do for `Q4_1`.
 #[test]
 fn other_block_formats_and_mixes_run_end_to_end() {
-    let Some(path) = gguf_path() else { return };
+    let Some(path) = smollm2_gguf() else { return };
     let files = ModelFiles::open(&path).unwrap();
     let every = |_: &str| true;
     let as_q5_1 = reencoded(&path, every, WeightFormat::Q5_1, q4_1_as_q5_1);
@@ -355,7 +268,7 @@ fn other_block_formats_and_mixes_run_end_to_end() {
 /// the dequantizers first.)
 #[test]
 fn k_quant_down_projections_run_end_to_end() {
-    let Some(path) = gguf_path() else { return };
+    let Some(path) = smollm2_gguf() else { return };
     let down = |n: &str| n.contains("down_proj");
     for (format, encode, label) in [
         (

@@ -212,6 +212,39 @@ async fn concurrent_outputs_equal_alone_under_every_scheduling_mode() {
             produced <= 24,
             "the steps produced more than the 24 tokens: {v}"
         );
+        drop(server);
+
+        // An EAGLE head growing trees 3 levels deep, 4 nodes a level, on the same small pool.
+        let head = tempfile::tempdir().expect("temp dir");
+        write_passthrough_eagle_head(head.path(), "tiny-llama");
+        let dir = head.path().to_str().expect("utf-8 path");
+        let server = Server::start(
+            "tiny-llama",
+            &[
+                "--kv-cache-memory",
+                "400K",
+                "--speculator",
+                "eagle",
+                "--draft-model-id",
+                dir,
+                "--speculate",
+                "3",
+                "--speculative-tree-width",
+                "4",
+                "--max-batch-prefill-tokens",
+                "64",
+            ],
+        )
+        .await;
+        assert_eq!(
+            alone_vs_together(&server, &prompts).await,
+            reference,
+            "EAGLE trees"
+        );
+        let accepted = server
+            .metric("tessera_speculative_accepted_tokens_total{speculator=\"eagle\"}")
+            .await;
+        assert!(accepted > 0.0, "no EAGLE candidate was accepted");
     })
     .await;
 }
@@ -219,26 +252,90 @@ async fn concurrent_outputs_equal_alone_under_every_scheduling_mode() {
 /// Writes `heads` Medusa heads with zero residual blocks for a model of `hidden` wide states
 /// (Medusa's layout, read through the model's own LM head) into `dir`.
 fn write_zero_medusa_heads(dir: &std::path::Path, hidden: usize, heads: usize) {
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = (0..heads)
+        .flat_map(|k| {
+            [
+                (format!("{k}.0.linear.weight"), vec![hidden, hidden]),
+                (format!("{k}.0.linear.bias"), vec![hidden]),
+            ]
+        })
+        .map(|(name, shape)| {
+            let zeros = vec![0.0; shape.iter().product()];
+            (name, shape, zeros)
+        })
+        .collect();
+    write_safetensors(&dir.join("medusa_lm_head.safetensors"), &tensors);
+    let config = json!({"medusa_num_heads": heads, "medusa_num_layers": 1});
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("write config");
+}
+
+/// Writes an EAGLE head for the fixture `model` into `dir` whose layer adds nothing and whose
+/// `fc` passes the model's state through: it guesses that the token after next is the model's
+/// guess for the next one (often right on a tiny model).
+fn write_passthrough_eagle_head(dir: &std::path::Path, model: &str) {
+    let config_path = tessera_e2e::fixture(model).join("config.json");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(config_path).expect("config")).expect("json");
+    let n = |key: &str| config[key].as_u64().expect("a size") as usize;
+    let (h, inter) = (n("hidden_size"), n("intermediate_size"));
+    let (q, kv) = (
+        n("num_attention_heads") * n("head_dim"),
+        n("num_key_value_heads") * n("head_dim"),
+    );
+    let mut fc = vec![0f32; h * 2 * h];
+    (0..h).for_each(|i| fc[i * 2 * h + h + i] = 1.0);
+    let zeros = |rows: usize, cols: usize| vec![0f32; rows * cols];
+    let layer = |name: &str| format!("layers.0.{name}");
+    let tensors = vec![
+        ("fc.weight".to_string(), vec![h, 2 * h], fc),
+        (layer("self_attn.q_proj.weight"), vec![q, h], zeros(q, h)),
+        (layer("self_attn.k_proj.weight"), vec![kv, h], zeros(kv, h)),
+        (layer("self_attn.v_proj.weight"), vec![kv, h], zeros(kv, h)),
+        (layer("self_attn.o_proj.weight"), vec![h, q], zeros(h, q)),
+        (
+            layer("post_attention_layernorm.weight"),
+            vec![h],
+            vec![1.0; h],
+        ),
+        (
+            layer("mlp.gate_proj.weight"),
+            vec![inter, h],
+            zeros(inter, h),
+        ),
+        (layer("mlp.up_proj.weight"), vec![inter, h], zeros(inter, h)),
+        (
+            layer("mlp.down_proj.weight"),
+            vec![h, inter],
+            zeros(h, inter),
+        ),
+    ];
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+    let head = json!({
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": n("num_attention_heads"),
+        "num_key_value_heads": n("num_key_value_heads"),
+        "head_dim": n("head_dim"),
+        "num_hidden_layers": 1,
+    });
+    std::fs::write(dir.join("config.json"), head.to_string()).expect("write config");
+}
+
+/// Writes f32 `tensors` (name, shape, values) as a safetensors file.
+fn write_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
     let mut header = serde_json::Map::new();
-    let mut offset = 0;
-    for k in 0..heads {
-        for (name, shape) in [
-            (format!("{k}.0.linear.weight"), vec![hidden, hidden]),
-            (format!("{k}.0.linear.bias"), vec![hidden]),
-        ] {
-            let bytes = shape.iter().product::<usize>() * 4;
-            header.insert(
-                name,
-                json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + bytes]}),
-            );
-            offset += bytes;
-        }
+    let mut data = Vec::new();
+    for (name, shape, values) in tensors {
+        let start = data.len();
+        data.extend(values.iter().flat_map(|x| x.to_le_bytes()));
+        header.insert(
+            name.clone(),
+            json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
+        );
     }
     let header = serde_json::to_vec(&header).expect("header");
     let mut file = (header.len() as u64).to_le_bytes().to_vec();
     file.extend(header);
-    file.resize(file.len() + offset, 0);
-    std::fs::write(dir.join("medusa_lm_head.safetensors"), file).expect("write heads");
-    let config = json!({"medusa_num_heads": heads, "medusa_num_layers": 1});
-    std::fs::write(dir.join("config.json"), config.to_string()).expect("write config");
+    file.extend(data);
+    std::fs::write(path, file).expect("write safetensors");
 }

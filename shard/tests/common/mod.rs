@@ -28,6 +28,9 @@ pub const FIXTURES: [&str; 12] = [
     "tiny-qwen2-moe",
 ];
 
+/// The SmolLM2 GGUF's file name in `${TESSERA_CACHE:-~/.cache/tessera}`.
+pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
 /// The repository: `$TESSERA_REPO_ROOT` when set (test executables built on one machine and
 /// run from another checkout, as `scripts/gpu-pack.sh` does), else where this was built.
 pub fn repo_root() -> PathBuf {
@@ -52,6 +55,26 @@ pub struct GoldenPrompt {
     #[serde(default)]
     pub last_logits: Vec<f32>,
     pub greedy_ids: Vec<u32>,
+}
+
+/// SmolLM2-135M-Instruct's GGUF (`scripts/fetch_smollm2.sh`), or `None` (after saying why) when the test should be skipped.
+pub fn smollm2_gguf() -> Option<PathBuf> {
+    let dir = std::env::var_os("TESSERA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tessera")));
+    let path = dir.map(|d| d.join(SMOLLM2_GGUF));
+    match path {
+        Some(p) if p.is_file() => Some(p),
+        other => {
+            let required = std::env::var("TESSERA_REQUIRE_SMOLLM2").is_ok_and(|v| v == "1");
+            let msg = format!(
+                "{SMOLLM2_GGUF} not found (looked at {other:?}); fetch it with scripts/fetch_smollm2.sh"
+            );
+            assert!(!required, "TESSERA_REQUIRE_SMOLLM2=1: {msg}");
+            eprintln!("skipping the SmolLM2 test: {msg}");
+            None
+        }
+    }
 }
 
 /// The files of fixture `name`.
