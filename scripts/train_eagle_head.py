@@ -20,7 +20,8 @@ real pairs before the tree and to their own chain, as proposing deeper nodes doe
 
 1. Answers: as `train_draft_heads.py` (Tessera serving on loopback, half greedy, half sampled), kept
    in `--answers` so that a second run skips them.
-2. transformers (from the GGUF, f32) reads every prompt + answer once for the final hidden states.
+2. transformers (from the GGUF, f32) reads every prompt + answer once for the final hidden states
+   (kept next to the answers, as f16, for the same reason).
 3. The layer starts small (normal, std 0.02) and `fc` passes the feature straight through, so the
    first guess of the next feature is the last one and the unrolled steps start stable.
 4. Written in EAGLE's layout: `config.json` (the target's Llama configuration with one layer) and
@@ -340,8 +341,15 @@ def main():
         layer = load_layer(cfg, args.out / "model.safetensors")
         write_parity(args.out, layer, model.model.embed_tokens, cfg, eval_data[0])
         return
-    train_data = sequences(tok, model, train_prompts, replies[:n], args.read_batch)
-    eval_data = sequences(tok, model, eval_prompts, replies[n:], args.read_batch)
+    states = args.answers.with_suffix(".states.pt")
+    saved = torch.load(states) if states.exists() else None
+    if saved is not None and saved.get("key") == key:
+        train_data, eval_data = saved["train"], saved["eval"]
+        print(f"hidden states from {states}", flush=True)
+    else:
+        train_data = sequences(tok, model, train_prompts, replies[:n], args.read_batch)
+        eval_data = sequences(tok, model, eval_prompts, replies[n:], args.read_batch)
+        torch.save({"key": key, "train": train_data, "eval": eval_data}, states)
     read = time.time()
     embed, lm_head = model.model.embed_tokens, model.lm_head
     layer = EagleLayer(cfg)

@@ -588,9 +588,9 @@ fn check_tree(tree: &TreeMask<'_>, rows: usize) -> Result<(), String> {
     }
     for r in 0..rows {
         let v = tree.visible[r];
-        let own = 1u64 << r;
         let path = v.count_ones() as usize;
-        if v & 1 == 0 || v & own == 0 || v >= own << 1 || tree.depths[r] as usize + 1 != path {
+        // Bit `r` set and none above it (`own << 1` would overflow for the last row).
+        if v & 1 == 0 || v >> r != 1 || tree.depths[r] as usize + 1 != path {
             return Err(format!("token tree row {r} is not a path from the root"));
         }
         if r > 0 && tree.depths[r] < tree.depths[r - 1] {
