@@ -25,8 +25,10 @@ real pairs before the tree and to their own chain, as proposing deeper nodes doe
 3. The layer starts small (normal, std 0.02) and `fc` passes the feature straight through, so the
    first guess of the next feature is the last one and the unrolled steps start stable.
 4. Written in EAGLE's layout: `config.json` (the target's Llama configuration with one layer) and
-   `model.safetensors` with `fc.weight`, `fc.bias`, `layers.0.*` (f16); `training.json` records the
-   seed, sizes, losses and held-out agreement with the target's greedy token per step.
+   `model.safetensors` with `fc.weight`, `fc.bias`, `layers.0.*` (f16); `draft_vocab.json`, the
+   most frequent tokens of the training sequences, most frequent first (FR-Spec: the head proposes
+   only these); `training.json` records the seed, sizes, losses, the vocabulary's held-out
+   coverage and held-out agreement with the target's greedy token per step.
 """
 
 import argparse
@@ -290,6 +292,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--noise", type=float, default=0.05)
+    ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--read-batch", type=int, default=16)
     ap.add_argument("--launcher", type=Path, default=ROOT / "target" / "release" / "tessera-launcher")
     ap.add_argument("--port", type=int, default=3918)
@@ -384,7 +387,18 @@ def main():
     agreement = [round(s[2] / max(s[3], 1), 4) for s in sums]
     print(f"held-out agreement with the target's greedy token per step: {agreement}", flush=True)
 
+    # FR-Spec's frequency-ranked draft vocabulary: the head proposes only the tokens the
+    # model's answers use most, so each of its rounds reads that many rows of the LM head.
+    counts = torch.bincount(torch.cat([s for s, _, _ in train_data]), minlength=cfg.vocab_size)
+    draft_vocab = torch.argsort(counts, descending=True, stable=True)[: args.draft_vocab]
+    inside = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    inside[draft_vocab] = True
+    held_out = torch.cat([s[a:] for s, _, a in eval_data])
+    coverage = inside[held_out].float().mean().item()
+    print(f"draft vocabulary of {args.draft_vocab} covers {coverage:.4f} of held-out answers")
+
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "draft_vocab.json").write_text(json.dumps(draft_vocab.tolist()) + "\n")
     half = lambda w: w.detach().to(torch.float16).contiguous()  # noqa: E731
     tensors = {
         "fc.weight": half(layer.fc.weight),
@@ -428,6 +442,8 @@ def main():
         "lr": args.lr,
         "noise": args.noise,
         "held_out_agreement_per_step": agreement,
+        "draft_vocab": args.draft_vocab,
+        "draft_vocab_held_out_coverage": round(coverage, 4),
         "held_out_smooth_l1_per_step": [round(s[0] / max(s[3], 1), 4) for s in sums],
         "seconds_answering": round(answered - started),
         "seconds_reading": round(read - answered),

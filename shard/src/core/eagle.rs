@@ -12,14 +12,16 @@ use super::Engine;
 use super::draft::is_decoding;
 use crate::EngineError;
 use crate::kv_cache::KvCache;
-use crate::model::{LogitsWanted, SequenceChunk};
+use crate::model::{DraftVocabHead, LogitsWanted, SequenceChunk};
 use crate::speculative::{EagleHead, Speculator, TokenTree};
 
-/// The draft layer, its cache over the target's block ids, and the trees' width.
+/// The draft layer, its cache over the target's block ids, the trees' width, and the LM
+/// head's rows for its draft vocabulary when it has one.
 pub(super) struct EagleDraft {
     pub(super) head: EagleHead,
     pub(super) cache: KvCache,
     pub(super) width: usize,
+    pub(super) vocab: Option<DraftVocabHead>,
 }
 
 /// Positions a sequence's draft layer has yet to see, and the target's states before them.
@@ -220,13 +222,22 @@ impl Engine {
             .iter()
             .flat_map(|&(i, n)| growing[i].nodes[n].state.iter().copied())
             .collect();
-        let logits = self.model.vocab_logits(&states, frontier.len())?;
-        let vocab = self.model.config().vocab_size;
+        let (logits, vocab) = match &eagle.vocab {
+            Some(head) => (head.logits(&states, frontier.len()), head.len()),
+            None => (
+                self.model.vocab_logits(&states, frontier.len())?,
+                self.model.config().vocab_size,
+            ),
+        };
         let mut children: HashMap<usize, Vec<(f32, usize, u32)>> = HashMap::new();
         for (k, &(i, n)) in frontier.iter().enumerate() {
             let parent = &growing[i].nodes[n];
             let row = &logits[k * vocab..(k + 1) * vocab];
             for (token, lp) in crate::speculative::top_log_probs(row, width) {
+                let token = eagle
+                    .vocab
+                    .as_ref()
+                    .map_or(token, |v| v.token(token as usize));
                 children
                     .entry(i)
                     .or_default()

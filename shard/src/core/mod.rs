@@ -129,7 +129,16 @@ impl Engine {
             ));
         }
         let cache = head.new_cache(self.num_blocks(), self.block_size());
-        self.eagle = Some(eagle::EagleDraft { head, cache, width });
+        let vocab = match &head.draft_vocab {
+            Some(ids) => Some(self.model.draft_vocab_head(ids)?),
+            None => None,
+        };
+        self.eagle = Some(eagle::EagleDraft {
+            head,
+            cache,
+            width,
+            vocab,
+        });
         Ok(self)
     }
 

@@ -1,9 +1,12 @@
 //! The pass of an EAGLE-style draft layer ([`EagleHead`]) over its own one-layer paged cache,
 //! with the target's embedding and rotary tables: every token's output state, which the
-//! target's LM head ([`Model::vocab_logits`]) turns into logits.
+//! target's LM head ([`Model::vocab_logits`]), or its rows for a draft vocabulary
+//! ([`DraftVocabHead`]), turns into logits.
 
-use tessera_kernels::cpu::attention::NewKv;
-use tessera_kernels::cpu::{ActivationDtype, activation, linear_weights_as, norm, rope};
+use tessera_kernels::cpu::attention::{NewKv, softcap};
+use tessera_kernels::cpu::{
+    ActivationDtype, WeightFormat, WeightMatrix, activation, linear_weights_as, norm, rope,
+};
 
 use super::backend::Backend;
 use super::batch::{FlatBatch, KeptHidden};
@@ -140,5 +143,88 @@ impl CpuBackend {
         linear_weights_as(&act, &head.down, None, t, &mut out, f32s);
         x.iter_mut().zip(&out).for_each(|(a, b)| *a += b);
         Ok(x)
+    }
+}
+
+/// The rows of the model's LM head for a draft vocabulary (FR-Spec): a draft that proposes
+/// only these tokens scores its states against these rows alone, on every rank whole.
+pub(crate) struct DraftVocabHead {
+    /// The model's token id of each row.
+    ids: Vec<u32>,
+    /// `[ids, hidden]`, in bf16.
+    weight: WeightMatrix,
+    softcap: Option<f32>,
+}
+
+impl DraftVocabHead {
+    /// Rows of the draft vocabulary.
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The model's token id of row `i`.
+    pub(crate) fn token(&self, i: usize) -> u32 {
+        self.ids[i]
+    }
+
+    /// `[rows, len]` logits of `rows` states (`[rows, hidden]`), soft-capped as the model caps
+    /// its own.
+    pub(crate) fn logits(&self, states: &[f32], rows: usize) -> Vec<f32> {
+        let mut out = vec![0f32; rows * self.ids.len()];
+        linear_weights_as(
+            states,
+            &self.weight,
+            None,
+            rows,
+            &mut out,
+            ActivationDtype::Float32,
+        );
+        if let Some(cap) = self.softcap {
+            out.iter_mut().for_each(|x| *x = softcap(*x, cap));
+        }
+        out
+    }
+}
+
+impl Model {
+    /// The LM head's rows for the tokens `ids` (gathered from every rank under tensor
+    /// parallelism: every rank must call it).
+    pub(crate) fn draft_vocab_head(&self, ids: &[u32]) -> Result<DraftVocabHead, EngineError> {
+        let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidBatch(format!(
+                "draft vocabulary token {bad} is outside the model's {vocab}"
+            )));
+        }
+        let w = match &self.compute {
+            Compute::Cpu(cpu) => &cpu.weights,
+            #[allow(unreachable_patterns)]
+            _ => {
+                return Err(EngineError::Device(
+                    "EAGLE draft layers run on the CPU backend only".into(),
+                ));
+            }
+        };
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+        let mut rows = vec![0f32; ids.len() * h];
+        for (row, &t) in rows.chunks_exact_mut(h).zip(ids) {
+            if w.vocab.contains(&(t as usize)) {
+                head.row_f32(t as usize - w.vocab.start, row);
+            }
+        }
+        if self.partition.world_size > 1 {
+            self.comm.all_reduce_f32(&mut rows)?;
+        }
+        let bytes: Vec<u8> = rows
+            .iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+            .collect();
+        let weight = WeightMatrix::from_bytes(WeightFormat::Bf16, ids.len(), h, &bytes)
+            .map_err(|e| EngineError::InvalidBatch(format!("draft vocabulary head: {e}")))?;
+        Ok(DraftVocabHead {
+            ids: ids.to_vec(),
+            weight,
+            softcap: self.config.family.final_softcap,
+        })
     }
 }

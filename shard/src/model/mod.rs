@@ -41,6 +41,7 @@ use cpu::CpuBackend;
 pub(crate) use cuda::CudaKv;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaOptions;
+pub(crate) use draft_layer::DraftVocabHead;
 pub use op_times::{Op, OpTimes, OpTimesSnapshot};
 use weights::ModelWeights;
 pub use weights::WeightLayout;

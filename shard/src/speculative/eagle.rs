@@ -5,7 +5,9 @@
 //!
 //! Layout: EAGLE's (`config.json`, a Llama configuration of one layer; `fc.weight`, `fc.bias`
 //! and `layers.0.*` in one safetensors file, optionally under `model.`). As in EAGLE, the layer
-//! has no input norm unless the file carries `layers.0.input_layernorm.weight`.
+//! has no input norm unless the file carries `layers.0.input_layernorm.weight`. An optional
+//! `draft_vocab.json` (a list of token ids) restricts its proposals to those tokens (FR-Spec),
+//! so that each round scores its states against those rows of the LM head only.
 
 use std::path::{Path, PathBuf};
 
@@ -58,6 +60,8 @@ pub struct EagleHead {
     /// `[gate | up]` rows.
     pub(crate) gate_up: WeightMatrix,
     pub(crate) down: WeightMatrix,
+    /// The only tokens it proposes (`draft_vocab.json`, FR-Spec), or `None`: any.
+    pub(crate) draft_vocab: Option<Vec<u32>>,
 }
 
 /// The weights file of `dir`: `model.safetensors`, or its only safetensors file.
@@ -158,6 +162,7 @@ impl EagleHead {
                 w.matrix(&layer("mlp.up_proj.weight"), inter, h)?,
             ]),
             down: w.matrix(&layer("mlp.down_proj.weight"), h, inter)?,
+            draft_vocab: draft_vocab(dir, target.vocab_size)?,
         })
     }
 
@@ -180,6 +185,30 @@ impl EagleHead {
     pub fn block_bytes(&self, block_size: usize) -> usize {
         KvCache::block_bytes(1, self.kv_layout(block_size), KvDtype::Float32)
     }
+}
+
+/// `dir/draft_vocab.json`, the model's token ids the head proposes (a JSON list), if present.
+fn draft_vocab(dir: &Path, vocab: usize) -> Result<Option<Vec<u32>>, EngineError> {
+    let path = dir.join("draft_vocab.json");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let bad = |message: String| EngineError::Weights {
+        path: path.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| FormatError::io(&path, e))?;
+    let ids: Vec<u32> = serde_json::from_str(&text)
+        .map_err(|e| bad(format!("not a JSON list of token ids: {e}")))?;
+    if ids.is_empty() {
+        return Err(bad("the draft vocabulary is empty".into()));
+    }
+    if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(bad(format!(
+            "token {t} is outside the model's vocabulary of {vocab}"
+        )));
+    }
+    Ok(Some(ids))
 }
 
 /// The head file's tensors, checked against the shapes the layer needs.
