@@ -229,36 +229,48 @@ impl Engine {
                 self.model.config().vocab_size,
             ),
         };
-        let mut children: HashMap<usize, Vec<(f32, usize, u32)>> = HashMap::new();
-        for (k, &(i, n)) in frontier.iter().enumerate() {
-            let parent = &growing[i].nodes[n];
-            let row = &logits[k * vocab..(k + 1) * vocab];
-            for (token, lp) in crate::speculative::top_log_probs(row, width) {
-                let token = eagle
-                    .vocab
-                    .as_ref()
-                    .map_or(token, |v| v.token(token as usize));
-                children
-                    .entry(i)
-                    .or_default()
-                    .push((parent.score + lp, n, token));
-            }
-        }
-        for (i, mut kids) in children {
-            kids.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
-            kids.truncate(width);
-            let g = &mut growing[i];
-            for (score, parent, token) in kids {
-                g.nodes.push(Node {
-                    token,
-                    parent,
-                    depth: round + 1,
-                    score,
-                    state: Vec::new(),
-                });
-            }
-        }
+        let to_model = |t: u32| eagle.vocab.as_ref().map_or(t, |v| v.token(t as usize));
+        add_children(growing, &frontier, &logits, vocab, width, round, to_model);
         Ok(())
+    }
+}
+
+/// Gives each tree the `width` likeliest children of its `frontier` nodes (by the score of
+/// their paths), from the frontier's rows of `logits` (`vocab` wide, in draft token ids that
+/// `to_model` turns into the model's).
+fn add_children(
+    growing: &mut [Growing],
+    frontier: &[(usize, usize)],
+    logits: &[f32],
+    vocab: usize,
+    width: usize,
+    round: usize,
+    to_model: impl Fn(u32) -> u32,
+) {
+    let mut children: HashMap<usize, Vec<(f32, usize, u32)>> = HashMap::new();
+    for (k, &(i, n)) in frontier.iter().enumerate() {
+        let parent = &growing[i].nodes[n];
+        let row = &logits[k * vocab..(k + 1) * vocab];
+        for (token, lp) in crate::speculative::top_log_probs(row, width) {
+            children
+                .entry(i)
+                .or_default()
+                .push((parent.score + lp, n, to_model(token)));
+        }
+    }
+    for (i, mut kids) in children {
+        kids.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+        kids.truncate(width);
+        let g = &mut growing[i];
+        for (score, parent, token) in kids {
+            g.nodes.push(Node {
+                token,
+                parent,
+                depth: round + 1,
+                score,
+                state: Vec::new(),
+            });
+        }
     }
 }
 

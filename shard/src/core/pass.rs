@@ -10,10 +10,10 @@ use rayon::prelude::*;
 use super::draft::{DraftProposal, is_decoding};
 use super::eagle::CatchUp;
 use super::{Engine, Sequence, StepOutput, StepResult, StepTimings, nanos};
-use crate::EngineError;
 use crate::model::{ForwardOutput, LogitsWanted, SequenceChunk};
 use crate::sampling::SampledToken;
 use crate::speculative::{Speculator, TokenTree, propose_ngram, verify, verify_tree};
+use crate::{EngineError, KvCache, Model};
 
 /// One sequence's input to the pass.
 struct Chunk {
@@ -67,14 +67,8 @@ impl Engine {
                 }
             })
             .collect();
-        let out = if self.eagle.is_some() {
-            self.model
-                .forward_keeping_all_hidden(&views, &mut self.cache)?
-        } else if self.heads.is_some() {
-            self.model.forward_keeping_hidden(&views, &mut self.cache)?
-        } else {
-            self.model.forward(&views, &mut self.cache)?
-        };
+        let (eagle, heads) = (self.eagle.is_some(), self.heads.is_some());
+        let out = forward(&self.model, &mut self.cache, &views, eagle, heads)?;
         let wanted: Vec<LogitsWanted> = views.iter().map(|c| c.logits).collect();
         let forward_done = Instant::now();
         let mut drawn = self.draw_plain(&chunks, &out);
@@ -227,6 +221,24 @@ impl Engine {
                 Some((*id, seq.sampler.sample(out.last(ci)?)))
             })
             .collect()
+    }
+}
+
+/// The pass, keeping the hidden states the draft heads read: every row's for an EAGLE layer,
+/// the logit rows' for Medusa heads.
+fn forward(
+    model: &Model,
+    cache: &mut KvCache,
+    views: &[SequenceChunk<'_>],
+    eagle: bool,
+    heads: bool,
+) -> Result<ForwardOutput, EngineError> {
+    if eagle {
+        model.forward_keeping_all_hidden(views, cache)
+    } else if heads {
+        model.forward_keeping_hidden(views, cache)
+    } else {
+        model.forward(views, cache)
     }
 }
 
