@@ -289,7 +289,7 @@ def main():
     ap.add_argument("--eval-prompts", type=int, default=120)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--noise", type=float, default=0.05)
     ap.add_argument("--draft-vocab", type=int, default=8192)

@@ -124,7 +124,7 @@ fn eagle_pass_matches_its_training_script() {
     let files = ModelFiles::open(&path).unwrap();
     let model = Model::load_with(&files, WeightLayout::Exact).unwrap();
     let dir = heads_dir("eagle");
-    let head = EagleHead::load(&dir, model.config()).unwrap();
+    let head = EagleHead::load_with(&dir, model.config(), WeightLayout::Exact).unwrap();
     let parity: Parity =
         serde_json::from_str(&std::fs::read_to_string(dir.join("parity.json")).unwrap()).unwrap();
     let n = parity.tokens.len();

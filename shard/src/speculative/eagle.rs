@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use tessera_formats::{FormatError, ModelConfig, WeightSource, open_safetensors};
-use tessera_kernels::cpu::WeightMatrix;
 use tessera_kernels::cpu::attention::KvLayout;
+use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 
 use crate::EngineError;
 use crate::kv_cache::{KvCache, KvDtype};
+use crate::model::WeightLayout;
 
 #[derive(Deserialize)]
 struct HeadConfig {
@@ -88,8 +89,20 @@ fn weights_file(dir: &Path) -> Result<PathBuf, EngineError> {
 }
 
 impl EagleHead {
-    /// Loads the head in `dir`, made for a target of configuration `target`.
+    /// Loads the head in `dir`, made for a target of configuration `target`, its matrices laid
+    /// out as [`WeightLayout::from_env`] says.
     pub fn load(dir: &Path, target: &ModelConfig) -> Result<Self, EngineError> {
+        Self::load_with(dir, target, WeightLayout::from_env())
+    }
+
+    /// [`Self::load`] in `layout`: with [`WeightLayout::Int8`] the float matrices are
+    /// quantized to `Q8_0` and multiplied in integers (the layer runs several times a step;
+    /// its proposals are verified, so its rounding never reaches the output).
+    pub fn load_with(
+        dir: &Path,
+        target: &ModelConfig,
+        layout: WeightLayout,
+    ) -> Result<Self, EngineError> {
         let bad = |message: String| EngineError::Weights {
             path: dir.display().to_string(),
             message,
@@ -134,6 +147,7 @@ impl EagleHead {
             source: source.as_ref(),
             prefix,
             dir,
+            int8: layout == WeightLayout::Int8,
         };
         let (h, inter) = (c.hidden_size, c.intermediate_size);
         let (q, kv) = (heads * head_dim, kv_heads * head_dim);
@@ -216,6 +230,8 @@ struct Tensors<'a> {
     source: &'a dyn WeightSource,
     prefix: &'a str,
     dir: &'a Path,
+    /// Float matrices become `Q8_0`, repacked for integer products.
+    int8: bool,
 }
 
 impl Tensors<'_> {
@@ -236,6 +252,12 @@ impl Tensors<'_> {
             return Err(self.bad(format!(
                 "{full} is shaped {shape:?}; the layer needs [{rows}, {cols}]"
             )));
+        }
+        if self.int8 && cols.is_multiple_of(32) {
+            let values = self.source.load_f32(&full)?.data;
+            return WeightMatrix::from_bytes(WeightFormat::Q8_0, rows, cols, &q8_0(&values))
+                .map(WeightMatrix::into_int8)
+                .map_err(|e| self.bad(format!("{full}: {e}")));
         }
         if let Some(native) = self.source.load_native(&full)? {
             return WeightMatrix::from_bytes(native.format, rows, cols, &native.bytes)
@@ -261,5 +283,47 @@ impl Tensors<'_> {
             )));
         }
         Ok(Some(t.data))
+    }
+}
+
+/// `values` (whole blocks of 32) as GGUF `Q8_0` blocks: an f16 scale `max|x| / 127`, then 32
+/// signed bytes rounded to nearest.
+fn q8_0(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / 32 * 34);
+    for block in values.chunks_exact(32) {
+        let max = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let d = max / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        out.extend(
+            block
+                .iter()
+                .map(|&x| (x * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_kernels::cpu::linear_weights;
+
+    use super::*;
+
+    #[test]
+    fn q8_0_blocks_multiply_close_to_the_floats() {
+        let (rows, cols) = (8, 64);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.3).sin()).collect();
+        let exact = WeightMatrix::from_f32(rows, cols, w.clone());
+        let q = WeightMatrix::from_bytes(WeightFormat::Q8_0, rows, cols, &q8_0(&w)).unwrap();
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        linear_weights(&x, &exact, None, 1, &mut a);
+        linear_weights(&x, &q.into_int8(), None, 1, &mut b);
+        for (a, b) in a.iter().zip(&b) {
+            assert!((a - b).abs() < 0.05, "{a} vs {b}");
+        }
     }
 }
