@@ -9,7 +9,7 @@
 //! `draft_vocab.json` (a list of token ids) restricts its proposals to those tokens (FR-Spec),
 //! so that each round scores its states against those rows of the LM head only.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 use tessera_formats::{FormatError, ModelConfig, WeightSource, open_safetensors};
@@ -65,29 +65,6 @@ pub struct EagleHead {
     pub(crate) draft_vocab: Option<Vec<u32>>,
 }
 
-/// The weights file of `dir`: `model.safetensors`, or its only safetensors file.
-fn weights_file(dir: &Path) -> Result<PathBuf, EngineError> {
-    let named = dir.join("model.safetensors");
-    if named.exists() {
-        return Ok(named);
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| FormatError::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    match found.len() {
-        1 => Ok(found.remove(0)),
-        n => Err(EngineError::Weights {
-            path: dir.display().to_string(),
-            message: format!(
-                "expected model.safetensors (or a single .safetensors file), found {n} \
-                 safetensors files"
-            ),
-        }),
-    }
-}
-
 impl EagleHead {
     /// Loads the head in `dir`, made for a target of configuration `target`, its matrices laid
     /// out as [`WeightLayout::from_env`] says.
@@ -136,7 +113,7 @@ impl EagleHead {
                 "{heads} query heads cannot share {kv_heads} KV heads"
             )));
         }
-        let file = weights_file(dir)?;
+        let file = super::heads_file(dir, "model.safetensors")?;
         let source = open_safetensors(&file)?;
         let prefix = if source.contains("model.fc.weight") {
             "model."

@@ -9,7 +9,7 @@
 //! `{head}.{block}.linear.weight|bias` and `{head}.{L}.weight` (optionally under
 //! `medusa_head.`) in `medusa_lm_head.safetensors`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 use tessera_formats::{FormatError, open_safetensors};
@@ -49,30 +49,6 @@ pub struct MedusaHeads {
     vocab: usize,
 }
 
-/// The heads' file in `dir`.
-fn weights_file(dir: &Path) -> Result<PathBuf, EngineError> {
-    let named = dir.join("medusa_lm_head.safetensors");
-    if named.exists() {
-        return Ok(named);
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| FormatError::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    found.sort();
-    match found.len() {
-        1 => Ok(found.remove(0)),
-        n => Err(EngineError::Weights {
-            path: dir.display().to_string(),
-            message: format!(
-                "expected medusa_lm_head.safetensors (or a single .safetensors file), found {n} \
-                 safetensors files"
-            ),
-        }),
-    }
-}
-
 impl MedusaHeads {
     /// Loads the heads in `dir` for a model of `hidden` wide states and `vocab` tokens.
     pub fn load(dir: &Path, hidden: usize, vocab: usize) -> Result<Self, EngineError> {
@@ -92,7 +68,7 @@ impl MedusaHeads {
                 TokenTree::MAX_NODES - 1
             )));
         }
-        let file = weights_file(dir)?;
+        let file = super::heads_file(dir, "medusa_lm_head.safetensors")?;
         let weights = open_safetensors(&file)?;
         let prefix = if weights.contains("medusa_head.0.0.linear.weight") {
             "medusa_head."

@@ -498,3 +498,46 @@ pub fn two_sample_chi2<K: Ord + Copy + std::hash::Hash>(
     let limit = df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3);
     (chi2, limit, cells)
 }
+
+/// The second and third tokens of `seeds` sampled continuations (temperature 0.8, one seed
+/// each) of `prompt` by `speculating` against the same without speculation, as a two-sample
+/// chi-square: panics unless some candidate was accepted and the two laws agree.
+pub fn assert_sampling_keeps_the_distribution(
+    plain: Engine,
+    speculating: Engine,
+    prompt: &[u32],
+    seeds: u64,
+) {
+    let mut hist = [
+        std::collections::HashMap::<(u32, u32), f64>::new(),
+        Default::default(),
+    ];
+    let mut accepted_total = 0;
+    for (mut e, h) in [plain, speculating].into_iter().zip(hist.iter_mut()) {
+        for chunk in (0..seeds).collect::<Vec<_>>().chunks(50) {
+            let prompts = vec![prompt.to_vec(); chunk.len()];
+            let params: Vec<SamplingParams> = chunk
+                .iter()
+                .map(|&seed| SamplingParams {
+                    temperature: 0.8,
+                    seed: Some(seed),
+                    ..Default::default()
+                })
+                .collect();
+            let (out, (_, accepted)) = generate(&mut e, &prompts, &params, 3);
+            accepted_total += accepted;
+            for o in out {
+                *h.entry((o[1], o[2])).or_default() += 1.0;
+            }
+        }
+    }
+    assert!(
+        accepted_total > 0,
+        "no candidate was accepted: trees were not exercised"
+    );
+    let (chi2, limit, cells) = two_sample_chi2(&hist[0], &hist[1]);
+    assert!(
+        chi2 < limit,
+        "chi2 {chi2:.1} over {cells} cells exceeds {limit:.1}"
+    );
+}
