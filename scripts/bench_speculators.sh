@@ -18,6 +18,7 @@ declare -A flags=(
   [none]="--speculate 0"
   [ngram]="--speculate 3 --speculator ngram"
   [medusa]="--speculate 3 --speculator medusa --draft-model-id $root/fixtures/smollm2/medusa --speculative-tree-width 4"
+  [eagle-d2-w1]="--speculate 2 --speculator eagle --draft-model-id $root/fixtures/smollm2/eagle --speculative-tree-width 1"
   [eagle-w1]="--speculate 4 --speculator eagle --draft-model-id $root/fixtures/smollm2/eagle --speculative-tree-width 1"
   [eagle-w2]="--speculate 4 --speculator eagle --draft-model-id $root/fixtures/smollm2/eagle --speculative-tree-width 2"
   [eagle-w4]="--speculate 4 --speculator eagle --draft-model-id $root/fixtures/smollm2/eagle --speculative-tree-width 4"
