@@ -88,7 +88,8 @@ pub struct PackedMatrix {
     kind: PackedKind,
     rows: usize,
     cols: usize,
-    /// Group after group, block after block: `kind.group_block_bytes()` each.
+    /// Lane after lane; in a lane, group after group; in a group's lane, block after block:
+    /// `kind.lane_block_bytes()` each.
     data: Vec<Line>,
 }
 
@@ -106,20 +107,25 @@ impl PackedMatrix {
     /// Byte offsets in `data` of tile `t`'s quants and scales of block `b`.
     fn offsets(&self, t: usize, b: usize) -> (usize, usize) {
         let (g, c) = (t / GROUP, t % GROUP);
-        let blocks = self.blocks();
-        let base = g * blocks * self.kind.group_block_bytes();
-        let (quants, scales) = Self::offsets_in_group(self.kind, blocks, c, b);
+        let (lane, c) = (c / LANE_TILES, c % LANE_TILES);
+        let stretch = lane * self.groups() + g;
+        let (quants, scales) = Self::offsets_in_stretch(self.kind, c, b);
+        let base = stretch * self.blocks() * self.kind.lane_block_bytes();
         (base + quants, base + scales)
     }
 
-    /// Byte offsets, from the start of its group, of the quants and scales of block `b` of the
-    /// group's tile `c`, in a matrix of `blocks` blocks per row.
-    fn offsets_in_group(kind: PackedKind, blocks: usize, c: usize, b: usize) -> (usize, usize) {
-        let (lane, c) = (c / LANE_TILES, c % LANE_TILES);
-        let base = (lane * blocks + b) * kind.lane_block_bytes();
+    /// Byte offsets, from the start of its stretch (one group's lane), of the quants and
+    /// scales of block `b` of the lane's tile `c`.
+    fn offsets_in_stretch(kind: PackedKind, c: usize, b: usize) -> (usize, usize) {
+        let base = b * kind.lane_block_bytes();
         let quants = base + c * kind.quant_bytes();
         let scales = base + LANE_TILES * kind.quant_bytes() + c * 2 * kind.scales();
         (quants, scales)
+    }
+
+    /// Groups of tiles (the last one padded).
+    fn groups(&self) -> usize {
+        self.rows.div_ceil(TILE * GROUP)
     }
 
     /// The format it was packed from.

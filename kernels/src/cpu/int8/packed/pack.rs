@@ -4,7 +4,7 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::{GROUP, LINE, Line, PackedKind, PackedMatrix, QK, TILE};
+use super::{GROUP, LANE_TILES, LINE, Line, PackedKind, PackedMatrix, QK, TILE};
 use crate::quant::{
     BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
     BlockQ5K, BlockQ6K, BlockQ8_0, get_scale_min_k4, index4, quant5,
@@ -310,33 +310,34 @@ impl PackedMatrix {
     }
 
     /// Calls `f(row, block, lines, scales)` for every row of every tile (padding included)
-    /// with the tile's lines and scales of that block; groups of tiles in parallel (each is
-    /// its own stretch of `data`).
+    /// with the tile's lines and scales of that block; stretches (one group's lane) in
+    /// parallel.
     fn fill(&mut self, f: impl Fn(usize, usize, &mut [Line], &mut [u16]) + Sync) {
         let kind = self.kind;
-        let (lq, blocks) = (kind.quant_bytes() / LINE, self.blocks());
-        let group_lines = blocks * kind.group_block_bytes() / LINE;
-        if group_lines == 0 {
+        let (lq, blocks, groups) = (kind.quant_bytes() / LINE, self.blocks(), self.groups());
+        let stretch_lines = blocks * kind.lane_block_bytes() / LINE;
+        if stretch_lines == 0 {
             return;
         }
         self.data
-            .par_chunks_mut(group_lines)
+            .par_chunks_mut(stretch_lines)
             .enumerate()
-            .for_each(|(g, group)| {
+            .for_each(|(i, stretch)| {
+                let (lane, g) = (i / groups, i % groups);
                 let mut scales = vec![0u16; kind.scales()];
-                for c in 0..GROUP {
-                    let t = g * GROUP + c;
+                for c in 0..LANE_TILES {
+                    let t = g * GROUP + lane * LANE_TILES + c;
                     for b in 0..blocks {
-                        let (q, s) = Self::offsets_in_group(kind, blocks, c, b);
+                        let (q, s) = Self::offsets_in_stretch(kind, c, b);
                         for r in 0..TILE {
                             f(
                                 t * TILE + r,
                                 b,
-                                &mut group[q / LINE..q / LINE + lq],
+                                &mut stretch[q / LINE..q / LINE + lq],
                                 &mut scales,
                             );
                         }
-                        let bytes: &mut [u8] = bytemuck::cast_slice_mut(group);
+                        let bytes: &mut [u8] = bytemuck::cast_slice_mut(stretch);
                         bytes[s..s + 2 * scales.len()]
                             .copy_from_slice(bytemuck::cast_slice(&scales));
                     }
