@@ -42,12 +42,14 @@
 //!   the other formats keep `d` and `m`), taking `32 · Σ x` of the half off in integers. 28
 //!   bytes per 32 values against the file's 26.25.
 //!
-//! Tiles come in groups of four (64 rows), which the decode kernel reads together. A group is
-//! stored as two lanes of two tiles, one after the other; a lane stores block after block, and
-//! one block of a lane is one contiguous stretch: its two tiles' lines, then their scales. So a
-//! GEMV reads each group as two sequential streams at once: a core keeps too few of its own
-//! loads in flight to reach the memory's bandwidth on one stream, and the hardware prefetchers
-//! run ahead on each stream they see.
+//! Tiles come in groups of four (64 rows), which the decode kernel reads together. A group
+//! is two lanes of two tiles; a lane stores block after block, and one block of a lane is one
+//! contiguous stretch: its two tiles' lines, then their scales. The matrix stores lane 0 of
+//! every group, group after group, then lane 1 of every group. So a GEMV thread, which takes
+//! consecutive groups, reads two sequential streams from its first group to its last: a core
+//! keeps too few of its own loads in flight to reach the memory's bandwidth on one stream,
+//! and the hardware prefetchers run ahead on each stream they see, but take a while to ramp
+//! up on a new one.
 //!
 //! Rows past the matrix's end (the last group's padding) are zero. The bytes are those of
 //! the GGUF blocks, rearranged: memory stays the file's size, plus at most 63 padding rows.
