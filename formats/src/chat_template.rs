@@ -31,6 +31,10 @@ pub struct ChatMessage {
     /// A tool message's function name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant's thinking before its answer, under the name templates read it by
+    /// (Qwen3's and DeepSeek's show it for the turns after the last user message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -42,6 +46,7 @@ impl ChatMessage {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
         }
     }
 }

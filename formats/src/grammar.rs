@@ -86,8 +86,14 @@ impl GrammarCompiler {
             .enumerate()
             .map(|(id, t)| match t {
                 Some(bytes) if !bytes.is_empty() => bytes.clone(),
-                // toktrie's mark for a special token: reachable by id, never by bytes.
-                _ => format!("\u{ff}<[{id}]>").into_bytes(),
+                // toktrie's mark for a special token is the byte 0xFF (not the character
+                // U+00FF, whose UTF-8 would make the token ordinary text that strings accept):
+                // reachable by id, never by bytes.
+                _ => {
+                    let mut word = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    word.extend_from_slice(format!("<[{id}]>").as_bytes());
+                    word
+                }
             })
             .collect();
         let info = TokRxInfo::new(words.len() as u32, first_eos);
@@ -140,12 +146,14 @@ impl GrammarCompiler {
     }
 }
 
-/// The grammar of `source`, JSON schemas with [`JSON_LAYOUT`] unless they set their own.
+/// The grammar of `source`; JSON schemas with [`JSON_LAYOUT`] unless they set their own, and
+/// their objects closed to undeclared properties ([`crate::close_declared_objects`]).
 fn top_level(source: GrammarSource<'_>) -> Result<TopLevelGrammar, GrammarError> {
     Ok(match source {
         GrammarSource::JsonSchema(text) => {
             let mut schema: serde_json::Value =
                 serde_json::from_str(text).map_err(|e| GrammarError::SchemaJson(e.to_string()))?;
+            crate::close_declared_objects(&mut schema);
             if let Some(obj) = schema.as_object_mut() {
                 obj.entry("x-guidance")
                     .or_insert_with(|| serde_json::from_str(JSON_LAYOUT).unwrap_or_default());
@@ -269,6 +277,29 @@ mod tests {
         assert!(!next.contains(&"1".to_string()) && !next.contains(&"<eos>".to_string()));
         assert!(m.consume(id_of(&tokens, "true")));
         assert!(m.consume(id_of(&tokens, "}")));
+        assert_eq!(allowed_texts(&mut m, &tokens), ["<eos>"]);
+    }
+
+    /// Special tokens (the end among them) add no text: no string may take them in, so that
+    /// an output never ends inside a string it has opened.
+    #[test]
+    fn special_tokens_never_continue_a_string() {
+        let mut tokens = tokens();
+        tokens.push(None); // e.g. <|im_start|>: a special token that does not end generation
+        let special = tokens.len() - 1;
+        let compiler = GrammarCompiler::new(&tokens, &[EOS]).unwrap();
+        let schema = r#"{"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"]}"#;
+        let mut m = compiler.compile(GrammarSource::JsonSchema(schema)).unwrap();
+        for t in ["{\"", "c", "i", "t", "y", "\": ", "\"", "P", "}"] {
+            assert!(m.consume(id_of(&tokens, t)), "{t}");
+        }
+        let inside = allowed_texts(&mut m, &tokens);
+        assert!(inside.contains(&"a".to_string()));
+        assert!(!inside.contains(&"<eos>".to_string()), "{inside:?}");
+        let set = m.allowed().unwrap();
+        assert_eq!(set[special / 64] & (1 << (special % 64)), 0);
+        assert!(m.consume(id_of(&tokens, "\"}")));
         assert_eq!(allowed_texts(&mut m, &tokens), ["<eos>"]);
     }
 

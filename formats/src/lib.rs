@@ -11,6 +11,7 @@
 
 mod chat_template;
 mod config;
+mod declared_properties;
 mod error;
 mod family;
 pub mod gguf;
@@ -24,6 +25,7 @@ mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, RenderOptions};
 pub use config::{Architecture, DType, LengthDependentRope, ModelConfig, RopeScaling};
+pub use declared_properties::close_declared_objects;
 pub use error::FormatError;
 pub use family::{Activation, ExpertNames, Family, LayerSpec, Moe};
 pub use grammar::{GrammarCompiler, GrammarError, GrammarMatcher, GrammarSource};

@@ -102,7 +102,7 @@ struct Args {
     /// template shows; hermes for templates that render no tools).
     #[arg(long, value_parser = parse_tool_call_format)]
     tool_call_parser: Option<ToolCallFormat>,
-    /// Read the model's reasoning into `reasoning_content`: qwen3 or deepseek_r1.
+    /// Read the model's reasoning into `reasoning` (and `reasoning_content`): qwen3 or deepseek_r1.
     #[arg(long, value_parser = parse_reasoning_format)]
     reasoning_parser: Option<ReasoningFormat>,
 }

@@ -17,7 +17,7 @@ pub(crate) use self::tool_grammar::{ToolChoice, ToolSpec, tool_grammar};
 /// A piece of the assistant's output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Piece {
-    /// Thinking (`reasoning_content`).
+    /// Thinking (`reasoning`, also sent as `reasoning_content`).
     Reasoning(String),
     /// The answer (`content`).
     Content(String),
@@ -91,7 +91,8 @@ impl OutputSplitter {
     }
 
     /// The pieces left at the end of the output: held-back text, and calls that run to the
-    /// end. Calls that do not parse are returned as content, as the model wrote them.
+    /// end. A call cut short (by `max_tokens` or a stop sequence) is dropped, and so is the
+    /// beginning of a call's marker: neither is the answer.
     pub(crate) fn finish(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
         while self.step(&mut out, true) {}
@@ -100,11 +101,8 @@ impl OutputSplitter {
             State::Opening | State::Content => self.content(&mut out, rest),
             State::Reasoning => push_text(&mut out, Piece::Reasoning(rest)),
             State::Calls => {
-                if let Some(format) = self.reading.tools {
-                    match format.parse(&rest) {
-                        Some(calls) => self.emit_calls(&mut out, calls),
-                        None => self.content(&mut out, format!("{}{rest}", format.start())),
-                    }
+                if let Some(calls) = self.reading.tools.and_then(|f| f.parse(&rest)) {
+                    self.emit_calls(&mut out, calls);
                 }
             }
         }
@@ -186,13 +184,12 @@ impl OutputSplitter {
             self.state = State::Calls;
             return true;
         }
-        let keep = if at_end {
-            0
-        } else {
-            held_back(&self.pending, start)
-        };
+        let keep = held_back(&self.pending, start);
         let text = self.pending.drain(..self.pending.len() - keep).collect();
         self.content(out, text);
+        if at_end {
+            self.pending.clear();
+        }
         false
     }
 
@@ -208,9 +205,8 @@ impl OutputSplitter {
         };
         let body = self.pending[..at].to_owned();
         self.pending.drain(..at + end.len());
-        match format.parse(&body) {
-            Some(calls) => self.emit_calls(out, calls),
-            None => self.content(out, format!("{}{body}{end}", format.start())),
+        if let Some(calls) = format.parse(&body) {
+            self.emit_calls(out, calls);
         }
         self.state = State::Content;
         true

@@ -89,11 +89,18 @@ fn one_call_and_several_calls_are_read_whatever_the_cut() {
 }
 
 #[test]
-fn a_cut_or_malformed_call_is_returned_as_written() {
-    let cut = "<tool_call>\n{\"name\": \"get\", \"argum";
-    assert_eq!(split(hermes(), &chunks(cut, 4)), [content(cut)]);
+fn a_cut_or_malformed_call_never_reaches_the_content() {
+    let cut = "Checking.\n<tool_call>\n{\"name\": \"get\", \"argum";
+    for n in 1..cut.len() {
+        assert_eq!(split(hermes(), &chunks(cut, n)), [content("Checking.")]);
+    }
     let bad = "<tool_call>\n{name: get}\n</tool_call>";
-    assert_eq!(split(hermes(), &[bad]), [content(bad)]);
+    assert_eq!(split(hermes(), &[bad]), []);
+    // The beginning of a marker, cut off by the end of the output.
+    for marker_part in ["<", "\n<tool", "<tool_call"] {
+        let text = format!("Sure.{marker_part}");
+        assert_eq!(split(hermes(), &chunks(&text, 2)), [content("Sure.")]);
+    }
     // A call whose closing tag was cut off but whose JSON is whole still counts.
     let unclosed = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n";
     assert_eq!(split(hermes(), &[unclosed]), [call("f", r#"{"a":1}"#)]);

@@ -124,6 +124,7 @@ pub(crate) fn tool_grammar(
 /// arguments' `$defs` move to the root, where their `#/$defs/…` references point.
 fn call_schema(format: ToolCallFormat, tool: &ToolSpec) -> String {
     let mut parameters = tool.parameters.clone();
+    tessera_formats::close_declared_objects(&mut parameters);
     let mut root = json!({
         "type": "object",
         "properties": {

@@ -44,7 +44,8 @@ pub(super) fn whole_message(
         } else {
             Some(content.unwrap_or_default())
         },
-        reasoning_content: reasoning,
+        reasoning_content: reasoning.clone(),
+        reasoning,
         tool_calls: called.then_some(calls),
     };
     (message, reason(called, finish_reason))
@@ -91,6 +92,7 @@ impl ChoiceDeltas {
                     ..Delta::default()
                 }),
                 Piece::Reasoning(t) => out.push(Delta {
+                    reasoning: Some(t.clone()),
                     reasoning_content: Some(t),
                     ..Delta::default()
                 }),

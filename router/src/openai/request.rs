@@ -141,6 +141,10 @@ pub struct RequestMessage {
     pub tool_call_id: Option<String>,
     /// A tool message's function name (or a participant's name).
     pub name: Option<String>,
+    /// An assistant's earlier thinking, as vLLM now names it.
+    pub reasoning: Option<String>,
+    /// The same under its earlier name.
+    pub reasoning_content: Option<String>,
 }
 
 /// `POST /v1/chat/completions` body.

@@ -36,7 +36,10 @@ pub struct AssistantMessage {
     pub role: &'static str,
     /// The answer's text (null when the message is only tool calls).
     pub content: Option<String>,
-    /// The model's thinking, with `--reasoning-parser`.
+    /// The model's thinking, with `--reasoning-parser` (vLLM's current name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    /// The same thinking under its earlier name, which other clients still read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
     /// The calls the model made.
@@ -132,7 +135,10 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
-    /// New thinking, with `--reasoning-parser`.
+    /// New thinking, with `--reasoning-parser` (vLLM's current name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    /// The same thinking under its earlier name, which other clients still read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
     /// Tool-call pieces.

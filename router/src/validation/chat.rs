@@ -6,6 +6,7 @@
 //! chat template, then the sampling fields and the rendered prompt.
 
 use tessera_formats::ChatMessage;
+use tessera_params::OutputConstraint;
 
 use super::constraint::check_constraint;
 use super::parameters::TopLogprobs;
@@ -45,7 +46,13 @@ impl Validation {
         };
         let param = if tool_use.is_some() { "tools" } else { param };
         check_constraint(param, constraint.as_ref(), &self.grammars, &self.tokenizer).await?;
-        let messages = chat_messages(&req.messages)?;
+        let mut messages = chat_messages(&req.messages)?;
+        if matches!(
+            constraint,
+            Some(OutputConstraint::JsonObject | OutputConstraint::JsonSchema(_))
+        ) {
+            ask_for_json(&mut messages);
+        }
         let top = TopLogprobs {
             param: "top_logprobs",
             given: req.top_logprobs.unwrap_or(0),
@@ -150,6 +157,33 @@ impl Validation {
     }
 }
 
+/// What the system message says when a JSON answer is required and the conversation does
+/// not ask for one.
+const JSON_HINT: &str = "Respond in JSON.";
+
+/// Tells the model that its answer is JSON, unless a message already mentions JSON. The
+/// grammar holds the output to the schema either way, but a model that does not know it is
+/// writing JSON writes prose into the first string it opens and never closes it (OpenAI's
+/// JSON mode asks the same of the conversation; its structured outputs show the model the
+/// schema).
+fn ask_for_json(messages: &mut Vec<ChatMessage>) {
+    if messages
+        .iter()
+        .any(|m| m.content.to_ascii_lowercase().contains("json"))
+    {
+        return;
+    }
+    match messages.first_mut() {
+        Some(first) if first.role == "system" => {
+            if !first.content.is_empty() {
+                first.content.push_str("\n\n");
+            }
+            first.content.push_str(JSON_HINT);
+        }
+        _ => messages.insert(0, ChatMessage::new("system", JSON_HINT)),
+    }
+}
+
 /// `chat_template_kwargs`, bounded.
 fn template_kwargs(
     kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
@@ -199,6 +233,10 @@ fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, Valida
                     message.tool_calls = Some(history_calls(calls).map_err(bad)?);
                 }
                 _ => {}
+            }
+            let thinking = m.reasoning.as_ref().or(m.reasoning_content.as_ref());
+            if role == "assistant" {
+                message.reasoning_content = thinking.filter(|t| !t.is_empty()).cloned();
             }
             message.tool_call_id = m.tool_call_id.clone();
             message.name = m.name.clone();

@@ -74,7 +74,9 @@ impl ToolFields<'_> {
             Some(id) => format!("<[{id}]>"),
             None => Value::from(format.start()).to_string(),
         };
-        let single_call = self.parallel == Some(false);
+        // A named function is called once, as OpenAI and vLLM answer it: the structured-output
+        // modes of instructor and LangChain read exactly one call.
+        let single_call = self.parallel == Some(false) || matches!(choice, ToolChoice::Named(_));
         let grammar = tool_grammar(format, &specs, &choice, single_call, &opener);
         if grammar.len() > MAX_GRAMMAR_BYTES {
             return Err(ValidationError::Constraint {

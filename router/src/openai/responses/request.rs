@@ -157,6 +157,8 @@ fn message(role: &str, content: Option<String>) -> RequestMessage {
         tool_calls: None,
         tool_call_id: None,
         name: None,
+        reasoning: None,
+        reasoning_content: None,
     }
 }
 
