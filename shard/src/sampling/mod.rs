@@ -77,6 +77,8 @@ mod logprobs;
 mod math;
 mod pattern;
 mod pipeline;
+#[cfg(test)]
+mod schema_props;
 
 use std::sync::Arc;
 
