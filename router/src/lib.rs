@@ -21,6 +21,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod anthropic;
 mod assistant;
 pub mod batcher;
 pub mod client;
@@ -38,6 +39,7 @@ mod stop;
 pub mod telemetry;
 mod validation;
 
+pub use crate::anthropic::AnthropicError;
 pub use crate::assistant::{ReasoningFormat, ToolCallFormat};
 pub use crate::deadline::REQUEST_TIMEOUT_HEADER;
 pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
@@ -80,5 +82,14 @@ pub mod openai_api {
         FunctionCall, FunctionCallDelta, JsonSchemaFormat, OutputConstraints, ResponseObject,
         ResponsesInput, ResponsesRequest, ResponsesStreamEvent, StructuredOutputs, TextFormat,
         TextOptions, ToolCall, ToolCallDelta,
+    };
+}
+
+/// Wire types of the Anthropic-compatible Messages API.
+pub mod anthropic_api {
+    pub use crate::anthropic::{
+        AnthropicErrorBody, AnthropicErrorDetail, BlockDelta, ContentBlock, CountTokensRequest,
+        DeltaUsage, InputMessage, Message, MessageDelta, MessageStreamEvent, MessageUsage,
+        MessagesRequest, StopReason, TokenCount,
     };
 }
