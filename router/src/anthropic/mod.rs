@@ -1,7 +1,7 @@
 //! Anthropic's Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`, so
 //! that the `anthropic` SDKs (and the agents built on them) work with their base URL pointed
 //! here. As the Responses API does, a request is translated into the chat request it means
-//! ([`request`]), validated, rendered and run as chat is, and the output is read by the same
+//! ([`request`], [`tools`]), validated, rendered and run as chat is, and the output is read by the same
 //! splitter into `thinking`, `text` and `tool_use` blocks ([`response`], [`stream`]). Errors
 //! take Anthropic's shape ([`error`]).
 //!
@@ -14,6 +14,7 @@ mod error;
 mod request;
 mod response;
 mod stream;
+mod tools;
 
 use std::convert::Infallible;
 use std::time::Instant;

@@ -1,14 +1,15 @@
 //! The `/v1/messages` and `/v1/messages/count_tokens` bodies, and their translation into the
 //! chat request they mean: `system` is a system message, text blocks are a turn's text,
-//! `tool_use` blocks an assistant's `tool_calls`, `tool_result` blocks `tool` messages;
-//! tools are function tools and `tool_choice` chat's. Content is read from JSON values, not
-//! typed, so that an unsupported block is refused by name rather than by a parse error.
+//! `tool_use` blocks an assistant's `tool_calls`, `tool_result` blocks `tool` messages (tools
+//! and choices: `tools.rs`). Content is read from JSON values, not typed, so that an
+//! unsupported block is refused by name rather than by a parse error.
 
 use std::collections::HashMap;
 
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
+use super::tools::{chat_tool_choice, chat_tools, thinking_kwargs};
 use crate::openai::{
     ChatCompletionRequest, MessageContent, OutputConstraints, RequestMessage, SamplingFields,
     StopSpec,
@@ -110,7 +111,10 @@ impl CountTokensRequest {
                     param: "system",
                     message,
                 })?;
-            messages.push(message("system", text));
+            // An empty system prompt is none (templates may then write their default one).
+            if !text.is_empty() {
+                messages.push(message("system", text));
+            }
         }
         let mut names = HashMap::new();
         for (index, m) in self.messages.iter().enumerate() {
@@ -342,77 +346,4 @@ fn tool_result(block: &Value, names: &HashMap<String, String>) -> Result<Request
     m.tool_call_id = Some(id.to_owned());
     m.name = names.get(id).cloned();
     Ok(m)
-}
-
-/// Anthropic's custom tools as chat function tools (their rules are chat's); server tools
-/// (a `type` other than `custom`) are refused.
-fn chat_tools(tools: &[Value]) -> Result<Vec<Value>, ValidationError> {
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| match tool.get("type").and_then(Value::as_str) {
-            None | Some("custom") => {
-                let get = |key| tool.get(key).cloned().unwrap_or(Value::Null);
-                Ok(json!({"type": "function", "function": {
-                    "name": get("name"),
-                    "description": get("description"),
-                    "parameters": get("input_schema"),
-                }}))
-            }
-            Some(kind) => Err(ValidationError::Constraint {
-                param: "tools",
-                message: format!(
-                    "[{i}]: tools of type `{kind}` (Anthropic's server tools) are not supported; \
-                     define a custom tool with `name`, `description` and `input_schema`"
-                ),
-            }),
-        })
-        .collect()
-}
-
-/// Anthropic's `tool_choice` as chat's `tool_choice` and `parallel_tool_calls`.
-fn chat_tool_choice(choice: &Value) -> Result<(Option<Value>, Option<bool>), ValidationError> {
-    let bad = |message: &str| ValidationError::Constraint {
-        param: "tool_choice",
-        message: message.to_owned(),
-    };
-    let chat = match choice.get("type").and_then(Value::as_str) {
-        Some("auto") => json!("auto"),
-        Some("any") => json!("required"),
-        Some("none") => json!("none"),
-        Some("tool") => {
-            let name = choice
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad("a `tool` choice needs the tool's `name`"))?;
-            json!({"type": "function", "function": {"name": name}})
-        }
-        _ => return Err(bad("`type` must be `auto`, `any`, `tool` or `none`")),
-    };
-    let parallel = match choice.get("disable_parallel_tool_use") {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(disable)) => Some(!disable),
-        Some(_) => return Err(bad("`disable_parallel_tool_use` must be a boolean")),
-    };
-    Ok((Some(chat), parallel))
-}
-
-/// `thinking` as the chat template's `enable_thinking`.
-fn thinking_kwargs(thinking: &Value) -> Result<Map<String, Value>, ValidationError> {
-    let enable = match thinking.get("type").and_then(Value::as_str) {
-        Some("enabled") => Some(true),
-        Some("disabled") => Some(false),
-        Some("adaptive") => None,
-        _ => {
-            return Err(ValidationError::Constraint {
-                param: "thinking",
-                message: "`type` must be `enabled`, `disabled` or `adaptive`".into(),
-            });
-        }
-    };
-    let mut kwargs = Map::new();
-    if let Some(enable) = enable {
-        kwargs.insert("enable_thinking".into(), Value::Bool(enable));
-    }
-    Ok(kwargs)
 }

@@ -50,6 +50,8 @@ fn system_and_text_turns() {
     assert!(c.chat_template_kwargs.is_none());
     let c = chat(json!({"system": "S", "messages": [{"role": "user", "content": "x"}]}));
     assert_eq!(text(&c.messages[0]), "S");
+    let c = chat(json!({"system": [], "messages": [{"role": "user", "content": "x"}]}));
+    assert_eq!(roles(&c), ["user"], "an empty system prompt is none");
 }
 
 #[test]
