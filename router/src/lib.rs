@@ -1,9 +1,10 @@
 //! Tessera router: the HTTP front of the cluster.
 //!
-//! Requests come in through the native (TGI-compatible) or OpenAI API, are validated into
-//! a [`ValidGenerateRequest`] and handed to the batcher through [`Infer`], which answers
-//! with a stream of [`InferStreamResponse`] events. The batcher turns token ids into text
-//! with an [`IncrementalDecoder`] and trims stop sequences with a [`StopSequenceMatcher`].
+//! Requests come in through the native (TGI-compatible), OpenAI or Anthropic API, are
+//! validated into a [`ValidGenerateRequest`] and handed to the batcher through [`Infer`],
+//! which answers with a stream of [`InferStreamResponse`] events. The batcher turns token ids
+//! into text with an [`IncrementalDecoder`] and trims stop sequences with a
+//! [`StopSequenceMatcher`].
 //!
 //! ```
 //! use std::sync::Arc;

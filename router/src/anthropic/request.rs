@@ -106,11 +106,10 @@ impl CountTokensRequest {
         }
         let mut messages = Vec::new();
         if let Some(system) = &self.system {
-            let text =
-                blocks_text(system, "system").map_err(|message| ValidationError::Constraint {
-                    param: "system",
-                    message,
-                })?;
+            let text = blocks_text(system).map_err(|message| ValidationError::Constraint {
+                param: "system",
+                message,
+            })?;
             // An empty system prompt is none (templates may then write their default one).
             if !text.is_empty() {
                 messages.push(message("system", text));
@@ -290,14 +289,15 @@ fn block_text(block: &Value) -> Result<String, String> {
         .ok_or_else(|| "a `text` block needs a string `text`".into())
 }
 
-/// A string, or the text of a list of text blocks (joined by blank lines).
-fn blocks_text(content: &Value, what: &str) -> Result<String, String> {
+/// A string, or the text of a list of text blocks (joined by blank lines); errors name the
+/// block by its index in the list.
+fn blocks_text(content: &Value) -> Result<String, String> {
     match content {
         Value::String(text) => Ok(text.clone()),
         Value::Array(blocks) => {
             let mut texts = Vec::with_capacity(blocks.len());
             for (i, block) in blocks.iter().enumerate() {
-                let at = |e: String| format!("`{what}[{i}]`: {e}");
+                let at = |e: String| format!("[{i}]: {e}");
                 match block_type(block).map_err(at)? {
                     "text" => texts.push(block_text(block).map_err(at)?),
                     kind => return Err(at(unsupported(kind))),
@@ -305,9 +305,7 @@ fn blocks_text(content: &Value, what: &str) -> Result<String, String> {
             }
             Ok(texts.join("\n\n"))
         }
-        _ => Err(format!(
-            "`{what}` must be a string or a list of text blocks"
-        )),
+        _ => Err("must be a string or a list of text blocks".into()),
     }
 }
 
@@ -337,7 +335,7 @@ fn tool_result(block: &Value, names: &HashMap<String, String>) -> Result<Request
         .ok_or("a `tool_result` block needs a string `tool_use_id`")?;
     let mut text = match block.get("content") {
         None | Some(Value::Null) => String::new(),
-        Some(content) => blocks_text(content, "content")?,
+        Some(content) => blocks_text(content).map_err(|e| format!("its `content` {e}"))?,
     };
     if block.get("is_error").and_then(Value::as_bool) == Some(true) {
         text.insert_str(0, "Error: ");

@@ -21,6 +21,10 @@ use crate::validation::ValidationConfig;
 const KEY: &str = "sk-test";
 
 fn setup(api_key: Option<&str>) -> (Router, mpsc::Receiver<Entry>) {
+    setup_with(api_key, 4 << 20)
+}
+
+fn setup_with(api_key: Option<&str>, payload_limit: usize) -> (Router, mpsc::Receiver<Entry>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-llama");
     let tokenizer = Arc::new(ModelTokenizer::from_hf_dir(&dir, &[]).expect("fixture tokenizer"));
     let (tx, rx) = mpsc::channel(4);
@@ -31,7 +35,7 @@ fn setup(api_key: Option<&str>) -> (Router, mpsc::Receiver<Entry>) {
             ..ValidationConfig::default()
         })
         .api_key(api_key.map(str::to_owned))
-        .payload_limit(4 << 20)
+        .payload_limit(payload_limit)
         .build();
     (app(state), rx)
 }
@@ -268,6 +272,16 @@ async fn bad_bodies_get_typed_invalid_request_errors() {
     let (status, b) = call(&app, "/v1/messages/batches", json!({})).await;
     assert_eq!(status, 404);
     assert_eq!(b["error"]["type"], "not_found_error", "{b}");
+    let (small, _rx) = setup_with(None, 64);
+    let (status, b) = call(&small, "/v1/messages", hello()).await;
+    assert_eq!(status, 413, "{b}");
+    assert_eq!(b["error"]["type"], "request_too_large", "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("64 bytes")),
+        "{b}"
+    );
 }
 
 #[tokio::test]
