@@ -1,9 +1,9 @@
 //! Anthropic's Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`, so
 //! that the `anthropic` SDKs (and the agents built on them) work with their base URL pointed
 //! here. As the Responses API does, a request is translated into the chat request it means
-//! ([`request`], [`tools`]), validated, rendered and run as chat is, and the output is read by the same
-//! splitter into `thinking`, `text` and `tool_use` blocks ([`response`], [`stream`]). Errors
-//! take Anthropic's shape ([`error`]).
+//! ([`request`], [`tools`]), validated, rendered and run as chat is, and the output is read by
+//! the same splitter into `thinking`, `text` and `tool_use` blocks ([`response`], [`stream`]).
+//! Errors take Anthropic's shape ([`error`]).
 //!
 //! Refused with a 400 naming what is not supported: image, document and other non-text
 //! content blocks, server tools, and a last `assistant` message (prefill). Thinking blocks
