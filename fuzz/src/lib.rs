@@ -284,6 +284,7 @@ fn http_app() -> &'static (tokio::runtime::Runtime, axum::Router) {
                         text: "x".into(),
                         generated_tokens: 1,
                         finish_reason: FinishReason::Length,
+                        stop_sequence: None,
                         seed: None,
                         accepted_per_step: Vec::new(),
                     },

@@ -60,6 +60,9 @@ pub(crate) async fn deadlines(
             (Some(a), Some(s)) => Some(a.min(s)),
             (a, s) => a.or(s),
         },
+        Err(e) if crate::anthropic::is_anthropic_path(req.uri().path()) => {
+            return crate::anthropic::AnthropicError(e).into_response();
+        }
         Err(e) if req.uri().path().starts_with("/v1/") => return OpenAiError(e).into_response(),
         Err(e) => return e.into_response(),
     };

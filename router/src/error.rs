@@ -275,7 +275,8 @@ impl From<InferError> for OpenAiError {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PayloadLimit(pub(crate) usize);
 
-async fn json_body<T: DeserializeOwned>(req: Request) -> Result<T, ApiError> {
+/// The request's JSON body, its rejections as [`ApiError`]s (413 naming the limit).
+pub(crate) async fn json_body<T: DeserializeOwned>(req: Request) -> Result<T, ApiError> {
     let limit = req.extensions().get::<PayloadLimit>().map(|l| l.0);
     match Json::<T>::from_request(req, &()).await {
         Ok(Json(value)) => Ok(value),

@@ -105,6 +105,10 @@ pub struct GeneratedText {
     pub generated_tokens: u32,
     /// Why generation stopped.
     pub finish_reason: FinishReason,
+    /// The stop sequence that ended it (with [`FinishReason::StopSequence`]; `None` when a
+    /// stop token id did), which Anthropic's `stop_sequence` reports.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_sequence: Option<String>,
     /// The sampling seed used, if sampling.
     pub seed: Option<u64>,
     /// For each step that verified a speculator's proposals for this request, how many it
@@ -491,6 +495,7 @@ mod tests {
                     text: "ab".into(),
                     generated_tokens: 2,
                     finish_reason: FinishReason::Length,
+                    stop_sequence: None,
                     seed: None,
                     accepted_per_step: vec![],
                 },

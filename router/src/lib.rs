@@ -1,9 +1,10 @@
 //! Tessera router: the HTTP front of the cluster.
 //!
-//! Requests come in through the native (TGI-compatible) or OpenAI API, are validated into
-//! a [`ValidGenerateRequest`] and handed to the batcher through [`Infer`], which answers
-//! with a stream of [`InferStreamResponse`] events. The batcher turns token ids into text
-//! with an [`IncrementalDecoder`] and trims stop sequences with a [`StopSequenceMatcher`].
+//! Requests come in through the native (TGI-compatible), OpenAI or Anthropic API, are
+//! validated into a [`ValidGenerateRequest`] and handed to the batcher through [`Infer`],
+//! which answers with a stream of [`InferStreamResponse`] events. The batcher turns token ids
+//! into text with an [`IncrementalDecoder`] and trims stop sequences with a
+//! [`StopSequenceMatcher`].
 //!
 //! ```
 //! use std::sync::Arc;
@@ -21,6 +22,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod anthropic;
 mod assistant;
 pub mod batcher;
 pub mod client;
@@ -38,6 +40,7 @@ mod stop;
 pub mod telemetry;
 mod validation;
 
+pub use crate::anthropic::AnthropicError;
 pub use crate::assistant::{ReasoningFormat, ToolCallFormat};
 pub use crate::deadline::REQUEST_TIMEOUT_HEADER;
 pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
@@ -80,5 +83,14 @@ pub mod openai_api {
         FunctionCall, FunctionCallDelta, JsonSchemaFormat, OutputConstraints, ResponseObject,
         ResponsesInput, ResponsesRequest, ResponsesStreamEvent, StructuredOutputs, TextFormat,
         TextOptions, ToolCall, ToolCallDelta,
+    };
+}
+
+/// Wire types of the Anthropic-compatible Messages API.
+pub mod anthropic_api {
+    pub use crate::anthropic::{
+        AnthropicErrorBody, AnthropicErrorDetail, BlockDelta, ContentBlock, CountTokensRequest,
+        DeltaUsage, InputMessage, Message, MessageDelta, MessageStreamEvent, MessageUsage,
+        MessagesRequest, StopReason, TokenCount,
     };
 }

@@ -15,6 +15,11 @@ use utoipa::openapi::{
 };
 use utoipa_swagger_ui::SwaggerUi;
 
+use crate::anthropic::{
+    AnthropicErrorBody, AnthropicErrorDetail, BlockDelta, ContentBlock, CountTokensRequest,
+    DeltaUsage, InputMessage, Message, MessageDelta, MessageStreamEvent, MessageUsage,
+    MessagesRequest, StopReason, TokenCount, is_anthropic_path,
+};
 use crate::error::{ErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
 use crate::native::Status;
 use crate::native::{
@@ -39,10 +44,12 @@ use crate::{FinishReason, PrefillToken, Token};
 #[openapi(
     info(
         title = "Tessera",
-        description = "Text generation: the OpenAI-compatible API under /v1 and the \
-                       TGI-compatible native API. Errors are JSON: `{error, error_type}` on \
-                       native routes, `{error: {message, type, param, code}}` under /v1. A \
-                       request's `X-Request-Timeout: <seconds>` header bounds it (504 past it)."
+        description = "Text generation: the OpenAI-compatible API under /v1, Anthropic's \
+                       Messages API (/v1/messages) and the TGI-compatible native API. Errors \
+                       are JSON: `{error, error_type}` on native routes, `{type: \"error\", \
+                       error: {type, message}}` under /v1/messages, `{error: {message, type, \
+                       param, code}}` elsewhere under /v1. A request's `X-Request-Timeout: \
+                       <seconds>` header bounds it (504 past it)."
     ),
     components(schemas(
         GenerateRequest,
@@ -96,6 +103,20 @@ use crate::{FinishReason, PrefillToken, Token};
         ResponsesStreamEvent,
         ModelList,
         ModelCard,
+        MessagesRequest,
+        CountTokensRequest,
+        InputMessage,
+        Message,
+        ContentBlock,
+        StopReason,
+        MessageUsage,
+        TokenCount,
+        MessageStreamEvent,
+        BlockDelta,
+        MessageDelta,
+        DeltaUsage,
+        AnthropicErrorBody,
+        AnthropicErrorDetail,
         ErrorBody,
         OpenAiErrorBody,
         OpenAiErrorDetail,
@@ -216,6 +237,26 @@ pub(crate) const ROUTES: &[Route] = &[
         )
     },
     Route {
+        answer: Answer::Json("Message"),
+        or_stream: Some("MessageStreamEvent"),
+        errors: &[400, 401, 404, 413, 415, 429, 500, 503, 504],
+        ..post(
+            "/v1/messages",
+            "Anthropic Messages API (server-sent events with `stream: true`); `x-api-key` or \
+             a bearer token",
+            "MessagesRequest",
+        )
+    },
+    Route {
+        answer: Answer::Json("TokenCount"),
+        errors: &[400, 401, 413, 415, 500],
+        ..post(
+            "/v1/messages/count_tokens",
+            "Anthropic token counting: the tokens of the prompt a conversation renders to",
+            "CountTokensRequest",
+        )
+    },
+    Route {
         errors: &[401],
         ..get("/v1/models", "The served model", Answer::Json("ModelList"))
     },
@@ -283,9 +324,12 @@ fn content(answer: Answer, error: &str) -> (&'static str, RefOr<Schema>) {
 }
 
 fn operation(route: &Route) -> utoipa::openapi::path::Operation {
-    let error_schema = match route.path.starts_with("/v1/") {
-        true => "OpenAiErrorBody",
-        false => "ErrorBody",
+    let error_schema = if is_anthropic_path(route.path) {
+        "AnthropicErrorBody"
+    } else if route.path.starts_with("/v1/") {
+        "OpenAiErrorBody"
+    } else {
+        "ErrorBody"
     };
     let (kind, schema) = content(route.answer, error_schema);
     let mut ok = ResponseBuilder::new()

@@ -15,6 +15,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tessera_formats::ModelTokenizer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+use crate::anthropic::{self, AnthropicError, is_anthropic_path};
 use crate::error::{ApiError, OpenAiError, PayloadLimit, log_errors};
 use crate::infer::Infer;
 use crate::validation::{Validation, ValidationConfig};
@@ -168,8 +169,8 @@ impl AppStateBuilder {
         self
     }
 
-    /// Require `Authorization: Bearer <key>` on generation, tokenize and model routes
-    /// (`/health`, `/metrics` and `/info` stay open).
+    /// Require `Authorization: Bearer <key>` on generation, tokenize and model routes (or
+    /// `x-api-key: <key>` on `/v1/messages*`; `/health`, `/metrics` and `/info` stay open).
     pub fn api_key(mut self, key: Option<String>) -> Self {
         self.api_key = key.filter(|k| !k.is_empty());
         self
@@ -243,6 +244,13 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/responses", post(openai::responses))
         .route("/v1/models", get(openai::models))
         .route_layer(middleware::from_fn_with_state(state.clone(), openai_auth));
+    let messages = Router::new()
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            anthropic_auth,
+        ));
     let open = Router::new()
         .route("/health", get(native::health))
         .route("/live", get(native::live))
@@ -253,6 +261,7 @@ pub fn app(state: AppState) -> Router {
     let cors = cors_layer(&state.0.cors_allow_origin);
     let routes = native_protected
         .merge(openai)
+        .merge(messages)
         .merge(open)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -294,6 +303,9 @@ fn cors_layer(origins: &[HeaderValue]) -> Option<CorsLayer> {
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,
                 HeaderName::from_static(crate::deadline::REQUEST_TIMEOUT_HEADER),
+                HeaderName::from_static(API_KEY_HEADER),
+                HeaderName::from_static("anthropic-version"),
+                HeaderName::from_static("anthropic-beta"),
             ])
             .max_age(Duration::from_secs(3600)),
     )
@@ -305,7 +317,9 @@ fn is_openai(uri: &Uri) -> bool {
 
 async fn not_found(method: Method, uri: Uri) -> Response {
     let e = ApiError::NotFound(format!("{method} {}", uri.path()));
-    if is_openai(&uri) {
+    if is_anthropic_path(uri.path()) {
+        AnthropicError(e).into_response()
+    } else if is_openai(&uri) {
         OpenAiError(e).into_response()
     } else {
         e.into_response()
@@ -313,7 +327,9 @@ async fn not_found(method: Method, uri: Uri) -> Response {
 }
 
 async fn method_not_allowed(uri: Uri) -> Response {
-    if is_openai(&uri) {
+    if is_anthropic_path(uri.path()) {
+        AnthropicError(ApiError::MethodNotAllowed).into_response()
+    } else if is_openai(&uri) {
         OpenAiError(ApiError::MethodNotAllowed).into_response()
     } else {
         ApiError::MethodNotAllowed.into_response()
@@ -329,6 +345,22 @@ fn authorized(state: &AppState, req: &Request) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), key.as_bytes()))
+}
+
+/// The header Anthropic's SDKs send the key in.
+const API_KEY_HEADER: &str = "x-api-key";
+
+/// [`authorized`], or the key in `x-api-key` as Anthropic's SDKs send it.
+fn authorized_anthropic(state: &AppState, req: &Request) -> bool {
+    let Some(key) = &state.0.api_key else {
+        return true;
+    };
+    let in_header = req
+        .headers()
+        .get(API_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), key.as_bytes()));
+    in_header || authorized(state, req)
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -348,6 +380,14 @@ async fn openai_auth(State(state): State<AppState>, req: Request, next: Next) ->
         next.run(req).await
     } else {
         OpenAiError(ApiError::Unauthorized).into_response()
+    }
+}
+
+async fn anthropic_auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if authorized_anthropic(&state, &req) {
+        next.run(req).await
+    } else {
+        AnthropicError(ApiError::Unauthorized).into_response()
     }
 }
 

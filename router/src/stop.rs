@@ -50,6 +50,14 @@ impl StopSequenceMatcher {
         self.stop_sequences.is_empty()
     }
 
+    /// The sequence given at `index` to `new` (as [`StopMatch::Stopped`] names it).
+    pub fn sequence(&self, index: usize) -> Option<&str> {
+        self.stop_sequences
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, s)| s.as_str())
+    }
+
     /// Text currently held back.
     pub fn held(&self) -> &str {
         &self.held
@@ -191,6 +199,16 @@ mod tests {
         let mut m = matcher(&["é"]);
         assert_eq!(m.push("caf"), cont("caf"));
         assert_eq!(m.push("é!"), stopped("", 0));
+    }
+
+    #[test]
+    fn a_match_names_its_sequence() {
+        let mut m = matcher(&["", "b", "cd"]);
+        let StopMatch::Stopped { index, .. } = m.push("acd") else {
+            panic!("no match");
+        };
+        assert_eq!(m.sequence(index), Some("cd"));
+        assert_eq!(m.sequence(0), None);
     }
 
     #[test]

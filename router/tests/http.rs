@@ -163,6 +163,7 @@ fn answer(entry: &Entry, pieces: &[&str], finish_reason: FinishReason, top_n: us
                     text: pieces.concat(),
                     generated_tokens: pieces.len() as u32,
                     finish_reason,
+                    stop_sequence: None,
                     seed: entry.request.parameters.seed,
                     accepted_per_step: Vec::new(),
                 },

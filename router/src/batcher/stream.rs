@@ -46,6 +46,8 @@ pub(crate) struct OutputStream {
     special: Arc<SpecialTokens>,
     decoder: IncrementalDecoder,
     stop: StopSequenceMatcher,
+    /// The stop sequence that matched.
+    matched: Option<String>,
     text: String,
     generated: u32,
     max_new_tokens: u32,
@@ -73,6 +75,7 @@ impl OutputStream {
             tokenizer,
             special,
             stop: StopSequenceMatcher::new(request.stopping.stop_sequences.clone()),
+            matched: None,
             text: String::new(),
             generated: 0,
             max_new_tokens: request.stopping.max_new_tokens,
@@ -134,7 +137,10 @@ impl OutputStream {
             .map_err(|e| InferError::GenerationError(e.to_string()))?;
         let (mut emitted, mut finish) = match self.stop.push(&piece) {
             StopMatch::Continue(text) => (text, None),
-            StopMatch::Stopped { text, .. } => (text, Some(FinishReason::StopSequence)),
+            StopMatch::Stopped { text, index } => {
+                self.matched = self.stop.sequence(index).map(str::to_owned);
+                (text, Some(FinishReason::StopSequence))
+            }
         };
         if finish.is_none() {
             if !self.ignore_eos && self.special.eos.contains(&token.id) {
@@ -155,8 +161,9 @@ impl OutputStream {
                         emitted.push_str(&text);
                         emitted.push_str(&self.stop.finish());
                     }
-                    StopMatch::Stopped { text, .. } => {
+                    StopMatch::Stopped { text, index } => {
                         emitted.push_str(&text);
+                        self.matched = self.stop.sequence(index).map(str::to_owned);
                         finish = Some(FinishReason::StopSequence);
                     }
                 }
@@ -197,6 +204,7 @@ impl OutputStream {
                         text: std::mem::take(&mut self.text),
                         generated_tokens: self.generated,
                         finish_reason,
+                        stop_sequence: self.matched.take(),
                         seed: self.seed,
                         accepted_per_step: std::mem::take(&mut self.accepted_per_step),
                     },
@@ -206,5 +214,57 @@ impl OutputStream {
                 true,
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detokenizer::tests::byte_level;
+    use tessera_params::{SamplingParams, StoppingParams};
+
+    /// The output of the byte-level tokens of `text` (one per byte), up to its end.
+    fn finish(stop: &[&str], text: &str) -> GeneratedText {
+        let request = ValidGenerateRequest {
+            inputs: String::new(),
+            input_ids: Vec::new(),
+            parameters: SamplingParams::default(),
+            stopping: StoppingParams {
+                max_new_tokens: 8,
+                stop_sequences: stop.iter().map(|s| s.to_string()).collect(),
+                ignore_eos: false,
+                stop_token_ids: Vec::new(),
+            },
+            constraint: None,
+            decoder_input_details: false,
+            skip_special_tokens: true,
+        };
+        let tokenizer = byte_level();
+        let special = Arc::new(SpecialTokens::of(&tokenizer));
+        let mut out = OutputStream::new(&request, tokenizer, special, Instant::now());
+        for b in text.bytes() {
+            let token = SampledToken {
+                id: u32::from(b),
+                logprob: 0.0,
+                top: Vec::new(),
+            };
+            if let (InferStreamResponse::End { generated_text, .. }, true) =
+                out.push(token).expect("a token")
+            {
+                return generated_text;
+            }
+        }
+        panic!("{text:?} did not finish");
+    }
+
+    #[test]
+    fn the_stop_sequence_that_matched_is_reported() {
+        let g = finish(&["zz", "lo"], "hello");
+        assert_eq!(g.finish_reason, FinishReason::StopSequence);
+        assert_eq!(g.stop_sequence.as_deref(), Some("lo"));
+        assert_eq!(g.text, "hel");
+        let g = finish(&["zz"], "abcdefgh");
+        assert_eq!(g.finish_reason, FinishReason::Length);
+        assert_eq!((g.text.as_str(), g.stop_sequence), ("abcdefgh", None));
     }
 }

@@ -41,6 +41,7 @@ const GENERATION_PATHS: &[&str] = &[
     "/generate_stream",
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/messages",
 ];
 
 /// Middleware: a generation request answered with an error before any sequence was queued

@@ -48,13 +48,13 @@ pub use self::responses::{
 
 /// A request's choices, queued: their event streams and the permits they hold (keep them as
 /// long as the streams).
-struct Launched {
-    permits: Vec<OwnedSemaphorePermit>,
-    streams: Vec<InferStream>,
+pub(crate) struct Launched {
+    pub(crate) permits: Vec<OwnedSemaphorePermit>,
+    pub(crate) streams: Vec<InferStream>,
 }
 
 /// Queues all requests or none (permits first, so a 429 leaves nothing running).
-async fn launch(
+pub(crate) async fn launch(
     state: &AppState,
     requests: Vec<ValidGenerateRequest>,
 ) -> Result<Launched, InferError> {
@@ -70,7 +70,7 @@ async fn launch(
 }
 
 /// Runs requests to the end; dropping the future cancels them all.
-async fn run_all(
+pub(crate) async fn run_all(
     state: &AppState,
     requests: Vec<ValidGenerateRequest>,
 ) -> Result<Vec<InferResponse>, InferError> {

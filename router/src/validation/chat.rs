@@ -100,6 +100,27 @@ impl Validation {
         })
     }
 
+    /// The length in tokens of the prompt [`Validation::validate_chat`] would render for
+    /// `req` (its tools and template variables included), without the generation rules.
+    pub(crate) async fn count_chat_tokens(
+        &self,
+        req: &ChatCompletionRequest,
+    ) -> Result<u32, ValidationError> {
+        let tool_use = self.tool_use(req)?;
+        let messages = chat_messages(&req.messages)?;
+        let extra = template_kwargs(req.chat_template_kwargs.as_ref())?;
+        let text = self
+            .render_with_tools(messages, tool_use.as_ref(), extra)
+            .await?;
+        let prompt = self
+            .tokenize(Prompt::Text {
+                text,
+                add_special_tokens: false,
+            })
+            .await?;
+        Ok(u32::try_from(prompt.ids.len()).unwrap_or(u32::MAX))
+    }
+
     /// The tools the model may call (under `tools`, or the deprecated `functions`).
     fn tool_use(&self, req: &ChatCompletionRequest) -> Result<Option<ToolUse>, ValidationError> {
         let legacy = req.tools.is_none() && req.functions.is_some();
