@@ -183,6 +183,8 @@ fn message(role: &str, text: String) -> RequestMessage {
         tool_calls: None,
         tool_call_id: None,
         name: None,
+        reasoning: None,
+        reasoning_content: None,
     }
 }
 
@@ -205,6 +207,12 @@ fn push_turn(messages: &mut Vec<RequestMessage>, m: RequestMessage) {
             last.content = Some(MessageContent::Text(joined));
             if let Some(calls) = m.tool_calls {
                 last.tool_calls.get_or_insert_with(Vec::new).extend(calls);
+            }
+            if let Some(thought) = m.reasoning {
+                last.reasoning = Some(match last.reasoning.take() {
+                    Some(before) => format!("{before}\n\n{thought}"),
+                    None => thought,
+                });
             }
         }
         _ => messages.push(m),
@@ -236,12 +244,18 @@ fn turn(
         _ => return Err("`content` must be a string or a list of content blocks".into()),
     };
     let mut text = Vec::new();
+    let mut thinking = Vec::new();
     let mut calls = Vec::new();
     for (i, block) in blocks.iter().enumerate() {
         let at = |e: String| format!("`content[{i}]`: {e}");
         match (block_type(block).map_err(at)?, assistant) {
             ("text", _) => text.push(block_text(block).map_err(at)?),
-            ("thinking" | "redacted_thinking", true) => {}
+            ("thinking", true) => {
+                if let Some(t) = block.get("thinking").and_then(Value::as_str) {
+                    thinking.push(t.to_owned());
+                }
+            }
+            ("redacted_thinking", true) => {}
             ("tool_use", true) => calls.push(tool_use(block, names).map_err(at)?),
             ("tool_result", false) => {
                 if !text.is_empty() {
@@ -261,10 +275,12 @@ fn turn(
             (kind, _) => return Err(at(unsupported(kind))),
         }
     }
-    // A turn of only results (sent above) or only thinking adds no message.
+    // A turn of only results (sent above) or only thinking adds no message; thinking rides
+    // with the turn's answer, where the template shows it.
     if !text.is_empty() || !calls.is_empty() || blocks.is_empty() {
         let mut m = message(&m.role, text.join("\n\n"));
         m.tool_calls = (!calls.is_empty()).then_some(calls);
+        m.reasoning = (!thinking.is_empty()).then(|| thinking.join("\n\n"));
         push_turn(out, m);
     }
     Ok(())

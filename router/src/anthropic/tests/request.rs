@@ -74,7 +74,12 @@ fn a_tool_round_trip_is_chat_calls_and_tool_messages() {
     ]}));
     assert_eq!(roles(&c), ["user", "assistant", "tool", "tool", "user"]);
     let assistant = &c.messages[1];
-    assert_eq!(text(assistant), "Let me look.", "thinking is dropped");
+    assert_eq!(text(assistant), "Let me look.");
+    assert_eq!(
+        assistant.reasoning.as_deref(),
+        Some("hmm"),
+        "thinking rides along"
+    );
     let calls = assistant.tool_calls.as_ref().expect("calls");
     assert_eq!(
         calls[0],
