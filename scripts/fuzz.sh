@@ -2,7 +2,7 @@
 # Runs every fuzz target of fuzz/ (cargo-fuzz + libFuzzer) for a bounded time each, on the
 # stable toolchain: cargo-fuzz needs a few -Z flags, which RUSTC_BOOTSTRAP=1 unlocks.
 #
-#   scripts/fuzz.sh                 # every target, 60 s each (CI)
+#   scripts/fuzz.sh                 # every target, 60 s each
 #   scripts/fuzz.sh 600             # every target, 10 min each
 #   scripts/fuzz.sh 3600 gguf       # one target, one hour
 #   FUZZ_JOBS=4 scripts/fuzz.sh 600 # 4 parallel libFuzzer jobs per target

