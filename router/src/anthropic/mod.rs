@@ -7,7 +7,7 @@
 //!
 //! Refused with a 400 naming what is not supported: image, document and other non-text
 //! content blocks, server tools, and a last `assistant` message (prefill). Thinking blocks
-//! of earlier turns are dropped (chat's history carries no reasoning), `metadata` is ignored,
+//! of earlier turns ride with their turn as chat's `reasoning`; `metadata` is ignored,
 //! thinking's `budget_tokens` is not enforced and no signature is made.
 
 mod error;
