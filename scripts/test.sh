@@ -40,3 +40,9 @@ step bash scripts/check-helm.sh
 # Property-based API tests: Schemathesis (PyPI) against the router's own /openapi.json, on the
 # tiny fixture served by the binaries built above (no 5xx, every answer as documented).
 step bash scripts/schemathesis.sh
+
+# Agent frameworks and SDKs from PyPI (openai, anthropic, LangChain, the OpenAI Agents SDK,
+# Pydantic AI, instructor; pinned, into target/agent-clients/) against SmolLM2 served by the
+# binaries built above: structured outputs parse, named and required tool calls are well
+# formed, cut calls leave no markup, the Messages API works (tests/clients/README.md).
+step bash scripts/agent-clients.sh

@@ -129,3 +129,40 @@ fn reason(called: bool, engine: &'static str) -> &'static str {
         engine
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::assistant::ReasoningFormat;
+
+    fn qwen3() -> OutputReading {
+        OutputReading {
+            reasoning: Some(ReasoningFormat::Qwen3),
+            ..OutputReading::default()
+        }
+    }
+
+    /// Clients read thinking under vLLM's current name or its earlier one: both are sent.
+    #[test]
+    fn reasoning_is_sent_under_both_names() {
+        let (message, _) = whole_message(qwen3(), "<think>Hmm.</think>Four.", "stop");
+        let json = serde_json::to_value(&message).unwrap();
+        assert_eq!(json["reasoning"], "Hmm.");
+        assert_eq!(json["reasoning_content"], "Hmm.");
+        assert_eq!(json["content"], "Four.");
+
+        let mut deltas = ChoiceDeltas::new(qwen3());
+        let mut sent = deltas.push("<think>Hm");
+        sent.extend(deltas.push("m.</think>Four."));
+        sent.extend(deltas.finish());
+        let field = |name: &str| -> String {
+            sent.iter()
+                .map(|d| serde_json::to_value(d).unwrap())
+                .filter_map(|d| d[name].as_str().map(str::to_owned))
+                .collect()
+        };
+        assert_eq!(field("reasoning"), "Hmm.");
+        assert_eq!(field("reasoning_content"), "Hmm.");
+        assert_eq!(field("content"), "Four.");
+    }
+}
