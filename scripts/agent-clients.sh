@@ -44,28 +44,10 @@ fi
 
 model="$(TESSERA_CACHE="${TESSERA_CACHE:-$HOME/.cache/tessera}" "$root/scripts/fetch_smollm2.sh" | tail -n1)"
 work="$(mktemp -d "$cache/run-XXXXXX")"
-port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-"$bin/tessera-launcher" --model-id "$model" --served-model-name SmolLM2-135M-Instruct \
-  --hostname 127.0.0.1 --port "$port" --shard-uds-path "$work/shard" --kv-cache-memory 256M \
-  --max-concurrent-requests 16 --shutdown-grace-period 5 >"$work/server.log" 2>&1 &
-server=$!
-stop() {
-  kill -TERM "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap stop EXIT
-
-base="http://127.0.0.1:$port"
-for _ in $(seq 1 1200); do
-  if curl -fsS "$base/health" >/dev/null 2>&1; then break; fi
-  if ! kill -0 "$server" 2>/dev/null; then
-    echo "agent-clients.sh: the server exited before it was ready:" >&2
-    tail -n 40 "$work/server.log" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
+# shellcheck source=lib/test-server.sh
+source "$root/scripts/lib/test-server.sh"
+start_test_server agent-clients.sh "$work" "$bin" --model-id "$model" \
+  --served-model-name SmolLM2-135M-Instruct --kv-cache-memory 256M --max-concurrent-requests 16
 
 # Loopback only, no telemetry: the Agents SDK would export traces to OpenAI, LangChain to
 # LangSmith, Pydantic AI to Logfire; proxies could catch loopback traffic.

@@ -24,28 +24,10 @@ if ! "$venv/bin/schemathesis" --version >/dev/null 2>&1; then
 fi
 
 work="$(mktemp -d "$cache/run-XXXXXX")"
-port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-"$bin/tessera-launcher" --model-id "$root/fixtures/tiny-llama" --hostname 127.0.0.1 \
-  --port "$port" --shard-uds-path "$work/shard" --kv-cache-memory 64M \
-  --max-concurrent-requests 64 --shutdown-grace-period 5 >"$work/server.log" 2>&1 &
-server=$!
-stop() {
-  kill -TERM "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap stop EXIT
-
-base="http://127.0.0.1:$port"
-for _ in $(seq 1 600); do
-  if curl -fsS "$base/health" >/dev/null 2>&1; then break; fi
-  if ! kill -0 "$server" 2>/dev/null; then
-    echo "schemathesis.sh: the server exited before it was ready:" >&2
-    tail -n 40 "$work/server.log" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
+# shellcheck source=lib/test-server.sh
+source "$root/scripts/lib/test-server.sh"
+start_test_server schemathesis.sh "$work" "$bin" --model-id "$root/fixtures/tiny-llama" \
+  --kv-cache-memory 64M --max-concurrent-requests 64
 
 # `positive` and `negative` data: schema-conforming requests must succeed or fail with a
 # documented 4xx; invalid ones must be refused with a documented 4xx, never a 5xx.

@@ -45,12 +45,7 @@ pub(crate) async fn messages(
 ) -> Result<Response, AnthropicError> {
     let received = Instant::now();
     let chat = req.to_chat()?;
-    let valid = state
-        .validation()
-        .validate_chat(&chat)
-        .instrument(tracing::info_span!("validation"))
-        .await?;
-    crate::metrics::record_validation(received);
+    let valid = crate::openai::validate_chat(&state, &chat, received).await?;
     let shell = MessageShell::new(&state, valid.prompt_tokens);
     if valid.reply.stream {
         let Launched { permits, streams } = launch(&state, valid.samples).await?;
@@ -64,9 +59,7 @@ pub(crate) async fn messages(
     let Some(output) = outputs.into_iter().next() else {
         return Err(ApiError::Internal("a message without its output".into()).into());
     };
-    let mut splitter = OutputSplitter::new(valid.reading);
-    let mut pieces = splitter.push(&output.generated_text.text);
-    pieces.extend(splitter.finish());
+    let pieces = OutputSplitter::read_whole(valid.reading, &output.generated_text.text);
     let message = shell.finished(blocks(pieces), &output.generated_text);
     Ok(Json(message).into_response())
 }

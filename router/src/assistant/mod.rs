@@ -82,6 +82,14 @@ impl OutputSplitter {
         }
     }
 
+    /// The pieces of a whole output `text`.
+    pub(crate) fn read_whole(reading: OutputReading, text: &str) -> Vec<Piece> {
+        let mut splitter = Self::new(reading);
+        let mut pieces = splitter.push(text);
+        pieces.extend(splitter.finish());
+        pieces
+    }
+
     /// The pieces `text` completes.
     pub(crate) fn push(&mut self, text: &str) -> Vec<Piece> {
         self.pending.push_str(text);

@@ -21,9 +21,7 @@ pub(super) fn whole_message(
     text: &str,
     finish_reason: &'static str,
 ) -> (AssistantMessage, &'static str) {
-    let mut splitter = OutputSplitter::new(reading);
-    let mut pieces = splitter.push(text);
-    pieces.extend(splitter.finish());
+    let pieces = OutputSplitter::read_whole(reading, text);
     let (mut content, mut reasoning, mut calls) = (None::<String>, None::<String>, Vec::new());
     for piece in pieces {
         match piece {

@@ -5,7 +5,6 @@ use std::time::Instant;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use tracing::Instrument;
 
 use super::assistant_reply::whole_message;
 use super::logprobs::{ChatLogprobs, chat_logprob};
@@ -26,12 +25,7 @@ pub(crate) async fn chat_completions(
     OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
 ) -> Result<Response, OpenAiError> {
     let received = Instant::now();
-    let valid = state
-        .validation()
-        .validate_chat(&req)
-        .instrument(tracing::info_span!("validation"))
-        .await?;
-    crate::metrics::record_validation(received);
+    let valid = super::validate_chat(&state, &req, received).await?;
     let meta = Meta::new(&state, "chatcmpl");
     if valid.reply.stream {
         let launched = launch(&state, valid.samples).await?;

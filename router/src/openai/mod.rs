@@ -4,12 +4,9 @@
 //! (sampling) as OpenAI's does; `n` runs n independent requests (seeds `seed + i` when a
 //! seed is given); `best_of > 1` and `suffix` are refused; a few vLLM extensions are
 //! accepted (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `skip_special_tokens`).
-//! Unknown fields (`user`, `metadata`, ...) are ignored. `response_format: {"type":
-//! "json_object"}` is JSON mode (the shard keeps the output one JSON object), vLLM's
-//! `guided_choice` makes it one of a list of strings, `guided_regex` a string a regular
-//! expression matches; other constrained output (`json_schema`, `tools`, `guided_json`,
-//! `guided_grammar`) is not implemented, so asking for it is refused rather than answered with
-//! unconstrained text. Errors use OpenAI's shape; invalid requests answer 400 (see
+//! Unknown fields (`user`, `metadata`, ...) are ignored. Constrained output (`response_format`,
+//! vLLM's `guided_*` and `structured_outputs`, `tools`) is held by the shard's grammar masks
+//! (see [`crate::validation`]). Errors use OpenAI's shape; invalid requests answer 400 (see
 //! [`crate::error`]).
 
 mod assistant_reply;
@@ -27,7 +24,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::infer::{InferError, InferResponse, InferStream, collect};
 use crate::server::AppState;
-use crate::validation::ValidGenerateRequest;
+use crate::validation::{ValidChatRequest, ValidGenerateRequest, ValidationError};
 
 pub(crate) use self::chat::chat_completions;
 pub(crate) use self::completions::completions;
@@ -115,4 +112,21 @@ pub(crate) async fn models(State(state): State<AppState>) -> Json<ModelList> {
             max_model_len: state.validation().config().max_total_tokens,
         }],
     })
+}
+
+/// `chat` (as sent, or translated from the Responses or Messages API) validated under the
+/// `validation` span, with the time since the request was `received` recorded.
+pub(crate) async fn validate_chat(
+    state: &AppState,
+    chat: &ChatCompletionRequest,
+    received: std::time::Instant,
+) -> Result<ValidChatRequest, ValidationError> {
+    use tracing::Instrument;
+    let valid = state
+        .validation()
+        .validate_chat(chat)
+        .instrument(tracing::info_span!("validation"))
+        .await?;
+    crate::metrics::record_validation(received);
+    Ok(valid)
 }

@@ -11,7 +11,6 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tracing::Instrument;
 
 pub use self::request::{ResponsesInput, ResponsesRequest, TextFormat, TextOptions};
 pub use self::stream::ResponsesStreamEvent;
@@ -29,12 +28,7 @@ pub(crate) async fn responses(
 ) -> Result<Response, OpenAiError> {
     let received = Instant::now();
     let chat = req.to_chat()?;
-    let valid = state
-        .validation()
-        .validate_chat(&chat)
-        .instrument(tracing::info_span!("validation"))
-        .await?;
-    crate::metrics::record_validation(received);
+    let valid = super::validate_chat(&state, &chat, received).await?;
     let shell = ResponseShell::new(&state, &req);
     if valid.reply.stream {
         let launched = launch(&state, valid.samples).await?;
@@ -45,9 +39,7 @@ pub(crate) async fn responses(
     let Some(output) = outputs.into_iter().next() else {
         return Err(crate::error::ApiError::BadRequest("no output".into()).into());
     };
-    let mut splitter = OutputSplitter::new(valid.reading);
-    let mut pieces = splitter.push(&output.generated_text.text);
-    pieces.extend(splitter.finish());
+    let pieces = OutputSplitter::read_whole(valid.reading, &output.generated_text.text);
     let items = OutputItems::from_pieces(pieces);
     let usage = usage(valid.prompt_tokens, output.generated_text.generated_tokens);
     let length = output.generated_text.finish_reason.openai() == "length";
