@@ -30,8 +30,15 @@ step cargo clippy "${cargo_args[@]}" --all-targets -- -D warnings
 # The end-to-end tests start the real binaries, which `cargo test` alone does not build.
 step cargo build "${cargo_args[@]}" --bins
 # Every unit, golden and end-to-end test, the fuzz targets' corpora replayed
-# (tests/tests/fuzz_corpus.rs), and the doc tests.
-step cargo test "${cargo_args[@]}" --no-fail-fast
+# (tests/tests/fuzz_corpus.rs), and the doc tests. cargo-nextest (on these machines) runs the
+# test binaries side by side, so one binary's long test no longer holds up the others; it
+# does not run doc tests, which `cargo test --doc` then does.
+if cargo nextest --version >/dev/null 2>&1; then
+    step cargo nextest run "${cargo_args[@]}" --no-fail-fast
+    step cargo test "${cargo_args[@]}" --doc
+else
+    step cargo test "${cargo_args[@]}" --no-fail-fast
+fi
 
 # The Helm chart renders with default and non-default values and validates against the
 # Kubernetes schemas (renderer and validator from PyPI).
