@@ -1,4 +1,5 @@
-//! What agents and SDKs send, against the real binaries: JSON-schema outputs, tool calls
+//! What agents and SDKs send, against the real binaries: JSON-schema outputs (also under
+//! speculation, with several choices, whole and streamed), tool calls
 //! (required, named, single, streamed, with a tool result in the history), the Responses API,
 //! TGI's JSON grammar, and requests naming any model or none. The fixtures have random
 //! weights, so every valid output here is the constraint's doing, never the model's. Their
@@ -414,6 +415,73 @@ async fn agent_calls_on_a_template_with_tools() {
             )
             .await;
         checks.finish();
+    })
+    .await;
+}
+
+/// Under n-gram speculation, with `n = 4` sampled choices, whole and streamed: every choice
+/// that ends on its own (`stop`) is JSON its schema accepts.
+#[tokio::test]
+async fn schemas_hold_under_speculation_and_several_choices() {
+    within("speculation", Duration::from_secs(600), async {
+        let server = Server::start(
+            "tiny-qwen2",
+            &["--chat-template", &template(), "--speculate", "3"],
+        )
+        .await;
+        let s = &server;
+        let format = json!({"type": "json_schema",
+                            "json_schema": {"name": "person", "schema": person_schema()}});
+        let mut stopped = 0;
+        for seed in 0..3 {
+            let body = chat(
+                json!({"response_format": format, "temperature": 1.0, "seed": seed,
+                                   "n": 4, "max_tokens": 150}),
+            );
+            let (st, b) = s.post("/v1/chat/completions", &body).await;
+            assert_eq!(st, 200, "{b}");
+            for choice in b["choices"].as_array().into_iter().flatten() {
+                if choice["finish_reason"] == "stop" {
+                    assert_person(choice["message"]["content"].as_str().unwrap_or(""));
+                    stopped += 1;
+                }
+            }
+            let mut streamed = body.clone();
+            streamed["stream"] = json!(true);
+            let (chunks, done) = s
+                .stream("/v1/chat/completions", &streamed)
+                .await
+                .collect_json()
+                .await;
+            assert!(done);
+            let mut texts = vec![String::new(); 4];
+            let mut finishes = vec![None; 4];
+            for c in &chunks {
+                for choice in c["choices"].as_array().into_iter().flatten() {
+                    let i = choice["index"].as_u64().unwrap_or(0) as usize;
+                    texts[i].push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+                    if let Some(f) = choice["finish_reason"].as_str() {
+                        finishes[i] = Some(f.to_owned());
+                    }
+                }
+            }
+            for (text, finish) in texts.iter().zip(&finishes) {
+                if finish.as_deref() == Some("stop") {
+                    assert_person(text);
+                    stopped += 1;
+                }
+            }
+        }
+        let metrics = s.metrics_text().await;
+        let proposed = tessera_e2e::metric_value(
+            &metrics,
+            r#"tessera_speculative_proposed_tokens_total{speculator="ngram"}"#,
+        );
+        assert!(proposed.is_some_and(|p| p > 0.0), "nothing was proposed");
+        assert!(
+            stopped >= 12,
+            "only {stopped} of 24 choices ended on their own"
+        );
     })
     .await;
 }
