@@ -336,32 +336,26 @@ async fn method_not_allowed(uri: Uri) -> Response {
     }
 }
 
-fn authorized(state: &AppState, req: &Request) -> bool {
+/// Whether the request carries the key as `Authorization: Bearer <key>`, or, with
+/// `x_api_key`, as `x-api-key: <key>` (Anthropic's SDKs); always with no key set.
+fn authorized_by(state: &AppState, req: &Request, x_api_key: bool) -> bool {
     let Some(key) = &state.0.api_key else {
         return true;
     };
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), key.as_bytes()))
+    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let matches = |given: Option<&str>| {
+        given.is_some_and(|given| constant_time_eq(given.trim().as_bytes(), key.as_bytes()))
+    };
+    let bearer = header(header::AUTHORIZATION.as_str()).and_then(|v| v.strip_prefix("Bearer "));
+    matches(bearer) || (x_api_key && matches(header(API_KEY_HEADER)))
+}
+
+fn authorized(state: &AppState, req: &Request) -> bool {
+    authorized_by(state, req, false)
 }
 
 /// The header Anthropic's SDKs send the key in.
 const API_KEY_HEADER: &str = "x-api-key";
-
-/// [`authorized`], or the key in `x-api-key` as Anthropic's SDKs send it.
-fn authorized_anthropic(state: &AppState, req: &Request) -> bool {
-    let Some(key) = &state.0.api_key else {
-        return true;
-    };
-    let in_header = req
-        .headers()
-        .get(API_KEY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|given| constant_time_eq(given.trim().as_bytes(), key.as_bytes()));
-    in_header || authorized(state, req)
-}
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -384,7 +378,7 @@ async fn openai_auth(State(state): State<AppState>, req: Request, next: Next) ->
 }
 
 async fn anthropic_auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if authorized_anthropic(&state, &req) {
+    if authorized_by(&state, &req, true) {
         next.run(req).await
     } else {
         AnthropicError(ApiError::Unauthorized).into_response()

@@ -112,7 +112,7 @@ impl CountTokensRequest {
             })?;
             // An empty system prompt is none (templates may then write their default one).
             if !text.is_empty() {
-                messages.push(message("system", text));
+                messages.push(RequestMessage::text("system", Some(text)));
             }
         }
         let mut names = HashMap::new();
@@ -176,18 +176,6 @@ impl CountTokensRequest {
     }
 }
 
-fn message(role: &str, text: String) -> RequestMessage {
-    RequestMessage {
-        role: role.to_owned(),
-        content: Some(MessageContent::Text(text)),
-        tool_calls: None,
-        tool_call_id: None,
-        name: None,
-        reasoning: None,
-        reasoning_content: None,
-    }
-}
-
 /// Adds `m`, joined to the message before it when both are plain turns of the same role
 /// (Anthropic joins consecutive turns; strict templates refuse them).
 fn push_turn(messages: &mut Vec<RequestMessage>, m: RequestMessage) {
@@ -237,7 +225,7 @@ fn turn(
     };
     let blocks = match &m.content {
         Value::String(text) => {
-            push_turn(out, message(&m.role, text.clone()));
+            push_turn(out, RequestMessage::text(&m.role, Some(text.clone())));
             return Ok(());
         }
         Value::Array(blocks) => blocks,
@@ -259,7 +247,7 @@ fn turn(
             ("tool_use", true) => calls.push(tool_use(block, names).map_err(at)?),
             ("tool_result", false) => {
                 if !text.is_empty() {
-                    push_turn(out, message("user", text.join("\n\n")));
+                    push_turn(out, RequestMessage::text("user", Some(text.join("\n\n"))));
                     text.clear();
                 }
                 out.push(tool_result(block, names).map_err(at)?);
@@ -278,7 +266,7 @@ fn turn(
     // A turn of only results (sent above) or only thinking adds no message; thinking rides
     // with the turn's answer, where the template shows it.
     if !text.is_empty() || !calls.is_empty() || blocks.is_empty() {
-        let mut m = message(&m.role, text.join("\n\n"));
+        let mut m = RequestMessage::text(&m.role, Some(text.join("\n\n")));
         m.tool_calls = (!calls.is_empty()).then_some(calls);
         m.reasoning = (!thinking.is_empty()).then(|| thinking.join("\n\n"));
         push_turn(out, m);
@@ -356,7 +344,7 @@ fn tool_result(block: &Value, names: &HashMap<String, String>) -> Result<Request
     if block.get("is_error").and_then(Value::as_bool) == Some(true) {
         text.insert_str(0, "Error: ");
     }
-    let mut m = message("tool", text);
+    let mut m = RequestMessage::text("tool", Some(text));
     m.tool_call_id = Some(id.to_owned());
     m.name = names.get(id).cloned();
     Ok(m)

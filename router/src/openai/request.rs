@@ -147,6 +147,22 @@ pub struct RequestMessage {
     pub reasoning_content: Option<String>,
 }
 
+impl RequestMessage {
+    /// A message of `role` with `content` as text (none: an assistant's calls only) and
+    /// nothing else, as the Responses and Messages APIs translate their turns.
+    pub(crate) fn text(role: &str, content: Option<String>) -> Self {
+        Self {
+            role: role.to_owned(),
+            content: content.map(MessageContent::Text),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+            reasoning: None,
+            reasoning_content: None,
+        }
+    }
+}
+
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {

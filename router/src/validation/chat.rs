@@ -188,10 +188,12 @@ const JSON_HINT: &str = "Respond in JSON.";
 /// JSON mode asks the same of the conversation; its structured outputs show the model the
 /// schema).
 fn ask_for_json(messages: &mut Vec<ChatMessage>) {
-    if messages
-        .iter()
-        .any(|m| m.content.to_ascii_lowercase().contains("json"))
-    {
+    let mentions_json = |text: &str| {
+        text.as_bytes()
+            .windows(4)
+            .any(|w| w.eq_ignore_ascii_case(b"json"))
+    };
+    if messages.iter().any(|m| mentions_json(&m.content)) {
         return;
     }
     match messages.first_mut() {

@@ -6,8 +6,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::openai::request::{
-    ChatCompletionRequest, ContentPart, MessageContent, OutputConstraints, RequestMessage,
-    ResponseFormat, SamplingFields,
+    ChatCompletionRequest, ContentPart, OutputConstraints, RequestMessage, ResponseFormat,
+    SamplingFields,
 };
 use crate::openai::{JsonSchemaFormat, StreamOptions};
 use crate::validation::ValidationError;
@@ -95,10 +95,12 @@ impl ResponsesRequest {
         }
         let mut messages = Vec::new();
         if let Some(instructions) = &self.instructions {
-            messages.push(message("system", Some(instructions.clone())));
+            messages.push(RequestMessage::text("system", Some(instructions.clone())));
         }
         match &self.input {
-            ResponsesInput::Text(text) => messages.push(message("user", Some(text.clone()))),
+            ResponsesInput::Text(text) => {
+                messages.push(RequestMessage::text("user", Some(text.clone())))
+            }
             ResponsesInput::Items(items) => {
                 for (i, item) in items.iter().enumerate() {
                     input_item(item, &mut messages)
@@ -150,18 +152,6 @@ impl ResponsesRequest {
     }
 }
 
-fn message(role: &str, content: Option<String>) -> RequestMessage {
-    RequestMessage {
-        role: role.to_owned(),
-        content: content.map(MessageContent::Text),
-        tool_calls: None,
-        tool_call_id: None,
-        name: None,
-        reasoning: None,
-        reasoning_content: None,
-    }
-}
-
 /// One input item as chat messages: a message, a function call (joined to the assistant
 /// message before it, as chat carries calls), or a call's output (a tool message).
 fn input_item(item: &Value, messages: &mut Vec<RequestMessage>) -> Result<(), String> {
@@ -178,7 +168,7 @@ fn input_item(item: &Value, messages: &mut Vec<RequestMessage>) -> Result<(), St
                 Some(Value::Array(parts)) => parts_text(parts)?,
                 _ => return Err("a message item needs `content`".into()),
             };
-            messages.push(message(&role, Some(content)));
+            messages.push(RequestMessage::text(&role, Some(content)));
         }
         "function_call" => {
             let call = json!({
@@ -194,7 +184,7 @@ fn input_item(item: &Value, messages: &mut Vec<RequestMessage>) -> Result<(), St
                     last.tool_calls.get_or_insert_with(Vec::new).push(call);
                 }
                 _ => {
-                    let mut m = message("assistant", None);
+                    let mut m = RequestMessage::text("assistant", None);
                     m.tool_calls = Some(vec![call]);
                     messages.push(m);
                 }
@@ -206,7 +196,7 @@ fn input_item(item: &Value, messages: &mut Vec<RequestMessage>) -> Result<(), St
                 Some(other) => other.to_string(),
                 None => return Err("a function_call_output item needs an `output`".into()),
             };
-            let mut m = message("tool", Some(output));
+            let mut m = RequestMessage::text("tool", Some(output));
             m.tool_call_id = text("call_id");
             messages.push(m);
         }
