@@ -14,6 +14,7 @@ pub mod int8;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+pub mod team;
 #[cfg(test)]
 mod test_util;
 pub mod weights;

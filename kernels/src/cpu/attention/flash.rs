@@ -21,8 +21,6 @@
 
 use std::ops::Range;
 
-use rayon::prelude::*;
-
 use super::kv::KvElem;
 use super::tile::{KEY_TILE, Rows, TileOps};
 use super::{AttentionSeq, KvLayout, PagedAttention, TreeMask, prefetch_rows};
@@ -193,14 +191,11 @@ pub(crate) fn flash_attention<T: KvElem>(
         softcap,
     };
     let tasks = plan(&ctx, seqs);
-    // Even a short decode (one sequence, a short context) is split over the pool: run alone,
-    // the other threads go idle long enough to be slow to pick up the o_proj product that
-    // follows. The results are the same bits either way.
-    let results: Vec<Vec<State>> = tasks
-        .par_iter()
-        .with_max_len(1)
-        .map(|t| run(&ctx, &seqs[t.seq], t))
-        .collect();
+    // Even a short decode (one sequence, a short context) is split over the team, which keeps
+    // its threads awake for the o_proj product that follows. The results are the same bits
+    // whoever runs an item.
+    let results: Vec<Vec<State>> =
+        crate::cpu::team::map(tasks.len(), |i| run(&ctx, &seqs[tasks[i].seq], &tasks[i]));
     scatter(&ctx, &tasks, &results, seqs, out);
 }
 

@@ -19,10 +19,8 @@ pub(crate) mod portable;
 
 use std::cell::RefCell;
 
-use rayon::prelude::*;
-
 use self::activations::{Extras, QuantizeBlockFn, QuantizedRows, quantize_block_ref};
-use self::packed::{PackedMatrix, TILE};
+use self::packed::{GROUP, PackedMatrix, TILE};
 use super::dispatch::{Kernels, Level, kernels};
 use super::matmul::{SharedOut, add_bias, check_shapes};
 
@@ -130,39 +128,114 @@ fn linear_int8_using(
     m: usize,
     out: &mut [f32],
 ) {
-    let (n, k) = (w.rows(), w.cols());
-    if check_shapes(x, n * k, bias, m, k, out).is_none() {
+    if check_shapes(x, w.rows() * w.cols(), bias, m, w.cols(), out).is_none() {
         return;
     }
-    // Taken out of the thread-local for the call, not borrowed: while it waits for the
-    // parallel loop, this thread may run another product's task, which needs a buffer too.
+    linear_int8_parts_using(int8, x, &[(w, bias)], m, out);
+}
+
+/// The product with the rows of several packed matrices stacked (`out` is `m × Σ rows`, each
+/// part's outputs in its own columns, in order), in one parallel region: the input is
+/// quantized once, and every part's rows are shared out together.
+pub fn linear_int8_parts_with(
+    kernels: &Kernels,
+    x: &[f32],
+    parts: &[(&PackedMatrix, Option<&[f32]>)],
+    m: usize,
+    out: &mut [f32],
+) {
+    linear_int8_parts_using(Int8Kernels::for_level(kernels.level), x, parts, m, out)
+}
+
+/// Bytes of packed weights per work item of a product: enough that taking an item costs
+/// nothing against streaming it, small enough that the last items even the members out.
+const ITEM_BYTES: usize = 128 * 1024;
+
+/// One work item: tiles `t0..t0 + nt` of part `part`.
+#[derive(Clone, Copy)]
+struct Item {
+    part: usize,
+    t0: usize,
+    nt: usize,
+}
+
+/// The work items of the parts: whole groups of tiles (the decode kernel's width), about
+/// [`ITEM_BYTES`] each, or fewer for a batch of rows (each byte then costs `m` products).
+fn items(parts: &[(&PackedMatrix, Option<&[f32]>)], m: usize) -> Vec<Item> {
+    let mut items = Vec::new();
+    for (part, (w, _)) in parts.iter().enumerate() {
+        let tiles = w.tiles();
+        let tile_bytes = (w.blocks() * w.block_stride() / packed::LANE_TILES).max(1);
+        let per_item = (ITEM_BYTES / tile_bytes / m.max(1))
+            .max(1)
+            .next_multiple_of(GROUP);
+        items.extend((0..tiles).step_by(per_item).map(|t0| Item {
+            part,
+            t0,
+            nt: per_item.min(tiles - t0),
+        }));
+    }
+    items
+}
+
+/// [`linear_int8_parts_with`] with one table of kernels.
+fn linear_int8_parts_using(
+    int8: &Int8Kernels,
+    x: &[f32],
+    parts: &[(&PackedMatrix, Option<&[f32]>)],
+    m: usize,
+    out: &mut [f32],
+) {
+    let Some(&(first, _)) = parts.first() else {
+        return;
+    };
+    let k = first.cols();
+    let n: usize = parts.iter().map(|(w, _)| w.rows()).sum();
+    assert!(
+        parts.iter().all(|(w, _)| w.cols() == k),
+        "parts of equal widths"
+    );
+    assert!(
+        parts
+            .iter()
+            .all(|(w, b)| b.is_none_or(|b| b.len() == w.rows())),
+        "a bias per output row"
+    );
+    assert_eq!(x.len(), m * k, "x must be m × k");
+    assert_eq!(out.len(), m * n, "out must be m × rows");
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Taken out of the thread-local for the call, not borrowed: a caller that falls back to
+    // rayon's pool may run another product's task while it waits, which needs a buffer too.
     let mut quantized = QUANTIZED.take();
     let extras = Extras {
-        halves: w.kind().halves(),
+        halves: parts.iter().any(|(w, _)| w.kind().halves()),
         combined: int8.combined,
     };
     quantized.quantize(x, m, k, int8.quantize, extras);
     let q = &quantized;
-    let tiles = w.tiles();
-    // The same number of tasks for every thread, of sizes within one tile of each other
-    // (with tasks of whole groups, SmolLM2's 36-tile o_proj and down_proj split 24:12 over
-    // two threads). A GEMV is one task per thread: one stream each. Products of several rows
-    // are compute-bound; two tasks per thread let a late thread's share move.
-    let threads = rayon::current_num_threads().max(1);
-    let per_thread = if m == 1 { 1 } else { 2 };
-    let tasks = (threads * per_thread).min(tiles);
+    let columns: Vec<usize> = parts
+        .iter()
+        .scan(0, |first, (w, _)| {
+            let at = *first;
+            *first += w.rows();
+            Some(at)
+        })
+        .collect();
+    let items = items(parts, m);
     let ptr = SharedOut(out.as_mut_ptr());
-    (0..tasks).into_par_iter().for_each(|task| {
-        let t0 = task * tiles / tasks;
-        let nt = (task + 1) * tiles / tasks - t0;
+    super::team::run(items.len(), &|i| {
+        let Item { part, t0, nt } = items[i];
+        let (w, bias) = parts[part];
         let j0 = t0 * TILE;
-        // SAFETY: this task writes out[i * n + c] for i < m and c in j0..min(j0 + nt * 16,
-        // n) only: inside `out` and disjoint from the other tasks' tiles. `out` is borrowed
-        // mutably for the whole loop.
+        // SAFETY: this item writes out[r * n + columns[part] + c] for r < m and c in
+        // j0..min(j0 + nt * 16, rows of the part) only: inside `out` and disjoint from every
+        // other item's columns. `out` is borrowed mutably for the whole region.
         unsafe {
-            let base = ptr.get().add(j0);
+            let base = ptr.get().add(columns[part] + j0);
             (int8.tiles)(w, t0, nt, q, base, n);
-            add_bias(base, bias, j0..(j0 + nt * TILE).min(n), m, n);
+            add_bias(base, bias, j0..(j0 + nt * TILE).min(w.rows()), m, n);
         }
     });
     QUANTIZED.set(quantized);

@@ -10,7 +10,8 @@ use rayon::prelude::*;
 
 use super::{Data, WeightMatrix};
 use crate::cpu::dispatch::{GemmBf16Fn, Kernels, kernels};
-use crate::cpu::int8::linear_int8_with;
+use crate::cpu::int8::packed::PackedMatrix;
+use crate::cpu::int8::{linear_int8_parts_with, linear_int8_with};
 use crate::cpu::matmul::{
     SharedOut, add_bias, check_shapes, linear_chunks, linear_with, rows_per_task,
 };
@@ -70,9 +71,11 @@ pub fn linear_weights_as(
         (Data::Bf16(v), ActivationDtype::Bfloat16) => {
             crate::cpu::bf16_dot::linear_bf16_dot(x, v, bias, m, w.cols, out)
         }
-        (Data::Stack(parts), _) => linear_parts(parts, bias, m, out, |p, b, o| {
-            linear_weights_as(x, p, b, m, o, dtype)
-        }),
+        (Data::Stack(parts), _) if !all_packed(parts) => {
+            linear_parts(parts, bias, m, out, |p, b, o| {
+                linear_weights_as(x, p, b, m, o, dtype)
+            })
+        }
         _ => linear_weights(x, w, bias, m, out),
     }
 }
@@ -93,6 +96,11 @@ pub fn linear_weights_with(
     match &w.data {
         Data::F32(v) => linear_with(kernels, x, v, bias, m, w.cols, out),
         Data::Packed(p) => linear_int8_with(kernels, x, p, bias, m, out),
+        Data::Stack(parts) if all_packed(parts) => {
+            if check_shapes(x, w.rows * w.cols, bias, m, w.cols, out).is_some() {
+                linear_int8_parts_with(kernels, x, &packed_parts(parts, bias), m, out);
+            }
+        }
         Data::Stack(parts) => linear_parts(parts, bias, m, out, |p, b, o| {
             linear_weights_with(kernels, x, p, b, m, o)
         }),
@@ -104,6 +112,30 @@ pub fn linear_weights_with(
         },
         _ => linear_dequantized(kernels, x, w, bias, m, out),
     }
+}
+
+/// Whether every part of a stack is repacked for int8: then one region multiplies them all.
+fn all_packed(parts: &[WeightMatrix]) -> bool {
+    parts.iter().all(|p| matches!(p.data, Data::Packed(_)))
+}
+
+/// The packed parts of a stack, each with its share of the stack's bias.
+fn packed_parts<'a>(
+    parts: &'a [WeightMatrix],
+    bias: Option<&'a [f32]>,
+) -> Vec<(&'a PackedMatrix, Option<&'a [f32]>)> {
+    let mut first = 0;
+    parts
+        .iter()
+        .filter_map(|p| {
+            let Data::Packed(w) = &p.data else {
+                return None;
+            };
+            let b = bias.map(|b| &b[first..first + p.rows]);
+            first += p.rows;
+            Some((w, b))
+        })
+        .collect()
 }
 
 /// A stack's product: `product(part, its bias, its m × part.rows outputs)` for each part in
