@@ -16,7 +16,8 @@
 //!
 //! There is one team per process, of as many members as rayon's global pool has threads. A
 //! call while another thread holds the team, from inside a pool of another size, or while
-//! the team is switched off ([`set_enabled`]) runs on rayon's pool instead.
+//! the team is switched off ([`set_enabled`], or `TESSERA_DECODE_TEAM=off` in the
+//! environment) runs on rayon's pool instead.
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
@@ -96,7 +97,12 @@ fn team() -> Option<&'static Team> {
     if !ENABLED.load(SeqCst) {
         return None;
     }
-    let team = TEAM.get_or_init(Team::start).as_ref()?;
+    let team = TEAM
+        .get_or_init(|| {
+            let off = std::env::var("TESSERA_DECODE_TEAM").is_ok_and(|v| v == "off");
+            if off { None } else { Team::start() }
+        })
+        .as_ref()?;
     (rayon::current_num_threads() == team.members).then_some(team)
 }
 
