@@ -283,6 +283,7 @@ impl TokenWeights {
     }
 
     fn token(&self, x: &mut [f32], wide: &mut [f32], out: &mut Vec<f32>) {
+        let _awake = team::awake();
         for [qkv, o, gate_up, down] in &self.layers {
             for (w, input) in [(qkv, &*x), (o, &*x), (gate_up, &*x)] {
                 out.resize(w.rows(), 0.0);

@@ -4,8 +4,12 @@
 //! microseconds each (the products, attention). Rayon's idle workers yield a few dozen times
 //! and then sleep on a futex, and waking a sleeping thread in a virtual machine costs tens of
 //! microseconds, which is more than the whole slack a region has at the memory's bandwidth.
-//! So, as ggml's threads do, the team's helpers spin (with `pause`) between regions, and
-//! park only after [`SPIN`] without one, i.e. between steps.
+//! So, as ggml's threads do, the team's helpers spin (with `pause`) between regions. A pass
+//! holds an [`Awake`] guard: while one is held they spin through gaps of up to [`PASS_SPIN`],
+//! and when the last is dropped they park at once, so that between steps they leave the
+//! cores to the threads that serve the step's results (on a 2-core machine, a spinning
+//! helper there adds its spin to every token's latency). Without a guard (a caller making
+//! products of its own) they park after [`SPIN`] without a region.
 //!
 //! A region is `work(i)` for `i` in `0..items`. The calling thread is member 0: it publishes
 //! the region (the work and a new odd epoch), unparks helpers that sleep, and takes items
@@ -29,8 +33,12 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-/// How long a helper spins without a region before it parks.
+/// How long a helper spins without a region before it parks, outside passes.
 const SPIN: Duration = Duration::from_micros(300);
+
+/// How long a helper spins without a region before it parks, during a pass (whose serial
+/// stretches are far shorter).
+const PASS_SPIN: Duration = Duration::from_millis(2);
 
 /// Spins between two looks at the clock.
 const SPINS_PER_CLOCK: u32 = 64;
@@ -70,11 +78,30 @@ pub fn map<T: Send>(items: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
         .collect()
 }
 
-/// Wakes the parked helpers so that they are spinning by the first region (a pass calls this
-/// as it starts, before its serial first steps).
-pub fn wake() {
-    if let Some(guard) = team().and_then(|t| t.try_lock()) {
-        guard.team.shared.wake_sleepers();
+/// Keeps the helpers spinning between regions until dropped (see the module documentation);
+/// taking it wakes parked helpers, so that they are spinning by the first region.
+#[must_use = "the helpers park as soon as it is dropped"]
+pub struct Awake {
+    shared: Option<&'static Shared>,
+}
+
+/// Holds the team awake for a pass.
+pub fn awake() -> Awake {
+    let shared = team().map(|t| t.shared);
+    if let Some(s) = shared {
+        s.awake.fetch_add(1, SeqCst);
+        s.wake_sleepers();
+    }
+    Awake { shared }
+}
+
+impl Drop for Awake {
+    fn drop(&mut self) {
+        if let Some(s) = self.shared
+            && s.awake.fetch_sub(1, SeqCst) == 1
+        {
+            s.rest.fetch_add(1, SeqCst);
+        }
     }
 }
 
@@ -127,6 +154,10 @@ struct Shared {
     active: AtomicUsize,
     /// Whether an item of the current region panicked on a helper.
     panicked: AtomicBool,
+    /// [`Awake`] guards held.
+    awake: AtomicUsize,
+    /// Bumped when the last guard is dropped: helpers park at once.
+    rest: AtomicUsize,
     /// Each helper's parked flag and handle.
     sleepers: Vec<(AtomicBool, OnceLock<Thread>)>,
 }
@@ -170,6 +201,8 @@ impl Team {
             done: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
+            awake: AtomicUsize::new(0),
+            rest: AtomicUsize::new(0),
             sleepers: (1..members)
                 .map(|_| (AtomicBool::new(false), OnceLock::new()))
                 .collect(),
@@ -291,9 +324,11 @@ fn helper(s: &'static Shared, slot: usize) {
     }
 }
 
-/// Waits until the epoch differs from `seen`: spins for [`SPIN`], then parks until woken.
+/// Waits until the epoch differs from `seen`: spins (see the module documentation), then
+/// parks until woken.
 fn wait_for_change(s: &Shared, slot: usize, seen: usize) -> usize {
     let mut since = Instant::now();
+    let mut rest = s.rest.load(SeqCst);
     loop {
         for _ in 0..SPINS_PER_CLOCK {
             let epoch = s.epoch.load(SeqCst);
@@ -302,7 +337,13 @@ fn wait_for_change(s: &Shared, slot: usize, seen: usize) -> usize {
             }
             std::hint::spin_loop();
         }
-        if since.elapsed() < SPIN {
+        let rested = s.rest.load(SeqCst) != rest;
+        let window = if s.awake.load(SeqCst) > 0 {
+            PASS_SPIN
+        } else {
+            SPIN
+        };
+        if !rested && since.elapsed() < window {
             continue;
         }
         let asleep = &s.sleepers[slot].0;
@@ -313,6 +354,7 @@ fn wait_for_change(s: &Shared, slot: usize, seen: usize) -> usize {
         asleep.store(false, SeqCst);
         // Woken (or spuriously): spin afresh, since a region usually follows a wake.
         since = Instant::now();
+        rest = s.rest.load(SeqCst);
     }
 }
 
@@ -368,6 +410,19 @@ mod tests {
                 });
             }
         });
+    }
+
+    #[test]
+    fn regions_under_a_guard_and_after_it_finish() {
+        for round in 0..50u64 {
+            let awake = awake();
+            let sum = AtomicU64::new(0);
+            run(40, &|i| {
+                sum.fetch_add(i as u64 + round, SeqCst);
+            });
+            drop(awake);
+            assert_eq!(sum.load(SeqCst), 40 * 39 / 2 + 40 * round);
+        }
     }
 
     #[test]
