@@ -9,10 +9,12 @@
 //! those installs are impossible (no python3 / no network).
 #![cfg(feature = "cuda")]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use tessera_kernels::cuda::{SOURCES, compile_ptx, nvrtc_version, preload_nvrtc};
+use tessera_kernels::cuda::{KernelSource, SOURCES, compile_ptx, nvrtc_version, preload_nvrtc};
 
 /// The venv the kernels' `preload_nvrtc` looks in.
 fn venv() -> Option<PathBuf> {
@@ -39,8 +41,12 @@ fn ptxas() -> Result<PathBuf, String> {
 }
 
 /// Assembles `ptx` for `arch` with `ptxas`, or says what it rejected.
-fn assemble(ptxas: &std::path::Path, ptx: &str, arch: &str, name: &str) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("tessera-ptxas-{}", std::process::id()));
+fn assemble(ptxas: &Path, ptx: &str, arch: &str, name: &str) -> Result<(), String> {
+    // A folder per job: jobs run side by side and each removes its own.
+    let dir = std::env::temp_dir().join(format!(
+        "tessera-ptxas-{}-{name}-{arch}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let file = dir.join(format!("{name}.{arch}.ptx"));
     std::fs::write(&file, ptx).map_err(|e| e.to_string())?;
@@ -56,6 +62,64 @@ fn assemble(ptxas: &std::path::Path, ptx: &str, arch: &str, name: &str) -> Resul
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
+}
+
+/// What compiling one source for one arch (and assembling it, with a `ptxas`) gave.
+struct Compiled {
+    arch: &'static str,
+    source: &'static KernelSource,
+    ptx: Result<String, String>,
+    assembled: Option<Result<(), String>>,
+    took: Duration,
+}
+
+/// Every `(arch, source)` job compiled, and assembled with `ptxas`, on as many threads as the
+/// machine has; returned in `jobs`' order. Each job is one single-threaded NVRTC program
+/// (NVRTC allows separate programs on separate threads) and one `ptxas` run, so the jobs go
+/// side by side.
+fn compile_all(
+    jobs: &[(&'static str, &'static KernelSource)],
+    ptxas: Option<&Path>,
+) -> Vec<Compiled> {
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut mine = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(arch, source)) = jobs.get(i) else {
+                return mine;
+            };
+            let start = Instant::now();
+            let ptx = compile_ptx(source, arch).map_err(|e| e.to_string());
+            let assembled = match (&ptx, ptxas) {
+                (Ok(ptx), Some(ptxas)) => Some(assemble(ptxas, ptx, arch, source.name)),
+                _ => None,
+            };
+            let took = start.elapsed();
+            mine.push((
+                i,
+                Compiled {
+                    arch,
+                    source,
+                    ptx,
+                    assembled,
+                    took,
+                },
+            ));
+        }
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut done: Vec<(usize, Compiled)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.min(jobs.len()))
+            .map(|_| scope.spawn(work))
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a compile thread panicked"))
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, c)| c).collect()
 }
 
 fn pip_install(packages: &[&str]) -> Result<(), String> {
@@ -149,49 +213,51 @@ fn every_kernel_compiles_to_ptx_for_sm80_and_sm90() {
     let ptxas = ptxas()
         .map_err(|why| println!("SKIPPED assembling with ptxas: {why}"))
         .ok();
-    for arch in ["sm_80", "sm_90"] {
-        for source in SOURCES {
-            let start = std::time::Instant::now();
-            let ptx = compile_ptx(source, arch).unwrap_or_else(|e| panic!("{e}"));
-            assert!(
-                ptx.contains(&format!(".target {arch}")),
-                "{} for {arch}",
-                source.name
-            );
-            // Each C entry point of the source is in the PTX, for every storage type.
-            for stem in entry_points(source.name) {
-                for dtype in ["f32", "f16", "bf16"] {
-                    let name = format!(".entry {stem}_{dtype}");
+    // Both archs of a source next to each other: the longest compiles then start together.
+    let jobs: Vec<(&'static str, &'static KernelSource)> = SOURCES
+        .iter()
+        .flat_map(|source| ["sm_80", "sm_90"].map(|arch| (arch, source)))
+        .collect();
+    for c in compile_all(&jobs, ptxas.as_deref()) {
+        let (arch, source) = (c.arch, c.source);
+        let ptx = c.ptx.unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            ptx.contains(&format!(".target {arch}")),
+            "{} for {arch}",
+            source.name
+        );
+        // Each C entry point of the source is in the PTX, for every storage type.
+        for stem in entry_points(source.name) {
+            for dtype in ["f32", "f16", "bf16"] {
+                let name = format!(".entry {stem}_{dtype}");
+                assert!(ptx.contains(&name), "{name} missing from {}", source.name);
+            }
+        }
+        if source.name == "flash_attention.cu" {
+            check_prefill_entries(&ptx);
+        }
+        if source.name == "flash_attention_mma.cu" {
+            for dtype in ["f16", "bf16"] {
+                for hd in tessera_kernels::cuda::TC_PREFILL_HEAD_DIMS {
+                    let name = format!(".entry flash_attention_prefill_mma_{dtype}_hd{hd}");
                     assert!(ptx.contains(&name), "{name} missing from {}", source.name);
                 }
             }
-            if source.name == "flash_attention.cu" {
-                check_prefill_entries(&ptx);
-            }
-            if source.name == "flash_attention_mma.cu" {
-                for dtype in ["f16", "bf16"] {
-                    for hd in tessera_kernels::cuda::TC_PREFILL_HEAD_DIMS {
-                        let name = format!(".entry flash_attention_prefill_mma_{dtype}_hd{hd}");
-                        assert!(ptx.contains(&name), "{name} missing from {}", source.name);
-                    }
-                }
-            }
-            if let Some(ptxas) = &ptxas {
-                assemble(ptxas, &ptx, arch, source.name).unwrap_or_else(|log| {
-                    panic!("ptxas rejects {} for {arch}:\n{log}", source.name)
-                });
-            }
-            println!(
-                "{arch} {:<22} {:>7} bytes of PTX, compiled{} in {:?}",
-                source.name,
-                ptx.len(),
-                if ptxas.is_some() {
-                    " and assembled"
-                } else {
-                    ""
-                },
-                start.elapsed()
-            );
         }
+        if let Some(assembled) = c.assembled {
+            assembled
+                .unwrap_or_else(|log| panic!("ptxas rejects {} for {arch}:\n{log}", source.name));
+        }
+        println!(
+            "{arch} {:<22} {:>7} bytes of PTX, compiled{} in {:?}",
+            source.name,
+            ptx.len(),
+            if ptxas.is_some() {
+                " and assembled"
+            } else {
+                ""
+            },
+            c.took
+        );
     }
 }

@@ -6,8 +6,9 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use common::{Schedule, repo_root, run, smollm2_gguf};
 use half::f16;
@@ -216,7 +217,8 @@ fn speculative_greedy_tokens_match_transformers() {
 fn int8_products_agree_with_exact_f32() {
     let Some(path) = smollm2_gguf() else { return };
     // Most of SmolLM2's bytes are Q4_1 blocks (the tied embedding is Q8_0).
-    int8_agrees_with_exact(&ModelFiles::open(&path).unwrap(), "Q4_1", "Q4_1");
+    let [exact, int8] = int8_agrees_with_exact(&ModelFiles::open(&path).unwrap(), "Q4_1", "Q4_1");
+    print_greedy_divergence(&exact, &int8, "Q4_1");
 }
 
 /// llama.cpp's K-quant files keep the rows that are not a multiple of 256 (all of SmolLM2's)
@@ -296,6 +298,7 @@ fn reencoded(
         which,
         format,
         encode,
+        encoded: Mutex::default(),
     });
     files
 }
@@ -305,6 +308,8 @@ struct Reencoded {
     which: fn(&str) -> bool,
     format: WeightFormat,
     encode: fn(&[u8]) -> Vec<u8>,
+    /// Each matrix's bytes once encoded: the exact and the int8 model load the same files.
+    encoded: Mutex<HashMap<String, Vec<u8>>>,
 }
 
 impl WeightSource for Reencoded {
@@ -323,10 +328,18 @@ impl WeightSource for Reencoded {
     fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
         Ok(self.inner.load_native(name)?.map(|t| {
             if t.format == WeightFormat::Q4_1 && (self.which)(name) {
+                let known = self.encoded.lock().unwrap().get(name).cloned();
+                // Encoded outside the lock: the loader may ask for matrices side by side.
+                let bytes = known.unwrap_or_else(|| {
+                    let bytes = (self.encode)(&t.bytes);
+                    let mut encoded = self.encoded.lock().unwrap();
+                    encoded.insert(name.to_string(), bytes.clone());
+                    bytes
+                });
                 NativeTensor {
                     format: self.format,
                     shape: t.shape,
-                    bytes: (self.encode)(&t.bytes),
+                    bytes,
                 }
             } else {
                 t
@@ -441,26 +454,44 @@ fn q4_1_as_iq4_nl(bytes: &[u8]) -> Vec<u8> {
 
 /// Logits at every position of `tokens`, run as one prompt.
 fn all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let mut cache = model.new_cache(tokens.len().div_ceil(16) + 1, 16).unwrap();
-    let blocks: Vec<u32> = (1..=tokens.len().div_ceil(16) as u32).collect();
-    let chunk = SequenceChunk {
-        tokens,
-        start_position: 0,
-        block_table: &blocks,
-        logits: LogitsWanted::All,
-        tree: None,
-        prompt_len: tokens.len(),
-    };
-    let out = model.forward(&[chunk], &mut cache).unwrap();
-    (0..tokens.len())
-        .map(|i| out.row(0, i).to_vec())
-        .collect::<Vec<_>>()
+    sequences_logits(model, &[tokens.to_vec()]).remove(0)
+}
+
+/// [`all_logits`] of each sequence, all in one pass (each sequence's logits do not depend on
+/// the others in its pass).
+fn sequences_logits(model: &Model, sequences: &[Vec<u32>]) -> Vec<Vec<Vec<f32>>> {
+    let mut tables: Vec<Vec<u32>> = Vec::new();
+    let mut next = 1u32; // block 0 stays unused, like the router's null block
+    for seq in sequences {
+        let n = seq.len().div_ceil(16) as u32;
+        tables.push((next..next + n).collect());
+        next += n;
+    }
+    let mut cache = model.new_cache(next as usize, 16).unwrap();
+    let chunks: Vec<SequenceChunk<'_>> = sequences
+        .iter()
+        .zip(&tables)
+        .map(|(tokens, blocks)| SequenceChunk {
+            tokens,
+            start_position: 0,
+            block_table: blocks,
+            logits: LogitsWanted::All,
+            tree: None,
+            prompt_len: tokens.len(),
+        })
+        .collect();
+    let out = model.forward(&chunks, &mut cache).unwrap();
+    sequences
+        .iter()
+        .enumerate()
+        .map(|(s, tokens)| (0..tokens.len()).map(|i| out.row(s, i).to_vec()).collect())
+        .collect()
 }
 
 /// See `int8_products_agree_with_exact_f32`; `dtype` is what both models report.
 /// `label`: what the figures printed are of (the model's dominant format `dtype`, or which of its
-/// matrices were re-encoded).
-fn int8_agrees_with_exact(files: &ModelFiles, dtype: &str, label: &str) {
+/// matrices were re-encoded). Returns the exact and the int8 model.
+fn int8_agrees_with_exact(files: &ModelFiles, dtype: &str, label: &str) -> [Model; 2] {
     let golden = golden();
     let exact = Model::load_with(files, WeightLayout::Exact).unwrap();
     let int8 = Model::load_with(files, WeightLayout::Int8).unwrap();
@@ -481,9 +512,12 @@ fn int8_agrees_with_exact(files: &ModelFiles, dtype: &str, label: &str) {
     };
     let (mut worst, mut positions, mut ties) = (0f32, 0, 0);
     let (mut top_worst, mut sum_abs, mut count) = (0f32, 0f64, 0usize);
-    for seq in &sequences {
-        let (e, q) = (all_logits(&exact, seq), all_logits(&int8, seq));
-        for (le, lq) in e.iter().zip(&q) {
+    let (e, q) = (
+        sequences_logits(&exact, &sequences),
+        sequences_logits(&int8, &sequences),
+    );
+    for (e, q) in e.iter().zip(&q) {
+        for (le, lq) in e.iter().zip(q) {
             positions += 1;
             worst = worst.max(common::max_abs_diff(le, lq));
             let top = argmax(le);
@@ -530,15 +564,20 @@ fn int8_agrees_with_exact(files: &ModelFiles, dtype: &str, label: &str) {
         "int8 logits differ from exact f32 by {} on average",
         sum_abs / count as f64
     );
+    [exact, int8]
+}
 
-    // Free-running greedy decoding: where the two first part ways.
+/// Free-running greedy decoding of the golden prompts by `exact` and `int8`: prints where the
+/// two first part ways (a diagnostic; nothing is asserted).
+fn print_greedy_divergence(exact: &Model, int8: &Model, dtype: &str) {
+    let golden = golden();
     let prompts: Vec<Vec<u32>> = golden
         .prompts
         .iter()
         .map(|p| p.prompt_ids.clone())
         .collect();
-    let a = run(&exact, &prompts, 32, 64, Schedule::Together);
-    let b = run(&int8, &prompts, 32, 64, Schedule::Together);
+    let a = run(exact, &prompts, 32, 64, Schedule::Together);
+    let b = run(int8, &prompts, 32, 64, Schedule::Together);
     for ((p, x), y) in golden.prompts.iter().zip(&a).zip(&b) {
         match x.tokens.iter().zip(&y.tokens).position(|(s, t)| s != t) {
             None => eprintln!(
