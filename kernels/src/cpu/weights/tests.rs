@@ -279,8 +279,8 @@ fn every_level_gives_rows_that_do_not_depend_on_batch() {
 
 #[test]
 fn k_quants_repack_for_int8_products_close_to_exact_ones() {
-    // The K-quants take the integer path (sub-block scales rounded to f16, activations to
-    // two 8-bit digits: well under 1e-3 of the products' magnitude).
+    // The K-quants take the integer path (activations rounded to two 8-bit digits: well
+    // under 1e-3 of the products' magnitude).
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
     for format in [WeightFormat::Q4K, WeightFormat::Q5K, WeightFormat::Q6K] {
         for &(m, k, n) in shapes(format) {

@@ -15,7 +15,8 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{PackedMatrix, QK, QuantLayout, TILE};
+use crate::cpu::int8::packed::{PackedMatrix, QK, QuantLayout, ScaleLayout, TILE};
+use crate::quant::QK_K;
 
 /// Whether the CPU runs [`tiles`] (AVX2, FMA and F16C).
 pub(crate) fn supported() -> bool {
@@ -92,20 +93,28 @@ pub(crate) unsafe fn tiles(
     // SAFETY: forwarded contract; the CPU features were detected.
     unsafe {
         match w.kind().layout() {
-            QuantLayout::Bytes => tiles_of::<false, 0, false, false>(w, t0, nt, x, out, ldo),
-            QuantLayout::Nibbles { fifth_bit: false } => {
-                tiles_of::<true, 0, false, false>(w, t0, nt, x, out, ldo)
+            QuantLayout::Bytes => tiles_of::<false, 0, false, false, false>(w, t0, nt, x, out, ldo),
+            QuantLayout::Nibbles { fifth_bit } => {
+                match (fifth_bit, w.kind().scale_layout() == ScaleLayout::SuperMins) {
+                    (false, false) => {
+                        tiles_of::<true, 0, false, false, false>(w, t0, nt, x, out, ldo)
+                    }
+                    (false, true) => {
+                        tiles_of::<true, 0, false, false, true>(w, t0, nt, x, out, ldo)
+                    }
+                    (true, false) => {
+                        tiles_of::<true, 1, false, false, false>(w, t0, nt, x, out, ldo)
+                    }
+                    (true, true) => tiles_of::<true, 1, false, false, true>(w, t0, nt, x, out, ldo),
+                }
             }
-            QuantLayout::Nibbles { fifth_bit: true } => {
-                tiles_of::<true, 1, false, false>(w, t0, nt, x, out, ldo)
-            }
-            QuantLayout::Table => tiles_of::<true, 0, false, true>(w, t0, nt, x, out, ldo),
+            QuantLayout::Table => tiles_of::<true, 0, false, true, false>(w, t0, nt, x, out, ldo),
             QuantLayout::Halves { crumbs: false } => {
-                tiles_of::<true, 2, true, false>(w, t0, nt, x, out, ldo)
+                tiles_of::<true, 2, true, false, true>(w, t0, nt, x, out, ldo)
             }
             // Crumb lines and one mask line (HIGH = 1).
             QuantLayout::Halves { crumbs: true } => {
-                tiles_of::<false, 1, true, false>(w, t0, nt, x, out, ldo)
+                tiles_of::<false, 1, true, false, true>(w, t0, nt, x, out, ldo)
             }
         }
     }
@@ -114,9 +123,15 @@ pub(crate) unsafe fn tiles(
 /// Tiles `t0..t0 + nt` for every row of `x`, for quants in nibbles (`NIB`, with `HIGH` lines
 /// of high bits; with `LUT`, indices into the IQ4 table), in crumbs (`!NIB && SPLIT`: `Q3_K`,
 /// its third bits in one mask line) or bytes, and per-half sums and scales (`SPLIT`, `Q6_K`
-/// and `Q3_K`).
+/// and `Q3_K`); `SUPER`: scales per super-block (the K-quants).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool, const LUT: bool>(
+unsafe fn tiles_of<
+    const NIB: bool,
+    const HIGH: usize,
+    const SPLIT: bool,
+    const LUT: bool,
+    const SUPER: bool,
+>(
     w: &PackedMatrix,
     t0: usize,
     nt: usize,
@@ -143,14 +158,14 @@ unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool, const 
         // leave no registers for a second row).
         while !SPLIT && i + 2 <= x.m {
             // SAFETY: the tile and the rows exist.
-            let [a, b] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, 2>(w, t, x, x16, i) };
+            let [a, b] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, SUPER, 2>(w, t, x, x16, i) };
             store(i, a);
             store(i + 1, b);
             i += 2;
         }
         while i < x.m {
             // SAFETY: as above.
-            let [a] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, 1>(w, t, x, x16, i) };
+            let [a] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, SUPER, 1>(w, t, x, x16, i) };
             store(i, a);
             i += 1;
         }
@@ -174,6 +189,122 @@ fn expand_bits(mask: u32) -> __m256i {
 
 /// A 64-byte line as two registers: tile rows 0-7, then 8-15.
 pub(crate) type Line2 = [__m256i; 2];
+
+/// `vpshufb` controls that move byte `i` of each 32-bit lane to the lane's bottom and zero
+/// the rest (64 bytes; 256-bit registers take the first 32).
+pub(crate) const BYTE_OF_LANE: [[u8; 64]; 4] = {
+    let mut c = [[0x80; 64]; 4];
+    let mut i = 0;
+    while i < 4 {
+        let mut lane = 0;
+        while lane < 16 {
+            c[i][4 * lane] = (4 * (lane % 4) + i) as u8;
+            lane += 1;
+        }
+        i += 1;
+    }
+    c
+};
+
+/// A K-quant tile's f32 scales of one super-block (tile rows 0-7, 8-15), as
+/// `PackedMatrix::block_scales` gives them: block `j`'s two at `2 j` and `2 j + 1`.
+pub(crate) type Stash2 = [[__m256; 2]; 2 * QK_K / QK];
+
+/// `Q4_K`/`Q5_K`'s stash from a tile's period (`codes`, `scales`: its codes and f16 scales):
+/// ggml's `scales_mins_k4` masks on every row's words at once, then each code times `d` or
+/// `-dmin` (exact).
+///
+/// # Safety
+/// `codes` and `scales` point at a period of a tile of such a matrix.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(crate) unsafe fn stash_mins(codes: *const u8, scales: *const u16) -> Stash2 {
+    let (low6, low4, bits45) = (
+        _mm256_set1_epi8(0x3F),
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x30),
+    );
+    let high = |v: __m256i| _mm256_and_si256(_mm256_srli_epi32::<2>(v), bits45);
+    // Register k: tile rows 8 k ..
+    let register = |k: usize| {
+        // SAFETY: the caller vouches for the three lines of codes and the 32 scales.
+        let (w, d, nm) = unsafe {
+            let w: [__m256i; 3] =
+                std::array::from_fn(|i| _mm256_loadu_si256(codes.add(64 * i + 32 * k).cast()));
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(8 * k).cast()));
+            let nm = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(TILE + 8 * k).cast()));
+            (w, d, nm)
+        };
+        let sc = [
+            _mm256_and_si256(w[0], low6),
+            _mm256_or_si256(_mm256_and_si256(w[2], low4), high(w[0])),
+        ];
+        let m = [
+            _mm256_and_si256(w[1], low6),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi32::<4>(w[2]), low4),
+                high(w[1]),
+            ),
+        ];
+        let mut out = [_mm256_setzero_ps(); 2 * QK_K / QK];
+        for (i, control) in BYTE_OF_LANE.iter().enumerate() {
+            // SAFETY: the control holds 64 bytes.
+            let pick = unsafe { _mm256_loadu_si256(control.as_ptr().cast()) };
+            let code = |v: __m256i| _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v, pick));
+            for half in 0..2 {
+                let j = i + 4 * half;
+                out[2 * j] = _mm256_mul_ps(d, code(sc[half]));
+                out[2 * j + 1] = _mm256_mul_ps(nm, code(m[half]));
+            }
+        }
+        out
+    };
+    let (lo, hi) = (register(0), register(1));
+    std::array::from_fn(|s| [lo[s], hi[s]])
+}
+
+/// `Q6_K`/`Q3_K`'s stash from a tile's period: each signed scale times `d` (exact).
+///
+/// # Safety
+/// `codes` and `scales` point at a period of a tile of such a matrix.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(crate) unsafe fn stash_halves(codes: *const u8, scales: *const u16) -> Stash2 {
+    // SAFETY: the caller vouches for the four lines of codes and the 16 scales.
+    unsafe {
+        let d: [__m256; 2] =
+            std::array::from_fn(|k| _mm256_cvtph_ps(_mm_loadu_si128(scales.add(8 * k).cast())));
+        std::array::from_fn(|s| {
+            std::array::from_fn(|k| {
+                let sc = _mm_loadl_epi64(codes.add(TILE * s + 8 * k).cast());
+                _mm256_mul_ps(d[k], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)))
+            })
+        })
+    }
+}
+
+/// A tile's stash of period `p` (`codes0`, `scales0`: its first period's), for the kinds
+/// with halves (`SPLIT`) or with minimums.
+///
+/// # Safety
+/// As [`stash_mins`] and [`stash_halves`].
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(crate) unsafe fn stash_period<const SPLIT: bool>(
+    codes0: *const u8,
+    scales0: *const u16,
+    period_bytes: usize,
+) -> Stash2 {
+    // SAFETY: forwarded.
+    unsafe {
+        let (codes, scales) = (codes0.add(period_bytes), scales0.byte_add(period_bytes));
+        if SPLIT {
+            stash_halves(codes, scales)
+        } else {
+            stash_mins(codes, scales)
+        }
+    }
+}
 
 /// Nibble line `h` of a tile's block (`lines`: the block's quant lines) as the values of its
 /// low nibbles and of its high ones, each plus `16 << level` where bit `level` of the `HIGH`
@@ -244,6 +375,7 @@ unsafe fn tile_rows<
     const HIGH: usize,
     const SPLIT: bool,
     const LUT: bool,
+    const SUPER: bool,
     const R: usize,
 >(
     w: &PackedMatrix,
@@ -253,17 +385,29 @@ unsafe fn tile_rows<
     i0: usize,
 ) -> [[__m256; 2]; R] {
     let (lines0, scales0) = w.tile_start(t);
-    let stride = w.block_stride();
+    let codes0 = if SUPER {
+        w.tile_codes(t)
+    } else {
+        std::ptr::null()
+    };
+    let (period, step) = (w.period_stride(), w.block_step());
+    let per = if SUPER { QK_K / QK } else { 1 };
+    let mut stash = [[_mm256_setzero_ps(); 2]; 2 * QK_K / QK];
     let table = *w.kind().table().unwrap_or(&[0; 16]);
     // SAFETY: `table` holds 16 bytes.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    // SAFETY (whole body): block b's lines and scales lie at `b · stride` bytes from the
-    // tile's start, inside `w`; row i's block b is entry `x.at(i, b)` of `x`'s vectors.
+    // SAFETY (whole body): block b's lines lie `(b / per) · period + (b % per) · step` bytes
+    // from the tile's start, its period's scales and codes `(b / per) · period` from theirs,
+    // inside `w`; row i's block b is entry `x.at(i, b)` of `x`'s vectors.
     unsafe {
         for b in 0..w.blocks() {
-            let lines = lines0.add(b * stride);
-            let scales = scales0.byte_add(b * stride);
+            let (p, jb) = (b / per, b % per);
+            let lines = lines0.add(p * period + jb * step);
+            let scales = scales0.byte_add(p * period);
+            if SUPER && jb == 0 {
+                stash = stash_period::<SPLIT>(codes0, scales0, p * period);
+            }
             let js: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, b));
             // [row][half][4-row group of the tile]: two lanes per tile row.
             let mut sums = [[[_mm256_setzero_si256(); 4]; 2]; R];
@@ -330,12 +474,18 @@ unsafe fn tile_rows<
                     };
                     for (k, a) in acc.iter_mut().enumerate() {
                         let isum = _mm256_add_epi32(rows(s, k), _mm256_set1_epi32(offset));
-                        let d = scales.add(half * TILE + 8 * k);
-                        let d = _mm256_cvtph_ps(_mm_loadu_si128(d.cast()));
+                        let d = if SUPER {
+                            stash[2 * jb + half][k]
+                        } else {
+                            _mm256_cvtph_ps(_mm_loadu_si128(scales.add(half * TILE + 8 * k).cast()))
+                        };
                         *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *a);
                         if NIB && !SPLIT && !LUT {
-                            let m = scales.add(TILE + 8 * k);
-                            let m = _mm256_cvtph_ps(_mm_loadu_si128(m.cast()));
+                            let m = if SUPER {
+                                stash[2 * jb + 1][k]
+                            } else {
+                                _mm256_cvtph_ps(_mm_loadu_si128(scales.add(TILE + 8 * k).cast()))
+                            };
                             *a = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sd[j]), *a);
                         }
                     }
