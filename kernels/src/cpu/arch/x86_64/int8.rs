@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::int8_avx2::BYTE_OF_LANE;
+use super::int8_avx2::{BYTE_OF_LANE, MAGIC, MAGIC_BITS};
 use crate::cpu::int8::Int8Kernels;
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
 use crate::cpu::int8::packed::{GROUP, PackedMatrix, QK, QuantLayout, ScaleLayout, TILE};
@@ -250,11 +250,11 @@ type Stash = [__m512; 2 * QK_K / QK];
 
 /// `Q4_K`/`Q5_K`'s stash from a tile's period (`codes`, `scales`: its codes and f16 scales):
 /// ggml's `scales_mins_k4` masks on every row's words at once, then each code times `d` or
-/// `-dmin` (exact).
+/// `-dmin` (exact; a zero as +0).
 ///
 /// # Safety
 /// `codes` and `scales` point at a period of a tile of such a matrix.
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,fma")]
 #[inline]
 unsafe fn stash_mins(codes: *const u8, scales: *const u16) -> Stash {
     let (low6, low4, bits45) = (
@@ -282,15 +282,22 @@ unsafe fn stash_mins(codes: *const u8, scales: *const u16) -> Stash {
             high(w[1]),
         ),
     ];
+    // A code into the bottom byte of 2²³'s bits is the f32 `2²³ + code`; times `d`, plus the
+    // exact `-2²³ · d`, it is `code · d` exactly (a zero as +0), in one shuffle and one FMA.
+    let magic = _mm512_set1_epi32(MAGIC_BITS as i32);
+    let bottom = _cvtu64_mask64(0x1111_1111_1111_1111);
+    let less = |s: __m512| _mm512_mul_ps(s, _mm512_set1_ps(-MAGIC));
+    let (dl, nml) = (less(d), less(nm));
     let mut out = [_mm512_setzero_ps(); 2 * QK_K / QK];
     for (i, control) in BYTE_OF_LANE.iter().enumerate() {
         // SAFETY: the control holds 64 bytes.
         let pick = unsafe { _mm512_loadu_si512(control.as_ptr().cast()) };
-        let code = |v: __m512i| _mm512_cvtepi32_ps(_mm512_shuffle_epi8(v, pick));
+        let code =
+            |v: __m512i| _mm512_castsi512_ps(_mm512_mask_shuffle_epi8(magic, bottom, v, pick));
         for half in 0..2 {
             let j = i + 4 * half;
-            out[2 * j] = _mm512_mul_ps(d, code(sc[half]));
-            out[2 * j + 1] = _mm512_mul_ps(nm, code(m[half]));
+            out[2 * j] = _mm512_fmadd_ps(code(sc[half]), d, dl);
+            out[2 * j + 1] = _mm512_fmadd_ps(code(m[half]), nm, nml);
         }
     }
     out
@@ -385,98 +392,111 @@ unsafe fn kernel<
     // SAFETY: `table` holds 16 bytes.
     let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    // SAFETY (whole body): tile c's block b lies at starts[c] + (b / per) · period +
-    // (b % per) · step bytes, its period's scales and codes (b / per) · period bytes from
-    // theirs, inside `w` for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors
-    // (and 32 quants from 32 · that).
+    // SAFETY (whole body): tile c's block b = p · per + jb lies at starts[c] + p · period +
+    // jb · step bytes, its period's scales and codes p · period bytes from theirs, inside `w`
+    // for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and 32 quants
+    // from 32 · that).
     unsafe {
-        for b in 0..blocks {
-            let (p, jb) = (b / per, b % per);
-            let lines: [*const u8; C] =
-                std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
+        for p in 0..blocks / per {
             let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(p * period));
-            if SUPER && jb == 0 {
+            if SUPER {
                 for c in 0..C {
                     stash[c] = stash_mins(codes[c].add(p * period), scales[c]);
                 }
             }
-            // Two integer chains per (row, tile): against the high and the low digits.
-            let mut sa = [[_mm512_setzero_si512(); C]; R];
-            let mut sb_ = [[_mm512_setzero_si512(); C]; R];
-            if !Q4 || LUT {
-                for (r, s) in sb_.iter_mut().enumerate() {
-                    *s = [_mm512_set1_epi32(*x128.add(xs[r] + b)); C];
+            for jb in 0..per {
+                let b = p * per + jb;
+                let lines: [*const u8; C] =
+                    std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
+                // Two integer chains per (row, tile): against the high and the low digits.
+                let mut sa = [[_mm512_setzero_si512(); C]; R];
+                let mut sb_ = [[_mm512_setzero_si512(); C]; R];
+                if !Q4 || LUT {
+                    for (r, s) in sb_.iter_mut().enumerate() {
+                        *s = [_mm512_set1_epi32(*x128.add(xs[r] + b)); C];
+                    }
                 }
-            }
-            let xg = |digits: *const i8, r: usize, g: usize| {
-                _mm512_set1_epi32(
-                    digits
-                        .add((xs[r] + b) * QK + 4 * g)
-                        .cast::<i32>()
-                        .read_unaligned(),
-                )
-            };
-            if Q4 {
-                for h in 0..QK / 8 {
-                    let mut lo = [_mm512_setzero_si512(); C];
-                    let mut hi = [_mm512_setzero_si512(); C];
+                let xg = |digits: *const i8, r: usize, g: usize| {
+                    _mm512_set1_epi32(
+                        digits
+                            .add((xs[r] + b) * QK + 4 * g)
+                            .cast::<i32>()
+                            .read_unaligned(),
+                    )
+                };
+                if Q4 {
+                    for h in 0..QK / 8 {
+                        let mut lo = [_mm512_setzero_si512(); C];
+                        let mut hi = [_mm512_setzero_si512(); C];
+                        for c in 0..C {
+                            (lo[c], hi[c]) = nibble_line::<HIGH>(lines[c], h);
+                            if LUT {
+                                lo[c] = _mm512_shuffle_epi8(table, lo[c]);
+                                hi[c] = _mm512_shuffle_epi8(table, hi[c]);
+                            }
+                        }
+                        for r in 0..R {
+                            let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
+                            let (l0, l1) = (xg(xl, r, h), xg(xl, r, h + QK / 8));
+                            for c in 0..C {
+                                sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], lo[c], h0);
+                                sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], lo[c], l0);
+                                sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], hi[c], h1);
+                                sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], hi[c], l1);
+                            }
+                        }
+                    }
+                } else {
+                    for g in 0..QK / 4 {
+                        let p: [__m512i; C] =
+                            std::array::from_fn(|c| _mm512_load_si512(lines[c].add(64 * g).cast()));
+                        for r in 0..R {
+                            let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
+                            for c in 0..C {
+                                sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], p[c], hg);
+                                sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], p[c], lg);
+                            }
+                        }
+                    }
+                }
+                let dw: [__m512; C] = std::array::from_fn(|c| {
+                    if SUPER {
+                        stash[c][2 * jb]
+                    } else {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].cast()))
+                    }
+                });
+                let mw: [__m512; C] = std::array::from_fn(|c| {
+                    if SUPER {
+                        stash[c][2 * jb + 1]
+                    } else if Q4 && !LUT {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(TILE).cast()))
+                    } else {
+                        _mm512_setzero_ps()
+                    }
+                });
+                for r in 0..R {
+                    let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
+                    let sdx = _mm512_set1_ps(*xsd.add(xs[r] + b));
                     for c in 0..C {
-                        (lo[c], hi[c]) = nibble_line::<HIGH>(lines[c], h);
-                        if LUT {
-                            lo[c] = _mm512_shuffle_epi8(table, lo[c]);
-                            hi[c] = _mm512_shuffle_epi8(table, hi[c]);
+                        let isum = if Q4 && !LUT {
+                            // Both sums are below 2²⁴ (no offset): exact in f32, and one FMA
+                            // rounds `254 · sa + sb` as its conversion does.
+                            _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(sa[r][c]),
+                                _mm512_set1_ps(RADIX as f32),
+                                _mm512_cvtepi32_ps(sb_[r][c]),
+                            )
+                        } else {
+                            let combined =
+                                _mm512_add_epi32(_mm512_mullo_epi32(sa[r][c], radix), sb_[r][c]);
+                            _mm512_cvtepi32_ps(combined)
+                        };
+                        let scale = _mm512_mul_ps(dw[c], dx);
+                        acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
+                        if Q4 && !LUT {
+                            acc[r][c] = _mm512_fmadd_ps(mw[c], sdx, acc[r][c]);
                         }
-                    }
-                    for r in 0..R {
-                        let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
-                        let (l0, l1) = (xg(xl, r, h), xg(xl, r, h + QK / 8));
-                        for c in 0..C {
-                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], lo[c], h0);
-                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], lo[c], l0);
-                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], hi[c], h1);
-                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], hi[c], l1);
-                        }
-                    }
-                }
-            } else {
-                for g in 0..QK / 4 {
-                    let p: [__m512i; C] =
-                        std::array::from_fn(|c| _mm512_load_si512(lines[c].add(64 * g).cast()));
-                    for r in 0..R {
-                        let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
-                        for c in 0..C {
-                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], p[c], hg);
-                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], p[c], lg);
-                        }
-                    }
-                }
-            }
-            let dw: [__m512; C] = std::array::from_fn(|c| {
-                if SUPER {
-                    stash[c][2 * jb]
-                } else {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].cast()))
-                }
-            });
-            let mw: [__m512; C] = std::array::from_fn(|c| {
-                if SUPER {
-                    stash[c][2 * jb + 1]
-                } else if Q4 && !LUT {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(TILE).cast()))
-                } else {
-                    _mm512_setzero_ps()
-                }
-            });
-            for r in 0..R {
-                let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
-                let sdx = _mm512_set1_ps(*xsd.add(xs[r] + b));
-                for c in 0..C {
-                    let combined = _mm512_add_epi32(_mm512_mullo_epi32(sa[r][c], radix), sb_[r][c]);
-                    let isum = _mm512_cvtepi32_ps(combined);
-                    let scale = _mm512_mul_ps(dw[c], dx);
-                    acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
-                    if Q4 && !LUT {
-                        acc[r][c] = _mm512_fmadd_ps(mw[c], sdx, acc[r][c]);
                     }
                 }
             }
@@ -564,72 +584,75 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
     let (xq, xl, xd) = (x.q.as_ptr(), x.q_lo.as_ptr(), x.d.as_ptr());
     let halves = x.s32_halves.as_ptr();
     let shift = w.kind().half_shift();
-    let radix = _mm512_set1_epi32(RADIX);
+    let radix = _mm512_set1_ps(RADIX as f32);
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     // SAFETY (whole body): as `kernel` (with super-blocks); the high-bit lines are the tile's
     // quant lines 4 and 5 (`Q3_K`: the crumb lines 0 and 1, the masks 2), and `x` has the
     // halves' sums (quantized for a matrix with halves).
     unsafe {
-        for b in 0..blocks {
-            let (p, jb) = (b / per, b % per);
-            let lines: [*const u8; C] =
-                std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
-            if jb == 0 {
-                for c in 0..C {
-                    let scales = starts[c].1.byte_add(p * period);
-                    stash[c] = stash_halves(codes[c].add(p * period), scales);
-                }
+        for p in 0..blocks / per {
+            for c in 0..C {
+                let scales = starts[c].1.byte_add(p * period);
+                stash[c] = stash_halves(codes[c].add(p * period), scales);
             }
-            let xg = |digits: *const i8, r: usize, g: usize| {
-                _mm512_set1_epi32(
-                    digits
-                        .add((xs[r] + b) * QK + 4 * g)
-                        .cast::<i32>()
-                        .read_unaligned(),
-                )
-            };
-            // The halves as constants: each pass unrolls fully.
-            macro_rules! half_pass {
-                ($half:literal) => {{
-                    let half: usize = $half;
-                    // [row][tile]: against the high digits, and against the low ones.
-                    let mut sa = [[_mm512_setzero_si512(); C]; R];
-                    // The halves' offset sums start the low chains (exact: integers).
-                    let mut sb: [[__m512i; C]; R] = std::array::from_fn(|r| {
-                        [_mm512_set1_epi32((*halves.add(xs[r] + b))[half] >> shift); C]
-                    });
-                    for h in 0..QK / 8 {
-                        let v: [__m512i; C] = std::array::from_fn(|c| {
-                            if CRUMB {
-                                crumb_half(lines[c], h, half)
-                            } else {
-                                nibble_half::<2>(lines[c], h, half)
-                            }
+            for jb in 0..per {
+                let b = p * per + jb;
+                let lines: [*const u8; C] =
+                    std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
+                let xg = |digits: *const i8, r: usize, g: usize| {
+                    _mm512_set1_epi32(
+                        digits
+                            .add((xs[r] + b) * QK + 4 * g)
+                            .cast::<i32>()
+                            .read_unaligned(),
+                    )
+                };
+                // The halves as constants: each pass unrolls fully.
+                macro_rules! half_pass {
+                    ($half:literal) => {{
+                        let half: usize = $half;
+                        // [row][tile]: against the high digits, and against the low ones.
+                        let mut sa = [[_mm512_setzero_si512(); C]; R];
+                        // The halves' offset sums start the low chains (exact: integers).
+                        let mut sb: [[__m512i; C]; R] = std::array::from_fn(|r| {
+                            [_mm512_set1_epi32((*halves.add(xs[r] + b))[half] >> shift); C]
                         });
-                        let g = h + half * QK / 8;
-                        for r in 0..R {
-                            let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
-                            for c in 0..C {
-                                sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], v[c], hg);
-                                sb[r][c] = _mm512_dpbusd_epi32(sb[r][c], v[c], lg);
+                        for h in 0..QK / 8 {
+                            let v: [__m512i; C] = std::array::from_fn(|c| {
+                                if CRUMB {
+                                    crumb_half(lines[c], h, half)
+                                } else {
+                                    nibble_half::<2>(lines[c], h, half)
+                                }
+                            });
+                            let g = h + half * QK / 8;
+                            for r in 0..R {
+                                let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
+                                for c in 0..C {
+                                    sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], v[c], hg);
+                                    sb[r][c] = _mm512_dpbusd_epi32(sb[r][c], v[c], lg);
+                                }
                             }
                         }
-                    }
-                    let dw: [__m512; C] = std::array::from_fn(|c| stash[c][2 * jb + half]);
-                    for r in 0..R {
-                        let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
-                        for c in 0..C {
-                            let combined =
-                                _mm512_add_epi32(_mm512_mullo_epi32(sa[r][c], radix), sb[r][c]);
-                            let scale = _mm512_mul_ps(dw[c], dx);
-                            acc[r][c] =
-                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(combined), scale, acc[r][c]);
+                        let dw: [__m512; C] = std::array::from_fn(|c| stash[c][2 * jb + half]);
+                        for r in 0..R {
+                            let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
+                            for c in 0..C {
+                                // |sb| ≤ 32 · 32385 · 16 + 63 · 127 · 16 < 2²⁴: as `kernel`.
+                                let isum = _mm512_fmadd_ps(
+                                    _mm512_cvtepi32_ps(sa[r][c]),
+                                    radix,
+                                    _mm512_cvtepi32_ps(sb[r][c]),
+                                );
+                                let scale = _mm512_mul_ps(dw[c], dx);
+                                acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
+                            }
                         }
-                    }
-                }};
+                    }};
+                }
+                half_pass!(0);
+                half_pass!(1);
             }
-            half_pass!(0);
-            half_pass!(1);
         }
         store_tiles(w, t, &acc, out, ldo);
     }

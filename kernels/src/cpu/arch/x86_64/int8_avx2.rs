@@ -206,17 +206,21 @@ pub(crate) const BYTE_OF_LANE: [[u8; 64]; 4] = {
     c
 };
 
+/// 2²³ as an f32, and its bits: with a byte below them, `2²³ + byte`.
+pub(crate) const MAGIC: f32 = 8_388_608.0;
+pub(crate) const MAGIC_BITS: u32 = 0x4B00_0000;
+
 /// A K-quant tile's f32 scales of one super-block (tile rows 0-7, 8-15), as
 /// `PackedMatrix::block_scales` gives them: block `j`'s two at `2 j` and `2 j + 1`.
 pub(crate) type Stash2 = [[__m256; 2]; 2 * QK_K / QK];
 
 /// `Q4_K`/`Q5_K`'s stash from a tile's period (`codes`, `scales`: its codes and f16 scales):
 /// ggml's `scales_mins_k4` masks on every row's words at once, then each code times `d` or
-/// `-dmin` (exact).
+/// `-dmin` (exact; a zero as +0).
 ///
 /// # Safety
 /// `codes` and `scales` point at a period of a tile of such a matrix.
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 #[inline]
 pub(crate) unsafe fn stash_mins(codes: *const u8, scales: *const u16) -> Stash2 {
     let (low6, low4, bits45) = (
@@ -246,15 +250,22 @@ pub(crate) unsafe fn stash_mins(codes: *const u8, scales: *const u16) -> Stash2 
                 high(w[1]),
             ),
         ];
+        // As the AVX-512 stash: `2²³ + code` times the scale, less `2²³` times it (a zero
+        // as +0, the same bits on every level).
+        let magic = _mm256_set1_epi32(MAGIC_BITS as i32);
+        let less = |s: __m256| _mm256_mul_ps(s, _mm256_set1_ps(-MAGIC));
+        let (dl, nml) = (less(d), less(nm));
         let mut out = [_mm256_setzero_ps(); 2 * QK_K / QK];
         for (i, control) in BYTE_OF_LANE.iter().enumerate() {
             // SAFETY: the control holds 64 bytes.
             let pick = unsafe { _mm256_loadu_si256(control.as_ptr().cast()) };
-            let code = |v: __m256i| _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v, pick));
+            let code = |v: __m256i| {
+                _mm256_castsi256_ps(_mm256_or_si256(_mm256_shuffle_epi8(v, pick), magic))
+            };
             for half in 0..2 {
                 let j = i + 4 * half;
-                out[2 * j] = _mm256_mul_ps(d, code(sc[half]));
-                out[2 * j + 1] = _mm256_mul_ps(nm, code(m[half]));
+                out[2 * j] = _mm256_fmadd_ps(code(sc[half]), d, dl);
+                out[2 * j + 1] = _mm256_fmadd_ps(code(m[half]), nm, nml);
             }
         }
         out
@@ -288,7 +299,7 @@ pub(crate) unsafe fn stash_halves(codes: *const u8, scales: *const u16) -> Stash
 ///
 /// # Safety
 /// As [`stash_mins`] and [`stash_halves`].
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 #[inline]
 pub(crate) unsafe fn stash_period<const SPLIT: bool>(
     codes0: *const u8,

@@ -246,7 +246,7 @@ impl PackedMatrix {
     /// Block `b`'s two f32 scales of each row of tile `t`, as every kernel multiplies them:
     /// `d` and `m` (the second half's `d` for the kinds with halves; `0` for the kinds with
     /// one scale). The K-quants' are the exact products of the super-block's f16 scale and the
-    /// row's code for the block (see `ScaleLayout`).
+    /// row's code for the block (see `ScaleLayout`; `Q4_K`'s and `Q5_K`'s zeros as +0).
     pub(crate) fn block_scales(&self, t: usize, b: usize) -> [[f32; TILE]; 2] {
         let s = self.period_scales(t, b);
         let f = |i: usize| f16::from_bits(s[i]).to_f32();
@@ -262,7 +262,12 @@ impl PackedMatrix {
                 ScaleLayout::SuperMins => {
                     let q = std::array::from_fn(|i| codes[LINE * (i / 4) + 4 * r + i % 4]);
                     let (sc, m) = get_scale_min_k4(j, &q);
-                    [f(r) * f32::from(sc), f(TILE + r) * f32::from(m)]
+                    // The kernels' `(2²³ + code) · scale - 2²³ · scale` gives zeros as +0.
+                    let exact = |v: f32| if v == 0.0 { 0.0 } else { v };
+                    [
+                        exact(f(r) * f32::from(sc)),
+                        exact(f(TILE + r) * f32::from(m)),
+                    ]
                 }
                 ScaleLayout::SuperHalves => {
                     let sc = |half: usize| f32::from(codes[TILE * (2 * j + half) + r] as i8);

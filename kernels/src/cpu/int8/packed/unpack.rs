@@ -37,7 +37,8 @@ impl PackedMatrix {
         }
     }
 
-    /// Row `row` as f32, exactly as the GGUF dequantizer writes it.
+    /// Row `row` as f32, exactly as the GGUF dequantizer writes it (but for the sign of zeros
+    /// in `Q4_K` and `Q5_K` rows with a negative scale).
     pub fn row_f32(&self, row: usize, out: &mut [f32]) {
         assert!(row < self.rows, "row {row} of a {}-row matrix", self.rows);
         assert_eq!(out.len(), self.cols, "a row has cols values");
