@@ -206,6 +206,18 @@ pub(crate) const BYTE_OF_LANE: [[u8; 64]; 4] = {
     c
 };
 
+/// `254 · a + b` as f32, for sums below 2²⁴ in magnitude: both convert exactly, and one FMA
+/// rounds the exact value as the conversion of the integer `254 · a + b` does.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn radix_sum(a: __m256i, b: __m256i) -> __m256 {
+    _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(a),
+        _mm256_set1_ps(RADIX as f32),
+        _mm256_cvtepi32_ps(b),
+    )
+}
+
 /// 2²³ as an f32, and its bits: with a byte below them, `2²³ + byte`.
 pub(crate) const MAGIC: f32 = 8_388_608.0;
 pub(crate) const MAGIC_BITS: u32 = 0x4B00_0000;
@@ -408,96 +420,103 @@ unsafe fn tile_rows<
     // SAFETY: `table` holds 16 bytes.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    // SAFETY (whole body): block b's lines lie `(b / per) · period + (b % per) · step` bytes
-    // from the tile's start, its period's scales and codes `(b / per) · period` from theirs,
-    // inside `w`; row i's block b is entry `x.at(i, b)` of `x`'s vectors.
+    // SAFETY (whole body): block b = p · per + jb's lines lie `p · period + jb · step` bytes
+    // from the tile's start, its period's scales and codes `p · period` from theirs, inside
+    // `w`; row i's block b is entry `x.at(i, b)` of `x`'s vectors.
     unsafe {
-        for b in 0..w.blocks() {
-            let (p, jb) = (b / per, b % per);
-            let lines = lines0.add(p * period + jb * step);
-            let scales = scales0.byte_add(p * period);
-            if SUPER && jb == 0 {
+        for p in 0..w.blocks() / per {
+            if SUPER {
                 stash = stash_period::<SPLIT>(codes0, scales0, p * period);
             }
-            let js: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, b));
-            // [row][half][4-row group of the tile]: two lanes per tile row.
-            let mut sums = [[[_mm256_setzero_si256(); 4]; 2]; R];
-            // Adds 16 tile rows × 4 values (`v`: rows 0-7, 8-15) times values 4 g.. of x's
-            // rows (each as one 16-bit `254 h + l`).
-            let mut add = |v: [__m256i; 2], g: usize, half: usize| {
-                let x16: [__m256i; R] = std::array::from_fn(|r| {
-                    let at = x16.as_ptr().add(js[r] * QK + 4 * g).cast::<i64>();
-                    _mm256_set1_epi64x(at.read_unaligned())
-                });
-                for (k, vk) in v.iter().enumerate() {
-                    let quads = [
-                        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(*vk)),
-                        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(*vk)),
-                    ];
-                    for (q, w16) in quads.into_iter().enumerate() {
-                        for (s, xr) in sums.iter_mut().zip(&x16) {
-                            let s = &mut s[half][2 * k + q];
-                            *s = _mm256_add_epi32(*s, _mm256_madd_epi16(w16, *xr));
+            for jb in 0..per {
+                let b = p * per + jb;
+                let lines = lines0.add(p * period + jb * step);
+                let scales = scales0.byte_add(p * period);
+                let js: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, b));
+                // [row][half][4-row group of the tile]: two lanes per tile row.
+                let mut sums = [[[_mm256_setzero_si256(); 4]; 2]; R];
+                // Adds 16 tile rows × 4 values (`v`: rows 0-7, 8-15) times values 4 g.. of x's
+                // rows (each as one 16-bit `254 h + l`).
+                let mut add = |v: [__m256i; 2], g: usize, half: usize| {
+                    let x16: [__m256i; R] = std::array::from_fn(|r| {
+                        let at = x16.as_ptr().add(js[r] * QK + 4 * g).cast::<i64>();
+                        _mm256_set1_epi64x(at.read_unaligned())
+                    });
+                    for (k, vk) in v.iter().enumerate() {
+                        let quads = [
+                            _mm256_cvtepu8_epi16(_mm256_castsi256_si128(*vk)),
+                            _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(*vk)),
+                        ];
+                        for (q, w16) in quads.into_iter().enumerate() {
+                            for (s, xr) in sums.iter_mut().zip(&x16) {
+                                let s = &mut s[half][2 * k + q];
+                                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(w16, *xr));
+                            }
                         }
                     }
-                }
-            };
-            if !NIB && SPLIT {
-                for h in 0..QK / 8 {
-                    let (lo, hi) = crumb_pair(lines, h);
-                    add(lo, h, 0);
-                    add(hi, h + QK / 8, 1);
-                }
-            } else if NIB {
-                for h in 0..QK / 8 {
-                    let (mut lo, mut hi) = nibble_line::<HIGH>(lines, h);
-                    if LUT {
-                        lo = lo.map(|v| _mm256_shuffle_epi8(table, v));
-                        hi = hi.map(|v| _mm256_shuffle_epi8(table, v));
+                };
+                if !NIB && SPLIT {
+                    for h in 0..QK / 8 {
+                        let (lo, hi) = crumb_pair(lines, h);
+                        add(lo, h, 0);
+                        add(hi, h + QK / 8, 1);
                     }
-                    add(lo, h, 0);
-                    add(hi, h + QK / 8, usize::from(SPLIT));
+                } else if NIB {
+                    for h in 0..QK / 8 {
+                        let (mut lo, mut hi) = nibble_line::<HIGH>(lines, h);
+                        if LUT {
+                            lo = lo.map(|v| _mm256_shuffle_epi8(table, v));
+                            hi = hi.map(|v| _mm256_shuffle_epi8(table, v));
+                        }
+                        add(lo, h, 0);
+                        add(hi, h + QK / 8, usize::from(SPLIT));
+                    }
+                } else {
+                    for g in 0..QK / 4 {
+                        let p = [
+                            _mm256_loadu_si256(lines.add(64 * g).cast()),
+                            _mm256_loadu_si256(lines.add(64 * g + 32).cast()),
+                        ];
+                        add(p, g, 0);
+                    }
                 }
-            } else {
-                for g in 0..QK / 4 {
-                    let p = [
-                        _mm256_loadu_si256(lines.add(64 * g).cast()),
-                        _mm256_loadu_si256(lines.add(64 * g + 32).cast()),
-                    ];
-                    add(p, g, 0);
-                }
-            }
-            // Per row: the two lanes added, rows in order (hadd interleaves 128-bit halves).
-            let rows = |s: &[__m256i; 4], k: usize| {
-                let pairs = _mm256_hadd_epi32(s[2 * k], s[2 * k + 1]);
-                _mm256_permute4x64_epi64::<0b11_01_10_00>(pairs)
-            };
-            let halves = if SPLIT { 2 } else { 1 };
-            for ((sums, acc), &j) in sums.iter().zip(acc.iter_mut()).zip(&js) {
-                let dx = _mm256_set1_ps(x.d[j]);
-                for (half, s) in sums.iter().enumerate().take(halves) {
-                    let offset = if SPLIT {
-                        x.s32_halves[j][half] >> w.kind().half_shift()
-                    } else if NIB && !LUT {
-                        0
-                    } else {
-                        x.s128[j]
-                    };
-                    for (k, a) in acc.iter_mut().enumerate() {
-                        let isum = _mm256_add_epi32(rows(s, k), _mm256_set1_epi32(offset));
-                        let d = if SUPER {
-                            stash[2 * jb + half][k]
+                // Per row: the two lanes added, rows in order (hadd interleaves 128-bit halves).
+                let rows = |s: &[__m256i; 4], k: usize| {
+                    let pairs = _mm256_hadd_epi32(s[2 * k], s[2 * k + 1]);
+                    _mm256_permute4x64_epi64::<0b11_01_10_00>(pairs)
+                };
+                let halves = if SPLIT { 2 } else { 1 };
+                for ((sums, acc), &j) in sums.iter().zip(acc.iter_mut()).zip(&js) {
+                    let dx = _mm256_set1_ps(x.d[j]);
+                    for (half, s) in sums.iter().enumerate().take(halves) {
+                        let offset = if SPLIT {
+                            x.s32_halves[j][half] >> w.kind().half_shift()
+                        } else if NIB && !LUT {
+                            0
                         } else {
-                            _mm256_cvtph_ps(_mm_loadu_si128(scales.add(half * TILE + 8 * k).cast()))
+                            x.s128[j]
                         };
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *a);
-                        if NIB && !SPLIT && !LUT {
-                            let m = if SUPER {
-                                stash[2 * jb + 1][k]
+                        for (k, a) in acc.iter_mut().enumerate() {
+                            let isum = _mm256_add_epi32(rows(s, k), _mm256_set1_epi32(offset));
+                            let d = if SUPER {
+                                stash[2 * jb + half][k]
                             } else {
-                                _mm256_cvtph_ps(_mm_loadu_si128(scales.add(TILE + 8 * k).cast()))
+                                _mm256_cvtph_ps(_mm_loadu_si128(
+                                    scales.add(half * TILE + 8 * k).cast(),
+                                ))
                             };
-                            *a = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sd[j]), *a);
+                            *a =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *a);
+                            if NIB && !SPLIT && !LUT {
+                                let m = if SUPER {
+                                    stash[2 * jb + 1][k]
+                                } else {
+                                    _mm256_cvtph_ps(_mm_loadu_si128(
+                                        scales.add(TILE + 8 * k).cast(),
+                                    ))
+                                };
+                                *a = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sd[j]), *a);
+                            }
                         }
                     }
                 }

@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::mask;
-use super::int8_avx2::{Line2, Stash2, crumb_pair, nibble_line, stash_period};
+use super::int8_avx2::{Line2, Stash2, crumb_pair, nibble_line, radix_sum, stash_period};
 use crate::cpu::int8::Int8Kernels;
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
 use crate::cpu::int8::packed::{PackedMatrix, QK, QuantLayout, ScaleLayout, TILE};
@@ -230,82 +230,92 @@ unsafe fn kernel<
     // SAFETY: `table` holds 16 bytes.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[[_mm256_setzero_ps(); 2]; C]; R];
-    // SAFETY (whole body): tile c's block b lies at starts[c] + (b / per) · period +
-    // (b % per) · step bytes, its period's scales and codes (b / per) · period bytes from
-    // theirs, inside `w`; row r's block b is entry xs[r] + b of `x`'s vectors.
+    // SAFETY (whole body): tile c's block b = p · per + jb lies at starts[c] + p · period +
+    // jb · step bytes, its period's scales and codes p · period bytes from theirs, inside
+    // `w`; row r's block b is entry xs[r] + b of `x`'s vectors.
     unsafe {
-        for b in 0..w.blocks() {
-            let (p, jb) = (b / per, b % per);
-            let lines: [*const u8; C] =
-                std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
-            let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(p * period));
-            if SUPER && jb == 0 {
+        for p in 0..w.blocks() / per {
+            if SUPER {
                 for c in 0..C {
                     stash[c] = stash_period::<false>(codes[c], starts[c].1, p * period);
                 }
             }
-            // Per (row, tile, register): against the high digits, and against the low ones
-            // (which start from the offset of unsigned quants, where there is one).
-            let mut sa = [[[_mm256_setzero_si256(); 2]; C]; R];
-            let mut sb = sa;
-            if !Q4 || LUT {
-                for (r, s) in sb.iter_mut().enumerate() {
-                    *s = [[_mm256_set1_epi32(x.s128[xs[r] + b]); 2]; C];
-                }
-            }
-            let mut add = |c: usize, v: Line2, g: usize| {
-                for r in 0..R {
-                    let (hg, lg) = (group(xq, xs[r] + b, g), group(xl, xs[r] + b, g));
-                    for k in 0..2 {
-                        sa[r][c][k] = _mm256_dpbusd_avx_epi32(sa[r][c][k], v[k], hg);
-                        sb[r][c][k] = _mm256_dpbusd_avx_epi32(sb[r][c][k], v[k], lg);
+            for jb in 0..per {
+                let b = p * per + jb;
+                let lines: [*const u8; C] =
+                    std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
+                let scales: [*const u16; C] =
+                    std::array::from_fn(|c| starts[c].1.byte_add(p * period));
+                // Per (row, tile, register): against the high digits, and against the low ones
+                // (which start from the offset of unsigned quants, where there is one).
+                let mut sa = [[[_mm256_setzero_si256(); 2]; C]; R];
+                let mut sb = sa;
+                if !Q4 || LUT {
+                    for (r, s) in sb.iter_mut().enumerate() {
+                        *s = [[_mm256_set1_epi32(x.s128[xs[r] + b]); 2]; C];
                     }
                 }
-            };
-            if Q4 {
-                for h in 0..QK / 8 {
-                    for (c, &l) in lines.iter().enumerate() {
-                        let (mut lo, mut hi) = nibble_line::<HIGH>(l, h);
-                        if LUT {
-                            lo = lo.map(|v| _mm256_shuffle_epi8(table, v));
-                            hi = hi.map(|v| _mm256_shuffle_epi8(table, v));
+                let mut add = |c: usize, v: Line2, g: usize| {
+                    for r in 0..R {
+                        let (hg, lg) = (group(xq, xs[r] + b, g), group(xl, xs[r] + b, g));
+                        for k in 0..2 {
+                            sa[r][c][k] = _mm256_dpbusd_avx_epi32(sa[r][c][k], v[k], hg);
+                            sb[r][c][k] = _mm256_dpbusd_avx_epi32(sb[r][c][k], v[k], lg);
                         }
-                        add(c, lo, h);
-                        add(c, hi, h + QK / 8);
+                    }
+                };
+                if Q4 {
+                    for h in 0..QK / 8 {
+                        for (c, &l) in lines.iter().enumerate() {
+                            let (mut lo, mut hi) = nibble_line::<HIGH>(l, h);
+                            if LUT {
+                                lo = lo.map(|v| _mm256_shuffle_epi8(table, v));
+                                hi = hi.map(|v| _mm256_shuffle_epi8(table, v));
+                            }
+                            add(c, lo, h);
+                            add(c, hi, h + QK / 8);
+                        }
+                    }
+                } else {
+                    for g in 0..QK / 4 {
+                        for (c, &l) in lines.iter().enumerate() {
+                            let p: Line2 =
+                                [0, 32].map(|o| _mm256_loadu_si256(l.add(64 * g + o).cast()));
+                            add(c, p, g);
+                        }
                     }
                 }
-            } else {
-                for g in 0..QK / 4 {
-                    for (c, &l) in lines.iter().enumerate() {
-                        let p: Line2 =
-                            [0, 32].map(|o| _mm256_loadu_si256(l.add(64 * g + o).cast()));
-                        add(c, p, g);
-                    }
-                }
-            }
-            for r in 0..R {
-                let j = xs[r] + b;
-                let dx = _mm256_set1_ps(x.d[j]);
-                for c in 0..C {
-                    for k in 0..2 {
-                        let d = if SUPER {
-                            stash[c][2 * jb][k]
-                        } else {
-                            _mm256_cvtph_ps(_mm_loadu_si128(scales[c].add(8 * k).cast()))
-                        };
-                        let combined =
-                            _mm256_add_epi32(_mm256_mullo_epi32(sa[r][c][k], radix), sb[r][c][k]);
-                        let isum = _mm256_cvtepi32_ps(combined);
-                        let a = &mut acc[r][c][k];
-                        *a = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, dx), *a);
-                        if Q4 && !LUT {
-                            let m = if SUPER {
-                                stash[c][2 * jb + 1][k]
+                for r in 0..R {
+                    let j = xs[r] + b;
+                    let dx = _mm256_set1_ps(x.d[j]);
+                    for c in 0..C {
+                        for k in 0..2 {
+                            let d = if SUPER {
+                                stash[c][2 * jb][k]
                             } else {
-                                let m = scales[c].add(TILE + 8 * k);
-                                _mm256_cvtph_ps(_mm_loadu_si128(m.cast()))
+                                _mm256_cvtph_ps(_mm_loadu_si128(scales[c].add(8 * k).cast()))
                             };
-                            *a = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sd[j]), *a);
+                            let isum = if Q4 && !LUT {
+                                // No offset: both sums are below 2²⁴.
+                                radix_sum(sa[r][c][k], sb[r][c][k])
+                            } else {
+                                let combined = _mm256_add_epi32(
+                                    _mm256_mullo_epi32(sa[r][c][k], radix),
+                                    sb[r][c][k],
+                                );
+                                _mm256_cvtepi32_ps(combined)
+                            };
+                            let a = &mut acc[r][c][k];
+                            *a = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, dx), *a);
+                            if Q4 && !LUT {
+                                let m = if SUPER {
+                                    stash[c][2 * jb + 1][k]
+                                } else {
+                                    let m = scales[c].add(TILE + 8 * k);
+                                    _mm256_cvtph_ps(_mm_loadu_si128(m.cast()))
+                                };
+                                *a = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sd[j]), *a);
+                            }
                         }
                     }
                 }
@@ -333,48 +343,45 @@ unsafe fn kernel_halves<const CRUMB: bool>(
     let (period, step, per) = (w.period_stride(), w.block_step(), QK_K / QK);
     let (lines0, scales0) = w.tile_start(t);
     let codes0 = w.tile_codes(t);
-    let mut stash: Stash2 = [[_mm256_setzero_ps(); 2]; 2 * QK_K / QK];
     let at = x.at(i, 0);
     let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
     let shift = w.kind().half_shift();
-    let radix = _mm256_set1_epi32(RADIX);
     let mut acc = [[_mm256_setzero_ps(); 2]; 1];
     // SAFETY (whole body): as `kernel` (with super-blocks); `x` has the halves' sums
     // (quantized for a matrix with halves).
     unsafe {
-        for b in 0..w.blocks() {
-            let (p, jb) = (b / per, b % per);
-            let lines = lines0.add(p * period + jb * step);
-            if jb == 0 {
-                stash = stash_period::<true>(codes0, scales0, p * period);
-            }
-            // [half][register]: against the high digits, and against the low ones.
-            let mut sa = [[_mm256_setzero_si256(); 2]; 2];
-            let mut sb = sa;
-            for h in 0..QK / 8 {
-                let (lo, hi) = if CRUMB {
-                    crumb_pair(lines, h)
-                } else {
-                    nibble_line::<2>(lines, h)
-                };
-                for (half, v, g) in [(0, lo, h), (1, hi, h + QK / 8)] {
-                    let (hg, lg) = (group(xq, at + b, g), group(xl, at + b, g));
-                    for k in 0..2 {
-                        sa[half][k] = _mm256_dpbusd_avx_epi32(sa[half][k], v[k], hg);
-                        sb[half][k] = _mm256_dpbusd_avx_epi32(sb[half][k], v[k], lg);
+        for p in 0..w.blocks() / per {
+            let stash: Stash2 = stash_period::<true>(codes0, scales0, p * period);
+            for jb in 0..per {
+                let b = p * per + jb;
+                let lines = lines0.add(p * period + jb * step);
+                // [half][register]: against the high digits, and against the low ones.
+                let mut sa = [[_mm256_setzero_si256(); 2]; 2];
+                let mut sb = sa;
+                for h in 0..QK / 8 {
+                    let (lo, hi) = if CRUMB {
+                        crumb_pair(lines, h)
+                    } else {
+                        nibble_line::<2>(lines, h)
+                    };
+                    for (half, v, g) in [(0, lo, h), (1, hi, h + QK / 8)] {
+                        let (hg, lg) = (group(xq, at + b, g), group(xl, at + b, g));
+                        for k in 0..2 {
+                            sa[half][k] = _mm256_dpbusd_avx_epi32(sa[half][k], v[k], hg);
+                            sb[half][k] = _mm256_dpbusd_avx_epi32(sb[half][k], v[k], lg);
+                        }
                     }
                 }
-            }
-            let dx = _mm256_set1_ps(x.d[at + b]);
-            let s32 = x.s32_halves[at + b].map(|s| s >> shift);
-            for (k, a) in acc[0].iter_mut().enumerate() {
-                for half in 0..2 {
-                    let d = stash[2 * jb + half][k];
-                    let combined = _mm256_add_epi32(
-                        _mm256_add_epi32(_mm256_mullo_epi32(sa[half][k], radix), sb[half][k]),
-                        _mm256_set1_epi32(s32[half]),
-                    );
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(combined), _mm256_mul_ps(d, dx), *a);
+                let dx = _mm256_set1_ps(x.d[at + b]);
+                let s32 = x.s32_halves[at + b].map(|s| s >> shift);
+                for (k, a) in acc[0].iter_mut().enumerate() {
+                    for half in 0..2 {
+                        let d = stash[2 * jb + half][k];
+                        // |sb + s32| ≤ 63 · 127 · 16 + 32 · 32385 · 16 < 2²⁴.
+                        let low = _mm256_add_epi32(sb[half][k], _mm256_set1_epi32(s32[half]));
+                        let isum = radix_sum(sa[half][k], low);
+                        *a = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, dx), *a);
+                    }
                 }
             }
         }
@@ -458,26 +465,30 @@ unsafe fn kernel_rows<
         acc[..rows].fill([[_mm256_setzero_ps(); 2]; 1]);
         // SAFETY (loop): as `kernel`.
         unsafe {
-            for b in 0..w.blocks() {
-                let (p, jb) = (b / per, b % per);
-                let lines = lines0.add(p * period + jb * step);
-                let scales = scales0.byte_add(p * period);
-                if SUPER && jb == 0 {
+            for p in 0..w.blocks() / per {
+                if SUPER {
                     stash = stash_period::<SPLIT>(codes0, scales0, p * period);
                 }
-                let v = unpack::<CRUMB, HIGH>(lines);
-                // The two halves' scales, or the block's scale and minimum.
-                let ds: [[__m256; 2]; 2] = if SUPER {
-                    [stash[2 * jb], stash[2 * jb + 1]]
-                } else {
-                    std::array::from_fn(|s| {
-                        std::array::from_fn(|k| {
-                            _mm256_cvtph_ps(_mm_loadu_si128(scales.add(s * TILE + 8 * k).cast()))
+                for jb in 0..per {
+                    let b = p * per + jb;
+                    let lines = lines0.add(p * period + jb * step);
+                    let scales = scales0.byte_add(p * period);
+                    let v = unpack::<CRUMB, HIGH>(lines);
+                    // The two halves' scales, or the block's scale and minimum.
+                    let ds: [[__m256; 2]; 2] = if SUPER {
+                        [stash[2 * jb], stash[2 * jb + 1]]
+                    } else {
+                        std::array::from_fn(|s| {
+                            std::array::from_fn(|k| {
+                                _mm256_cvtph_ps(_mm_loadu_si128(
+                                    scales.add(s * TILE + 8 * k).cast(),
+                                ))
+                            })
                         })
-                    })
-                };
-                for (r, a) in acc[..rows].iter_mut().enumerate() {
-                    row_block::<SPLIT>(a, x, x.at(i0 + r, b), &v, &ds, shift);
+                    };
+                    for (r, a) in acc[..rows].iter_mut().enumerate() {
+                        row_block::<SPLIT>(a, x, x.at(i0 + r, b), &v, &ds, shift);
+                    }
                 }
             }
             for (r, a) in acc[..rows].iter().enumerate() {
@@ -502,7 +513,6 @@ unsafe fn row_block<const SPLIT: bool>(
     ds: &[[__m256; 2]; 2],
     shift: u32,
 ) {
-    let radix = _mm256_set1_epi32(RADIX);
     // [half][register]: against the high digits, and against the low ones. Without `SPLIT`
     // the halves' sums are added at the end: eight chains of four instead of four of eight.
     let mut sa = [[_mm256_setzero_si256(); 2]; 2];
@@ -523,21 +533,17 @@ unsafe fn row_block<const SPLIT: bool>(
         if SPLIT {
             let s32 = x.s32_halves[j].map(|s| s >> shift);
             for half in 0..2 {
-                let combined = _mm256_add_epi32(
-                    _mm256_add_epi32(_mm256_mullo_epi32(sa[half][k], radix), sb[half][k]),
-                    _mm256_set1_epi32(s32[half]),
-                );
+                let low = _mm256_add_epi32(sb[half][k], _mm256_set1_epi32(s32[half]));
                 let scale = _mm256_mul_ps(ds[half][k], dx);
-                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(combined), scale, *a);
+                *a = _mm256_fmadd_ps(radix_sum(sa[half][k], low), scale, *a);
             }
         } else {
             let (a0, b0) = (
                 _mm256_add_epi32(sa[0][k], sa[1][k]),
                 _mm256_add_epi32(sb[0][k], sb[1][k]),
             );
-            let combined = _mm256_add_epi32(_mm256_mullo_epi32(a0, radix), b0);
             let scale = _mm256_mul_ps(ds[0][k], dx);
-            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(combined), scale, *a);
+            *a = _mm256_fmadd_ps(radix_sum(a0, b0), scale, *a);
             *a = _mm256_fmadd_ps(ds[1][k], _mm256_set1_ps(x.sd[j]), *a);
         }
     }

@@ -138,8 +138,9 @@ impl PackedKind {
         }
     }
 
-    /// Bytes that start each period of one lane: its tiles' codes, then their f16 scales (a
-    /// whole number of lines, so every quant line stays aligned).
+    /// Bytes of one period of one lane's codes, then its f16 scales (a whole number of
+    /// lines, so every quant line stays aligned): after a block's quants, before a
+    /// super-block's.
     pub(crate) const fn lane_header_bytes(self) -> usize {
         LANE_TILES * (self.code_bytes() + 2 * self.scales())
     }

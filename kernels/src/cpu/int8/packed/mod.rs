@@ -47,8 +47,9 @@
 //!
 //! Tiles come in groups of four (64 rows), which the decode kernel reads together. A group
 //! is two lanes of two tiles; a lane stores period after period (a block, or a K-quant's
-//! super-block of eight), and one period of a lane is one contiguous stretch: its two tiles'
-//! codes and scales, then block after block the two tiles' lines. The matrix stores lane 0 of
+//! super-block of eight), and one period of a lane is one contiguous stretch: a block's two
+//! tiles' lines, then their scales; or a super-block's two tiles' codes and scales, then
+//! block after block the two tiles' lines. The matrix stores lane 0 of
 //! every group, group after group, then lane 1 of every group. So a GEMV thread, which takes
 //! consecutive groups, reads two sequential streams from its first group to its last: a core
 //! keeps too few of its own loads in flight to reach the memory's bandwidth on one stream,
@@ -135,11 +136,16 @@ impl PackedMatrix {
     fn offsets_in_stretch(kind: PackedKind, c: usize, b: usize) -> Offsets {
         let (period, in_period) = (b / kind.period_blocks(), b % kind.period_blocks());
         let base = period * kind.lane_period_bytes();
-        let blocks = base + kind.lane_header_bytes() + in_period * LANE_TILES * kind.quant_bytes();
+        let quants = LANE_TILES * kind.quant_bytes();
+        // A block's scales follow its quants; a super-block's header leads its blocks.
+        let (header, blocks) = match kind.scale_layout() {
+            ScaleLayout::Blocks => (base + quants, base),
+            _ => (base, base + kind.lane_header_bytes() + in_period * quants),
+        };
         Offsets {
             quants: blocks + c * kind.quant_bytes(),
-            scales: base + LANE_TILES * kind.code_bytes() + c * 2 * kind.scales(),
-            codes: base + c * kind.code_bytes(),
+            scales: header + LANE_TILES * kind.code_bytes() + c * 2 * kind.scales(),
+            codes: header + c * kind.code_bytes(),
         }
     }
 
