@@ -207,7 +207,11 @@ fn k_quant_rows_unpack_to_the_dequantization() {
         dequantize_row_iq4_xs,
         |b, e| b.sub_scale(e / QK).abs() * 127.0 * half_step + 2f32.powi(-24) * 127.0,
     );
-    // K-quant scales are exact in f32 whatever their size; only non-finite ones are refused.
+}
+
+#[test]
+fn k_quant_scales_are_refused_only_when_not_finite() {
+    // Exact in f32 whatever their size.
     let mut huge = BlockQ4K {
         d: f16::from_f32(60000.0),
         dmin: f16::ZERO,
