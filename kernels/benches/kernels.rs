@@ -5,12 +5,14 @@
 //! The kernels are the dispatched ones (`TESSERA_CPU_KERNELS` picks a level) on rayon's
 //! pool (`RAYON_NUM_THREADS`).
 //!
-//! - **GEMV** (`m = 1`, decode): `linear_weights` per weight format, as GB/s of weight bytes
-//!   read (`WeightMatrix::storage_bytes`) and % of the measured memory read bandwidth with the
-//!   pool's threads. Each call reads a different copy of the matrix, cycling through copies
-//!   that together exceed the last-level cache (`TESSERA_BENCH_COLD_MIB`, default 256), so
-//!   the weights come from DRAM as in a real decode step; the `hot GB/s` column repeats one
-//!   matrix (cache-resident: the kernel's compute limit).
+//! - **GEMV** (`m = 1`, decode): `linear_weights` per weight format, as GB/s of the file's
+//!   weight bytes (`WeightMatrix::storage_bytes`) and % of the measured memory read bandwidth
+//!   with the pool's threads, and as GB/s of the bytes held in memory and read (`held GB/s`,
+//!   `WeightMatrix::resident_bytes`: repacked int8 tiles may differ from the file). Each call
+//!   reads a different copy of the matrix, cycling through copies that together exceed the
+//!   last-level cache (`TESSERA_BENCH_COLD_MIB`, default 256), so the weights come from DRAM
+//!   as in a real decode step; the `hot GB/s` column repeats one matrix (cache-resident: the
+//!   kernel's compute limit).
 //! - **GEMM** (`m = 16, 128, 512`: batched decode, prefill): GFLOP/s (`2·m·n·k`) and % of the
 //!   measured f32 FMA peak with the pool's threads (the kernels widen every format to f32).
 //!   `-int8` rows are the int8 dot-product kernels (count their work against the int8 peak);
@@ -196,6 +198,8 @@ struct Row {
     ms: f64,
     /// Weight (or K/V) bytes per second, and as a fraction of the bandwidth.
     gbs: Option<f64>,
+    /// Weight bytes as held in memory per second.
+    held_gbs: Option<f64>,
     hot_gbs: Option<f64>,
     flops: f64,
 }
@@ -213,20 +217,21 @@ fn print_table(limits: &machine::Limits, rows: &[Row]) {
         peak / 1e9,
     );
     println!(
-        "{:<40} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6}",
-        "kernel", "ms", "GB/s", "%BW", "hot GB/s", "GFLOP/s", "%peak"
+        "{:<40} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>6}",
+        "kernel", "ms", "GB/s", "%BW", "held GB/s", "hot GB/s", "GFLOP/s", "%peak"
     );
-    println!("{}", "-".repeat(94));
+    println!("{}", "-".repeat(104));
     let opt = |v: Option<f64>, w: usize, p: usize| {
         v.map_or_else(|| format!("{:>w$}", "-"), |v| format!("{v:>w$.p$}"))
     };
     for r in rows {
         println!(
-            "{:<40} {:>9.4} {} {} {} {:>9.1} {:>6.1}",
+            "{:<40} {:>9.4} {} {} {} {} {:>9.1} {:>6.1}",
             r.name,
             r.ms,
             opt(r.gbs.map(|g| g / 1e9), 9, 1),
             opt(r.gbs.map(|g| 100.0 * g / bw), 6, 1),
+            opt(r.held_gbs.map(|g| g / 1e9), 9, 1),
             opt(r.hot_gbs.map(|g| g / 1e9), 9, 1),
             r.flops / 1e9,
             100.0 * r.flops / peak,
@@ -310,7 +315,7 @@ fn linear_rows(
             }
             let w = random_matrix(format, n, k, 10 + si as u64);
             let w = if int8 { w.into_int8() } else { w };
-            let bytes = w.storage_bytes();
+            let (bytes, held) = (w.storage_bytes(), w.resident_bytes());
             for (m, name) in names {
                 let x = random(m * k, 2);
                 let mut out = vec![0f32; m * n];
@@ -324,13 +329,14 @@ fn linear_rows(
                         name,
                         ms: hot * 1e3,
                         gbs: None,
+                        held_gbs: None,
                         hot_gbs: None,
                         flops: flop / hot,
                     });
                     continue;
                 }
                 // Decode: cycle through copies that do not fit in the caches.
-                let copies: Vec<WeightMatrix> = (0..cold_bytes.div_ceil(bytes).max(2))
+                let copies: Vec<WeightMatrix> = (0..cold_bytes.div_ceil(held).max(2))
                     .map(|_| w.clone())
                     .collect();
                 let sweep = time_kernel(budget, || {
@@ -344,6 +350,7 @@ fn linear_rows(
                     name,
                     ms: s * 1e3,
                     gbs: Some(bytes as f64 / s),
+                    held_gbs: Some(held as f64 / s),
                     hot_gbs: Some(bytes as f64 / hot),
                     flops: flop / s,
                 });
@@ -428,6 +435,7 @@ fn attention_rows(shape: &ModelShape, budget: Duration, wanted: &dyn Fn(&str) ->
             name,
             ms: s * 1e3,
             gbs: (rows_per_seq == 1).then_some(kv_bytes / s),
+            held_gbs: None,
             hot_gbs: None,
             flops: flop / s,
         });
@@ -461,6 +469,7 @@ fn packing_rows(wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
             name: format!("{name} ({:.2} ns/value)", best * 1e9 / (n * k) as f64),
             ms: best * 1e3,
             gbs: Some(w.storage_bytes() as f64 / best),
+            held_gbs: None,
             hot_gbs: None,
             flops: 0.0,
         });

@@ -264,10 +264,9 @@ fn other_block_formats_and_mixes_run_end_to_end() {
 
 /// SmolLM2's `down_proj` rows (1536 values) are whole super-blocks of 256, so they can be
 /// K-quants, as in llama.cpp's `Q4_K_M` files (`Q4_K`, and `Q6_K` in half the layers): the
-/// loaded model then multiplies those through the K-quant kernels. Int8 products agree with
-/// exact f32 less closely than for the other formats, with greedy tokens still equal: the
-/// repacked sub-block scales are rounded to f16. (The encoders' rounding is checked against
-/// the dequantizers first.)
+/// loaded model then multiplies those through the K-quant kernels, which hold the file's
+/// scales and apply them exactly. (The encoders' rounding is checked against the
+/// dequantizers first.)
 #[test]
 fn k_quant_down_projections_run_end_to_end() {
     let Some(path) = smollm2_gguf() else { return };
@@ -553,8 +552,8 @@ fn int8_agrees_with_exact(files: &ModelFiles, dtype: &str, label: &str) -> [Mode
         "{label}: int8 vs exact f32, teacher-forced over {positions} positions: max |Δlogit| \
          {worst:.4}, {ties} argmax differences (all at near ties)"
     );
-    // Two-digit activations and the K-quants' f16 sub-block scales move logits by a fraction of
-    // one; activations of one digit, or a broken kernel, move them by whole units.
+    // Two-digit activations move logits by a fraction of one; activations of one digit, or a
+    // broken kernel, move them by whole units.
     assert!(
         worst < 0.5,
         "int8 logits differ from exact f32 by up to {worst}"

@@ -34,6 +34,8 @@ const INNER_LOOPS: &[(&str, &str)] = &[
     ("kernels/src/cpu/arch/x86_64/int8.rs", "kernel"),
     // The AVX2 int8 matmul micro-kernel: R rows by one tile over every block.
     ("kernels/src/cpu/arch/x86_64/int8_avx2.rs", "tile_rows"),
+    // The AVX-VNNI int8 matmul micro-kernel: R rows by C tiles over every block.
+    ("kernels/src/cpu/arch/x86_64/int8_avxvnni.rs", "kernel"),
     // The flash-attention tile loop: scores, online softmax and `p · V` for one partition.
     ("kernels/src/cpu/attention/flash.rs", "attend_partition"),
 ];

@@ -254,8 +254,7 @@ mod tests {
     use half::f16;
     use rand::{Rng, SeedableRng};
 
-    /// A random packed matrix and its dequantized f32 values (for `Q4_K`, with the packed
-    /// sub-block scales: what the integer products multiply).
+    /// A random packed matrix and its dequantized f32 values.
     fn random_packed(
         rng: &mut impl Rng,
         kind: PackedKind,
@@ -462,10 +461,12 @@ mod tests {
     }
 
     /// (m, k, n): n not a multiple of 16 or 64, m with tails of the 4-row kernel.
-    const SHAPES: [(usize, usize, usize); 9] = [
+    const SHAPES: [(usize, usize, usize); 10] = [
         (1, 32, 1),
         (1, 64, 16),
         (1, 576, 67),
+        // Decode over whole groups and eight K-quant super-blocks.
+        (1, 2048, 130),
         (2, 96, 300),
         (3, 160, 17),
         (5, 576, 129),

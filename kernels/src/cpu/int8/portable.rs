@@ -7,11 +7,11 @@
 //! `128 · Σ (254 h + l)` off `isum`.
 //! `Q6_K` instead takes each 16-value half of the block in turn: `isum` over the half, less
 //! `32 · Σ (254 h + l)` of the half (`Q3_K`: `4 ·`), then `acc = fma(isum, d_half · d_x, acc)`.
+//! `d_w` and `m_w` are `PackedMatrix::block_scales`: f16 scales widened, or for the K-quants
+//! the exact f32 products of the super-block's f16 scale and a row's code.
 //! Integer sums are exact whatever order a SIMD level adds them in, so only this sequence
 //! of f32 operations matters, and it does not depend on the batch.
 #![allow(unsafe_code)]
-
-use half::f16;
 
 use super::activations::{QuantizedRows, RADIX};
 use super::packed::{PackedKind, PackedMatrix, QK, TILE};
@@ -86,7 +86,7 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
             for r in 0..TILE {
                 for (half, &s32) in x.s32_halves[j].iter().enumerate() {
                     let isum = RADIX * sh[half][r] + sl[half][r] + (s32 >> shift);
-                    let scale = f16::from_bits(scales[half * TILE + r]).to_f32() * x.d[j];
+                    let scale = scales[half][r] * x.d[j];
                     acc[r] = (isum as f32).mul_add(scale, acc[r]);
                 }
             }
@@ -95,12 +95,10 @@ pub(crate) fn tile_row(w: &PackedMatrix, t: usize, x: &QuantizedRows, i: usize) 
         let offset = if w.kind().offset_128() { x.s128[j] } else { 0 };
         let isum: [i32; TILE] = std::array::from_fn(|r| RADIX * sh[0][r] + sl[0][r] + offset);
         for r in 0..TILE {
-            let scale = f16::from_bits(scales[r]).to_f32() * x.d[j];
+            let scale = scales[0][r] * x.d[j];
             acc[r] = (isum[r] as f32).mul_add(scale, acc[r]);
             if w.kind().has_min() {
-                acc[r] = f16::from_bits(scales[TILE + r])
-                    .to_f32()
-                    .mul_add(x.sd[j], acc[r]);
+                acc[r] = scales[1][r].mul_add(x.sd[j], acc[r]);
             }
         }
     }

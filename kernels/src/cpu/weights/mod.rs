@@ -213,12 +213,23 @@ impl WeightMatrix {
         }
     }
 
-    /// Bytes the values occupy in memory.
+    /// Bytes the values occupy in the file's format (the format's bytes per block).
     pub fn storage_bytes(&self) -> usize {
         if let Data::Stack(parts) = &self.data {
             return parts.iter().map(Self::storage_bytes).sum();
         }
         self.rows * (self.cols / self.format().block_elements()) * self.format().block_bytes()
+    }
+
+    /// Bytes the values take in memory as held, which a product reads: those of
+    /// [`Self::storage_bytes`], but for matrices repacked for int8 products, whose tiles
+    /// (padding rows included) may differ from the file.
+    pub fn resident_bytes(&self) -> usize {
+        match &self.data {
+            Data::Stack(parts) => parts.iter().map(Self::resident_bytes).sum(),
+            Data::Packed(p) => p.packed_bytes(),
+            _ => self.storage_bytes(),
+        }
     }
 
     /// The values of a bf16 matrix as stored (row after row); `None` for other formats.

@@ -8,7 +8,7 @@ impl WeightMatrix {
     /// (`cpu::int8`) when it is in a GGUF block format but `Q2_K` (whose per-16 minimums the
     /// int8 kernels do not take); that and the float formats are returned unchanged. Products
     /// are then faster, but no longer bit-identical to f32 over the dequantized matrix (and
-    /// the K-quants' and `IQ4_XS`'s sub-block scales are rounded to f16).
+    /// `IQ4_XS`'s sub-block scales are rounded to f16).
     pub fn into_int8(self) -> Self {
         let data = match self.data {
             Data::Q8_0(v) => Data::Packed(PackedMatrix::from_q8_0(self.rows, self.cols, &v)),

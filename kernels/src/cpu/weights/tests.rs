@@ -279,8 +279,8 @@ fn every_level_gives_rows_that_do_not_depend_on_batch() {
 
 #[test]
 fn k_quants_repack_for_int8_products_close_to_exact_ones() {
-    // The K-quants take the integer path (sub-block scales rounded to f16, activations to
-    // two 8-bit digits: well under 1e-3 of the products' magnitude).
+    // The K-quants take the integer path (activations rounded to two 8-bit digits: well
+    // under 1e-3 of the products' magnitude).
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
     for format in [WeightFormat::Q4K, WeightFormat::Q5K, WeightFormat::Q6K] {
         for &(m, k, n) in shapes(format) {
@@ -289,6 +289,9 @@ fn k_quants_repack_for_int8_products_close_to_exact_ones() {
             assert_eq!(int8.format(), format);
             assert!(int8.is_int8(), "{format:?}");
             assert_eq!(int8.storage_bytes(), exact.storage_bytes());
+            // The file's bytes per row, for every row of the padded tiles.
+            let padded = exact.storage_bytes() / n * n.next_multiple_of(64);
+            assert_eq!(int8.resident_bytes(), padded, "{format:?}");
             let x = random(&mut rng, m * k);
             let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
             linear_weights(&x, &exact, None, m, &mut want);

@@ -7,9 +7,11 @@
 
 use std::arch::x86_64::*;
 
+use super::int8_avx2::{BYTE_OF_LANE, MAGIC, MAGIC_BITS};
 use crate::cpu::int8::Int8Kernels;
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{GROUP, PackedMatrix, QK, QuantLayout, TILE};
+use crate::cpu::int8::packed::{GROUP, PackedMatrix, QK, QuantLayout, ScaleLayout, TILE};
+use crate::quant::QK_K;
 
 /// Whether the CPU has what [`AVX512_VNNI`] uses.
 pub(crate) fn avx512_vnni_supported() -> bool {
@@ -86,14 +88,16 @@ unsafe fn tiles_avx512(
     // SAFETY: the table is only handed out after detection; contract forwarded.
     unsafe {
         match w.kind().layout() {
-            QuantLayout::Bytes => tiles_vnni::<false, 0, false>(w, t0, nt, x, out, ldo),
-            QuantLayout::Nibbles { fifth_bit: false } => {
-                tiles_vnni::<true, 0, false>(w, t0, nt, x, out, ldo)
+            QuantLayout::Bytes => tiles_vnni::<false, 0, false, false>(w, t0, nt, x, out, ldo),
+            QuantLayout::Nibbles { fifth_bit } => {
+                match (fifth_bit, w.kind().scale_layout() == ScaleLayout::SuperMins) {
+                    (false, false) => tiles_vnni::<true, 0, false, false>(w, t0, nt, x, out, ldo),
+                    (false, true) => tiles_vnni::<true, 0, false, true>(w, t0, nt, x, out, ldo),
+                    (true, false) => tiles_vnni::<true, 1, false, false>(w, t0, nt, x, out, ldo),
+                    (true, true) => tiles_vnni::<true, 1, false, true>(w, t0, nt, x, out, ldo),
+                }
             }
-            QuantLayout::Nibbles { fifth_bit: true } => {
-                tiles_vnni::<true, 1, false>(w, t0, nt, x, out, ldo)
-            }
-            QuantLayout::Table => tiles_vnni::<true, 0, true>(w, t0, nt, x, out, ldo),
+            QuantLayout::Table => tiles_vnni::<true, 0, true, false>(w, t0, nt, x, out, ldo),
             QuantLayout::Halves { crumbs: false } => tiles_q6::<false>(w, t0, nt, x, out, ldo),
             QuantLayout::Halves { crumbs: true } => tiles_q6::<true>(w, t0, nt, x, out, ldo),
         }
@@ -101,7 +105,7 @@ unsafe fn tiles_avx512(
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool>(
+unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool, const SUPER: bool>(
     w: &PackedMatrix,
     t0: usize,
     nt: usize,
@@ -119,15 +123,15 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool>(
             // independent chains hide latency), single tiles up to the first group and after
             // the last.
             while t < t0 + nt && !t.is_multiple_of(GROUP) {
-                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                kernel::<Q4, HIGH, LUT, SUPER, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
                 t += 1;
             }
             while t + GROUP <= t0 + nt {
-                kernel::<Q4, HIGH, LUT, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                kernel::<Q4, HIGH, LUT, SUPER, 1, GROUP>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
                 t += GROUP;
             }
             while t < t0 + nt {
-                kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
+                kernel::<Q4, HIGH, LUT, SUPER, 1, 1>(w, t, x, 0, out.add((t - t0) * TILE), ldo);
                 t += 1;
             }
         } else {
@@ -139,17 +143,17 @@ unsafe fn tiles_vnni<const Q4: bool, const HIGH: usize, const LUT: bool>(
                 let mut i = 0;
                 while i + 4 <= m {
                     if pair {
-                        kernel::<Q4, HIGH, LUT, 4, 2>(w, t, x, i, o.add(i * ldo), ldo);
+                        kernel::<Q4, HIGH, LUT, SUPER, 4, 2>(w, t, x, i, o.add(i * ldo), ldo);
                     } else {
-                        kernel::<Q4, HIGH, LUT, 4, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                        kernel::<Q4, HIGH, LUT, SUPER, 4, 1>(w, t, x, i, o.add(i * ldo), ldo);
                     }
                     i += 4;
                 }
                 while i < m {
                     if pair {
-                        kernel::<Q4, HIGH, LUT, 1, 2>(w, t, x, i, o.add(i * ldo), ldo);
+                        kernel::<Q4, HIGH, LUT, SUPER, 1, 2>(w, t, x, i, o.add(i * ldo), ldo);
                     } else {
-                        kernel::<Q4, HIGH, LUT, 1, 1>(w, t, x, i, o.add(i * ldo), ldo);
+                        kernel::<Q4, HIGH, LUT, SUPER, 1, 1>(w, t, x, i, o.add(i * ldo), ldo);
                     }
                     i += 1;
                 }
@@ -240,6 +244,82 @@ unsafe fn crumb_half(lines: *const u8, h: usize, half: usize) -> __m512i {
     }
 }
 
+/// A K-quant tile's f32 scales of one super-block, as `PackedMatrix::block_scales` gives
+/// them: block `j`'s two at `2 j` and `2 j + 1`.
+type Stash = [__m512; 2 * QK_K / QK];
+
+/// `Q4_K`/`Q5_K`'s stash from a tile's period (`codes`, `scales`: its codes and f16 scales):
+/// ggml's `scales_mins_k4` masks on every row's words at once, then each code times `d` or
+/// `-dmin` (exact; a zero as +0).
+///
+/// # Safety
+/// `codes` and `scales` point at a period of a tile of such a matrix.
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+#[inline]
+unsafe fn stash_mins(codes: *const u8, scales: *const u16) -> Stash {
+    let (low6, low4, bits45) = (
+        _mm512_set1_epi8(0x3F),
+        _mm512_set1_epi8(0x0F),
+        _mm512_set1_epi8(0x30),
+    );
+    // SAFETY: the caller vouches for the three lines of codes and the 32 scales.
+    let (w, d, nm) = unsafe {
+        let w: [__m512i; 3] = std::array::from_fn(|k| _mm512_load_si512(codes.add(64 * k).cast()));
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(scales.cast()));
+        let nm = _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(TILE).cast()));
+        (w, d, nm)
+    };
+    let high = |v: __m512i| _mm512_and_si512(_mm512_srli_epi32::<2>(v), bits45);
+    // Bytes i of each lane: sub-block i's (i + 4's) scale, and minimum.
+    let sc = [
+        _mm512_and_si512(w[0], low6),
+        _mm512_or_si512(_mm512_and_si512(w[2], low4), high(w[0])),
+    ];
+    let m = [
+        _mm512_and_si512(w[1], low6),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32::<4>(w[2]), low4),
+            high(w[1]),
+        ),
+    ];
+    // A code into the bottom byte of 2²³'s bits is the f32 `2²³ + code`; times `d`, plus the
+    // exact `-2²³ · d`, it is `code · d` exactly (a zero as +0), in one shuffle and one FMA.
+    let magic = _mm512_set1_epi32(MAGIC_BITS as i32);
+    let bottom = _cvtu64_mask64(0x1111_1111_1111_1111);
+    let less = |s: __m512| _mm512_mul_ps(s, _mm512_set1_ps(-MAGIC));
+    let (dl, nml) = (less(d), less(nm));
+    let mut out = [_mm512_setzero_ps(); 2 * QK_K / QK];
+    for (i, control) in BYTE_OF_LANE.iter().enumerate() {
+        // SAFETY: the control holds 64 bytes.
+        let pick = unsafe { _mm512_loadu_si512(control.as_ptr().cast()) };
+        let code =
+            |v: __m512i| _mm512_castsi512_ps(_mm512_mask_shuffle_epi8(magic, bottom, v, pick));
+        for half in 0..2 {
+            let j = i + 4 * half;
+            out[2 * j] = _mm512_fmadd_ps(code(sc[half]), d, dl);
+            out[2 * j + 1] = _mm512_fmadd_ps(code(m[half]), nm, nml);
+        }
+    }
+    out
+}
+
+/// `Q6_K`/`Q3_K`'s stash from a tile's period: each signed scale times `d` (exact).
+///
+/// # Safety
+/// `codes` and `scales` point at a period of a tile of such a matrix.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn stash_halves(codes: *const u8, scales: *const u16) -> Stash {
+    // SAFETY: the caller vouches for the four lines of codes and the 16 scales.
+    unsafe {
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(scales.cast()));
+        std::array::from_fn(|s| {
+            let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(codes.add(TILE * s).cast()));
+            _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc))
+        })
+    }
+}
+
 /// Writes `acc[r][c]` at `out[r * ldo + c * 16 + lane]` for tile `t + c`'s valid lanes.
 ///
 /// # Safety
@@ -281,6 +361,7 @@ unsafe fn kernel<
     const Q4: bool,
     const HIGH: usize,
     const LUT: bool,
+    const SUPER: bool,
     const R: usize,
     const C: usize,
 >(
@@ -292,8 +373,17 @@ unsafe fn kernel<
     ldo: usize,
 ) {
     let blocks = w.blocks();
-    let stride = w.block_stride();
+    let (period, step) = (w.period_stride(), w.block_step());
+    let per = if SUPER { QK_K / QK } else { 1 };
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
+    let codes: [*const u8; C] = std::array::from_fn(|c| {
+        if SUPER {
+            w.tile_codes(t + c)
+        } else {
+            std::ptr::null()
+        }
+    });
+    let mut stash = [[_mm512_setzero_ps(); 2 * QK_K / QK]; C];
     let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
     let (xq, xl) = (x.q.as_ptr(), x.q_lo.as_ptr());
     let (xd, xsd, x128) = (x.d.as_ptr(), x.sd.as_ptr(), x.s128.as_ptr());
@@ -302,83 +392,111 @@ unsafe fn kernel<
     // SAFETY: `table` holds 16 bytes.
     let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    // SAFETY (whole body): tile c's block b lies at starts[c] + b · stride bytes, inside `w`
-    // for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and
-    // 32 quants from 32 · that).
+    // SAFETY (whole body): tile c's block b = p · per + jb lies at starts[c] + p · period +
+    // jb · step bytes, its period's scales and codes p · period bytes from theirs, inside `w`
+    // for b < blocks; row r's block b is entry xs[r] + b of `x`'s vectors (and 32 quants
+    // from 32 · that).
     unsafe {
-        for b in 0..blocks {
-            let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));
-            let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
-            // Two integer chains per (row, tile): against the high and the low digits.
-            let mut sa = [[_mm512_setzero_si512(); C]; R];
-            let mut sb_ = [[_mm512_setzero_si512(); C]; R];
-            if !Q4 || LUT {
-                for (r, s) in sb_.iter_mut().enumerate() {
-                    *s = [_mm512_set1_epi32(*x128.add(xs[r] + b)); C];
-                }
-            }
-            let xg = |digits: *const i8, r: usize, g: usize| {
-                _mm512_set1_epi32(
-                    digits
-                        .add((xs[r] + b) * QK + 4 * g)
-                        .cast::<i32>()
-                        .read_unaligned(),
-                )
-            };
-            if Q4 {
-                for h in 0..QK / 8 {
-                    let mut lo = [_mm512_setzero_si512(); C];
-                    let mut hi = [_mm512_setzero_si512(); C];
-                    for c in 0..C {
-                        (lo[c], hi[c]) = nibble_line::<HIGH>(lines[c], h);
-                        if LUT {
-                            lo[c] = _mm512_shuffle_epi8(table, lo[c]);
-                            hi[c] = _mm512_shuffle_epi8(table, hi[c]);
-                        }
-                    }
-                    for r in 0..R {
-                        let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
-                        let (l0, l1) = (xg(xl, r, h), xg(xl, r, h + QK / 8));
-                        for c in 0..C {
-                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], lo[c], h0);
-                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], lo[c], l0);
-                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], hi[c], h1);
-                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], hi[c], l1);
-                        }
-                    }
-                }
-            } else {
-                for g in 0..QK / 4 {
-                    let p: [__m512i; C] =
-                        std::array::from_fn(|c| _mm512_load_si512(lines[c].add(64 * g).cast()));
-                    for r in 0..R {
-                        let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
-                        for c in 0..C {
-                            sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], p[c], hg);
-                            sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], p[c], lg);
-                        }
-                    }
-                }
-            }
-            let dw: [__m512; C] =
-                std::array::from_fn(|c| _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].cast())));
-            let mw: [__m512; C] = std::array::from_fn(|c| {
-                if Q4 && !LUT {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(TILE).cast()))
-                } else {
-                    _mm512_setzero_ps()
-                }
-            });
-            for r in 0..R {
-                let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
-                let sdx = _mm512_set1_ps(*xsd.add(xs[r] + b));
+        for p in 0..blocks / per {
+            let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(p * period));
+            if SUPER {
                 for c in 0..C {
-                    let combined = _mm512_add_epi32(_mm512_mullo_epi32(sa[r][c], radix), sb_[r][c]);
-                    let isum = _mm512_cvtepi32_ps(combined);
-                    let scale = _mm512_mul_ps(dw[c], dx);
-                    acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
-                    if Q4 && !LUT {
-                        acc[r][c] = _mm512_fmadd_ps(mw[c], sdx, acc[r][c]);
+                    stash[c] = stash_mins(codes[c].add(p * period), scales[c]);
+                }
+            }
+            for jb in 0..per {
+                let b = p * per + jb;
+                let lines: [*const u8; C] =
+                    std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
+                // Two integer chains per (row, tile): against the high and the low digits.
+                let mut sa = [[_mm512_setzero_si512(); C]; R];
+                let mut sb_ = [[_mm512_setzero_si512(); C]; R];
+                if !Q4 || LUT {
+                    for (r, s) in sb_.iter_mut().enumerate() {
+                        *s = [_mm512_set1_epi32(*x128.add(xs[r] + b)); C];
+                    }
+                }
+                let xg = |digits: *const i8, r: usize, g: usize| {
+                    _mm512_set1_epi32(
+                        digits
+                            .add((xs[r] + b) * QK + 4 * g)
+                            .cast::<i32>()
+                            .read_unaligned(),
+                    )
+                };
+                if Q4 {
+                    for h in 0..QK / 8 {
+                        let mut lo = [_mm512_setzero_si512(); C];
+                        let mut hi = [_mm512_setzero_si512(); C];
+                        for c in 0..C {
+                            (lo[c], hi[c]) = nibble_line::<HIGH>(lines[c], h);
+                            if LUT {
+                                lo[c] = _mm512_shuffle_epi8(table, lo[c]);
+                                hi[c] = _mm512_shuffle_epi8(table, hi[c]);
+                            }
+                        }
+                        for r in 0..R {
+                            let (h0, h1) = (xg(xq, r, h), xg(xq, r, h + QK / 8));
+                            let (l0, l1) = (xg(xl, r, h), xg(xl, r, h + QK / 8));
+                            for c in 0..C {
+                                sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], lo[c], h0);
+                                sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], lo[c], l0);
+                                sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], hi[c], h1);
+                                sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], hi[c], l1);
+                            }
+                        }
+                    }
+                } else {
+                    for g in 0..QK / 4 {
+                        let p: [__m512i; C] =
+                            std::array::from_fn(|c| _mm512_load_si512(lines[c].add(64 * g).cast()));
+                        for r in 0..R {
+                            let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
+                            for c in 0..C {
+                                sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], p[c], hg);
+                                sb_[r][c] = _mm512_dpbusd_epi32(sb_[r][c], p[c], lg);
+                            }
+                        }
+                    }
+                }
+                let dw: [__m512; C] = std::array::from_fn(|c| {
+                    if SUPER {
+                        stash[c][2 * jb]
+                    } else {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].cast()))
+                    }
+                });
+                let mw: [__m512; C] = std::array::from_fn(|c| {
+                    if SUPER {
+                        stash[c][2 * jb + 1]
+                    } else if Q4 && !LUT {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(TILE).cast()))
+                    } else {
+                        _mm512_setzero_ps()
+                    }
+                });
+                for r in 0..R {
+                    let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
+                    let sdx = _mm512_set1_ps(*xsd.add(xs[r] + b));
+                    for c in 0..C {
+                        let isum = if Q4 && !LUT {
+                            // Both sums are below 2²⁴ (no offset): exact in f32, and one FMA
+                            // rounds `254 · sa + sb` as its conversion does.
+                            _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(sa[r][c]),
+                                _mm512_set1_ps(RADIX as f32),
+                                _mm512_cvtepi32_ps(sb_[r][c]),
+                            )
+                        } else {
+                            let combined =
+                                _mm512_add_epi32(_mm512_mullo_epi32(sa[r][c], radix), sb_[r][c]);
+                            _mm512_cvtepi32_ps(combined)
+                        };
+                        let scale = _mm512_mul_ps(dw[c], dx);
+                        acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
+                        if Q4 && !LUT {
+                            acc[r][c] = _mm512_fmadd_ps(mw[c], sdx, acc[r][c]);
+                        }
                     }
                 }
             }
@@ -458,73 +576,83 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
     ldo: usize,
 ) {
     let blocks = w.blocks();
-    let stride = w.block_stride();
+    let (period, step, per) = (w.period_stride(), w.block_step(), QK_K / QK);
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
+    let codes: [*const u8; C] = std::array::from_fn(|c| w.tile_codes(t + c));
+    let mut stash = [[_mm512_setzero_ps(); 2 * QK_K / QK]; C];
     let xs: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, 0));
     let (xq, xl, xd) = (x.q.as_ptr(), x.q_lo.as_ptr(), x.d.as_ptr());
     let halves = x.s32_halves.as_ptr();
     let shift = w.kind().half_shift();
-    let radix = _mm512_set1_epi32(RADIX);
+    let radix = _mm512_set1_ps(RADIX as f32);
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    // SAFETY (whole body): as `kernel`; the high-bit lines are the tile's quant lines 4 and
-    // 5 (`Q3_K`: the crumb lines 0 and 1, the masks 2), and `x` has the halves' sums
-    // (quantized for a matrix with halves).
+    // SAFETY (whole body): as `kernel` (with super-blocks); the high-bit lines are the tile's
+    // quant lines 4 and 5 (`Q3_K`: the crumb lines 0 and 1, the masks 2), and `x` has the
+    // halves' sums (quantized for a matrix with halves).
     unsafe {
-        for b in 0..blocks {
-            let lines: [*const u8; C] = std::array::from_fn(|c| starts[c].0.add(b * stride));
-            let scales: [*const u16; C] = std::array::from_fn(|c| starts[c].1.byte_add(b * stride));
-            let xg = |digits: *const i8, r: usize, g: usize| {
-                _mm512_set1_epi32(
-                    digits
-                        .add((xs[r] + b) * QK + 4 * g)
-                        .cast::<i32>()
-                        .read_unaligned(),
-                )
-            };
-            // The halves as constants: each pass unrolls fully.
-            macro_rules! half_pass {
-                ($half:literal) => {{
-                    let half: usize = $half;
-                    // [row][tile]: against the high digits, and against the low ones.
-                    let mut sa = [[_mm512_setzero_si512(); C]; R];
-                    // The halves' offset sums start the low chains (exact: integers).
-                    let mut sb: [[__m512i; C]; R] = std::array::from_fn(|r| {
-                        [_mm512_set1_epi32((*halves.add(xs[r] + b))[half] >> shift); C]
-                    });
-                    for h in 0..QK / 8 {
-                        let v: [__m512i; C] = std::array::from_fn(|c| {
-                            if CRUMB {
-                                crumb_half(lines[c], h, half)
-                            } else {
-                                nibble_half::<2>(lines[c], h, half)
-                            }
-                        });
-                        let g = h + half * QK / 8;
-                        for r in 0..R {
-                            let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
-                            for c in 0..C {
-                                sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], v[c], hg);
-                                sb[r][c] = _mm512_dpbusd_epi32(sb[r][c], v[c], lg);
-                            }
-                        }
-                    }
-                    let dw: [__m512; C] = std::array::from_fn(|c| {
-                        _mm512_cvtph_ps(_mm256_loadu_si256(scales[c].add(half * TILE).cast()))
-                    });
-                    for r in 0..R {
-                        let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
-                        for c in 0..C {
-                            let combined =
-                                _mm512_add_epi32(_mm512_mullo_epi32(sa[r][c], radix), sb[r][c]);
-                            let scale = _mm512_mul_ps(dw[c], dx);
-                            acc[r][c] =
-                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(combined), scale, acc[r][c]);
-                        }
-                    }
-                }};
+        for p in 0..blocks / per {
+            for c in 0..C {
+                let scales = starts[c].1.byte_add(p * period);
+                stash[c] = stash_halves(codes[c].add(p * period), scales);
             }
-            half_pass!(0);
-            half_pass!(1);
+            for jb in 0..per {
+                let b = p * per + jb;
+                let lines: [*const u8; C] =
+                    std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
+                let xg = |digits: *const i8, r: usize, g: usize| {
+                    _mm512_set1_epi32(
+                        digits
+                            .add((xs[r] + b) * QK + 4 * g)
+                            .cast::<i32>()
+                            .read_unaligned(),
+                    )
+                };
+                // The halves as constants: each pass unrolls fully.
+                macro_rules! half_pass {
+                    ($half:literal) => {{
+                        let half: usize = $half;
+                        // [row][tile]: against the high digits, and against the low ones.
+                        let mut sa = [[_mm512_setzero_si512(); C]; R];
+                        // The halves' offset sums start the low chains (exact: integers).
+                        let mut sb: [[__m512i; C]; R] = std::array::from_fn(|r| {
+                            [_mm512_set1_epi32((*halves.add(xs[r] + b))[half] >> shift); C]
+                        });
+                        for h in 0..QK / 8 {
+                            let v: [__m512i; C] = std::array::from_fn(|c| {
+                                if CRUMB {
+                                    crumb_half(lines[c], h, half)
+                                } else {
+                                    nibble_half::<2>(lines[c], h, half)
+                                }
+                            });
+                            let g = h + half * QK / 8;
+                            for r in 0..R {
+                                let (hg, lg) = (xg(xq, r, g), xg(xl, r, g));
+                                for c in 0..C {
+                                    sa[r][c] = _mm512_dpbusd_epi32(sa[r][c], v[c], hg);
+                                    sb[r][c] = _mm512_dpbusd_epi32(sb[r][c], v[c], lg);
+                                }
+                            }
+                        }
+                        let dw: [__m512; C] = std::array::from_fn(|c| stash[c][2 * jb + half]);
+                        for r in 0..R {
+                            let dx = _mm512_set1_ps(*xd.add(xs[r] + b));
+                            for c in 0..C {
+                                // |sb| ≤ 32 · 32385 · 16 + 63 · 127 · 16 < 2²⁴: as `kernel`.
+                                let isum = _mm512_fmadd_ps(
+                                    _mm512_cvtepi32_ps(sa[r][c]),
+                                    radix,
+                                    _mm512_cvtepi32_ps(sb[r][c]),
+                                );
+                                let scale = _mm512_mul_ps(dw[c], dx);
+                                acc[r][c] = _mm512_fmadd_ps(isum, scale, acc[r][c]);
+                            }
+                        }
+                    }};
+                }
+                half_pass!(0);
+                half_pass!(1);
+            }
         }
         store_tiles(w, t, &acc, out, ldo);
     }

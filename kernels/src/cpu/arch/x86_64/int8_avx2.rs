@@ -15,7 +15,8 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{PackedMatrix, QK, QuantLayout, TILE};
+use crate::cpu::int8::packed::{PackedMatrix, QK, QuantLayout, ScaleLayout, TILE};
+use crate::quant::QK_K;
 
 /// Whether the CPU runs [`tiles`] (AVX2, FMA and F16C).
 pub(crate) fn supported() -> bool {
@@ -92,20 +93,28 @@ pub(crate) unsafe fn tiles(
     // SAFETY: forwarded contract; the CPU features were detected.
     unsafe {
         match w.kind().layout() {
-            QuantLayout::Bytes => tiles_of::<false, 0, false, false>(w, t0, nt, x, out, ldo),
-            QuantLayout::Nibbles { fifth_bit: false } => {
-                tiles_of::<true, 0, false, false>(w, t0, nt, x, out, ldo)
+            QuantLayout::Bytes => tiles_of::<false, 0, false, false, false>(w, t0, nt, x, out, ldo),
+            QuantLayout::Nibbles { fifth_bit } => {
+                match (fifth_bit, w.kind().scale_layout() == ScaleLayout::SuperMins) {
+                    (false, false) => {
+                        tiles_of::<true, 0, false, false, false>(w, t0, nt, x, out, ldo)
+                    }
+                    (false, true) => {
+                        tiles_of::<true, 0, false, false, true>(w, t0, nt, x, out, ldo)
+                    }
+                    (true, false) => {
+                        tiles_of::<true, 1, false, false, false>(w, t0, nt, x, out, ldo)
+                    }
+                    (true, true) => tiles_of::<true, 1, false, false, true>(w, t0, nt, x, out, ldo),
+                }
             }
-            QuantLayout::Nibbles { fifth_bit: true } => {
-                tiles_of::<true, 1, false, false>(w, t0, nt, x, out, ldo)
-            }
-            QuantLayout::Table => tiles_of::<true, 0, false, true>(w, t0, nt, x, out, ldo),
+            QuantLayout::Table => tiles_of::<true, 0, false, true, false>(w, t0, nt, x, out, ldo),
             QuantLayout::Halves { crumbs: false } => {
-                tiles_of::<true, 2, true, false>(w, t0, nt, x, out, ldo)
+                tiles_of::<true, 2, true, false, true>(w, t0, nt, x, out, ldo)
             }
             // Crumb lines and one mask line (HIGH = 1).
             QuantLayout::Halves { crumbs: true } => {
-                tiles_of::<false, 1, true, false>(w, t0, nt, x, out, ldo)
+                tiles_of::<false, 1, true, false, true>(w, t0, nt, x, out, ldo)
             }
         }
     }
@@ -114,9 +123,15 @@ pub(crate) unsafe fn tiles(
 /// Tiles `t0..t0 + nt` for every row of `x`, for quants in nibbles (`NIB`, with `HIGH` lines
 /// of high bits; with `LUT`, indices into the IQ4 table), in crumbs (`!NIB && SPLIT`: `Q3_K`,
 /// its third bits in one mask line) or bytes, and per-half sums and scales (`SPLIT`, `Q6_K`
-/// and `Q3_K`).
+/// and `Q3_K`); `SUPER`: scales per super-block (the K-quants).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool, const LUT: bool>(
+unsafe fn tiles_of<
+    const NIB: bool,
+    const HIGH: usize,
+    const SPLIT: bool,
+    const LUT: bool,
+    const SUPER: bool,
+>(
     w: &PackedMatrix,
     t0: usize,
     nt: usize,
@@ -143,14 +158,14 @@ unsafe fn tiles_of<const NIB: bool, const HIGH: usize, const SPLIT: bool, const 
         // leave no registers for a second row).
         while !SPLIT && i + 2 <= x.m {
             // SAFETY: the tile and the rows exist.
-            let [a, b] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, 2>(w, t, x, x16, i) };
+            let [a, b] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, SUPER, 2>(w, t, x, x16, i) };
             store(i, a);
             store(i + 1, b);
             i += 2;
         }
         while i < x.m {
             // SAFETY: as above.
-            let [a] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, 1>(w, t, x, x16, i) };
+            let [a] = unsafe { tile_rows::<NIB, HIGH, SPLIT, LUT, SUPER, 1>(w, t, x, x16, i) };
             store(i, a);
             i += 1;
         }
@@ -174,6 +189,145 @@ fn expand_bits(mask: u32) -> __m256i {
 
 /// A 64-byte line as two registers: tile rows 0-7, then 8-15.
 pub(crate) type Line2 = [__m256i; 2];
+
+/// `vpshufb` controls that move byte `i` of each 32-bit lane to the lane's bottom and zero
+/// the rest (64 bytes; 256-bit registers take the first 32).
+pub(crate) const BYTE_OF_LANE: [[u8; 64]; 4] = {
+    let mut c = [[0x80; 64]; 4];
+    let mut i = 0;
+    while i < 4 {
+        let mut lane = 0;
+        while lane < 16 {
+            c[i][4 * lane] = (4 * (lane % 4) + i) as u8;
+            lane += 1;
+        }
+        i += 1;
+    }
+    c
+};
+
+/// `254 · a + b` as f32, for sums below 2²⁴ in magnitude: both convert exactly, and one FMA
+/// rounds the exact value as the conversion of the integer `254 · a + b` does.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn radix_sum(a: __m256i, b: __m256i) -> __m256 {
+    _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(a),
+        _mm256_set1_ps(RADIX as f32),
+        _mm256_cvtepi32_ps(b),
+    )
+}
+
+/// 2²³ as an f32, and its bits: with a byte below them, `2²³ + byte`.
+pub(crate) const MAGIC: f32 = 8_388_608.0;
+pub(crate) const MAGIC_BITS: u32 = 0x4B00_0000;
+
+/// A K-quant tile's f32 scales of one super-block (tile rows 0-7, 8-15), as
+/// `PackedMatrix::block_scales` gives them: block `j`'s two at `2 j` and `2 j + 1`.
+pub(crate) type Stash2 = [[__m256; 2]; 2 * QK_K / QK];
+
+/// `Q4_K`/`Q5_K`'s stash from a tile's period (`codes`, `scales`: its codes and f16 scales):
+/// ggml's `scales_mins_k4` masks on every row's words at once, then each code times `d` or
+/// `-dmin` (exact; a zero as +0).
+///
+/// # Safety
+/// `codes` and `scales` point at a period of a tile of such a matrix.
+#[target_feature(enable = "avx2,f16c,fma")]
+#[inline]
+pub(crate) unsafe fn stash_mins(codes: *const u8, scales: *const u16) -> Stash2 {
+    let (low6, low4, bits45) = (
+        _mm256_set1_epi8(0x3F),
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x30),
+    );
+    let high = |v: __m256i| _mm256_and_si256(_mm256_srli_epi32::<2>(v), bits45);
+    // Register k: tile rows 8 k ..
+    let register = |k: usize| {
+        // SAFETY: the caller vouches for the three lines of codes and the 32 scales.
+        let (w, d, nm) = unsafe {
+            let w: [__m256i; 3] =
+                std::array::from_fn(|i| _mm256_loadu_si256(codes.add(64 * i + 32 * k).cast()));
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(8 * k).cast()));
+            let nm = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(TILE + 8 * k).cast()));
+            (w, d, nm)
+        };
+        let sc = [
+            _mm256_and_si256(w[0], low6),
+            _mm256_or_si256(_mm256_and_si256(w[2], low4), high(w[0])),
+        ];
+        let m = [
+            _mm256_and_si256(w[1], low6),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi32::<4>(w[2]), low4),
+                high(w[1]),
+            ),
+        ];
+        // As the AVX-512 stash: `2²³ + code` times the scale, less `2²³` times it (a zero
+        // as +0, the same bits on every level).
+        let magic = _mm256_set1_epi32(MAGIC_BITS as i32);
+        let less = |s: __m256| _mm256_mul_ps(s, _mm256_set1_ps(-MAGIC));
+        let (dl, nml) = (less(d), less(nm));
+        let mut out = [_mm256_setzero_ps(); 2 * QK_K / QK];
+        for (i, control) in BYTE_OF_LANE.iter().enumerate() {
+            // SAFETY: the control holds 64 bytes.
+            let pick = unsafe { _mm256_loadu_si256(control.as_ptr().cast()) };
+            let code = |v: __m256i| {
+                _mm256_castsi256_ps(_mm256_or_si256(_mm256_shuffle_epi8(v, pick), magic))
+            };
+            for half in 0..2 {
+                let j = i + 4 * half;
+                out[2 * j] = _mm256_fmadd_ps(code(sc[half]), d, dl);
+                out[2 * j + 1] = _mm256_fmadd_ps(code(m[half]), nm, nml);
+            }
+        }
+        out
+    };
+    let (lo, hi) = (register(0), register(1));
+    std::array::from_fn(|s| [lo[s], hi[s]])
+}
+
+/// `Q6_K`/`Q3_K`'s stash from a tile's period: each signed scale times `d` (exact).
+///
+/// # Safety
+/// `codes` and `scales` point at a period of a tile of such a matrix.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(crate) unsafe fn stash_halves(codes: *const u8, scales: *const u16) -> Stash2 {
+    // SAFETY: the caller vouches for the four lines of codes and the 16 scales.
+    unsafe {
+        let d: [__m256; 2] =
+            std::array::from_fn(|k| _mm256_cvtph_ps(_mm_loadu_si128(scales.add(8 * k).cast())));
+        std::array::from_fn(|s| {
+            std::array::from_fn(|k| {
+                let sc = _mm_loadl_epi64(codes.add(TILE * s + 8 * k).cast());
+                _mm256_mul_ps(d[k], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)))
+            })
+        })
+    }
+}
+
+/// A tile's stash of period `p` (`codes0`, `scales0`: its first period's), for the kinds
+/// with halves (`SPLIT`) or with minimums.
+///
+/// # Safety
+/// As [`stash_mins`] and [`stash_halves`].
+#[target_feature(enable = "avx2,f16c,fma")]
+#[inline]
+pub(crate) unsafe fn stash_period<const SPLIT: bool>(
+    codes0: *const u8,
+    scales0: *const u16,
+    period_bytes: usize,
+) -> Stash2 {
+    // SAFETY: forwarded.
+    unsafe {
+        let (codes, scales) = (codes0.add(period_bytes), scales0.byte_add(period_bytes));
+        if SPLIT {
+            stash_halves(codes, scales)
+        } else {
+            stash_mins(codes, scales)
+        }
+    }
+}
 
 /// Nibble line `h` of a tile's block (`lines`: the block's quant lines) as the values of its
 /// low nibbles and of its high ones, each plus `16 << level` where bit `level` of the `HIGH`
@@ -244,6 +398,7 @@ unsafe fn tile_rows<
     const HIGH: usize,
     const SPLIT: bool,
     const LUT: bool,
+    const SUPER: bool,
     const R: usize,
 >(
     w: &PackedMatrix,
@@ -253,90 +408,115 @@ unsafe fn tile_rows<
     i0: usize,
 ) -> [[__m256; 2]; R] {
     let (lines0, scales0) = w.tile_start(t);
-    let stride = w.block_stride();
+    let codes0 = if SUPER {
+        w.tile_codes(t)
+    } else {
+        std::ptr::null()
+    };
+    let (period, step) = (w.period_stride(), w.block_step());
+    let per = if SUPER { QK_K / QK } else { 1 };
+    let mut stash = [[_mm256_setzero_ps(); 2]; 2 * QK_K / QK];
     let table = *w.kind().table().unwrap_or(&[0; 16]);
     // SAFETY: `table` holds 16 bytes.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    // SAFETY (whole body): block b's lines and scales lie at `b · stride` bytes from the
-    // tile's start, inside `w`; row i's block b is entry `x.at(i, b)` of `x`'s vectors.
+    // SAFETY (whole body): block b = p · per + jb's lines lie `p · period + jb · step` bytes
+    // from the tile's start, its period's scales and codes `p · period` from theirs, inside
+    // `w`; row i's block b is entry `x.at(i, b)` of `x`'s vectors.
     unsafe {
-        for b in 0..w.blocks() {
-            let lines = lines0.add(b * stride);
-            let scales = scales0.byte_add(b * stride);
-            let js: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, b));
-            // [row][half][4-row group of the tile]: two lanes per tile row.
-            let mut sums = [[[_mm256_setzero_si256(); 4]; 2]; R];
-            // Adds 16 tile rows × 4 values (`v`: rows 0-7, 8-15) times values 4 g.. of x's
-            // rows (each as one 16-bit `254 h + l`).
-            let mut add = |v: [__m256i; 2], g: usize, half: usize| {
-                let x16: [__m256i; R] = std::array::from_fn(|r| {
-                    let at = x16.as_ptr().add(js[r] * QK + 4 * g).cast::<i64>();
-                    _mm256_set1_epi64x(at.read_unaligned())
-                });
-                for (k, vk) in v.iter().enumerate() {
-                    let quads = [
-                        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(*vk)),
-                        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(*vk)),
-                    ];
-                    for (q, w16) in quads.into_iter().enumerate() {
-                        for (s, xr) in sums.iter_mut().zip(&x16) {
-                            let s = &mut s[half][2 * k + q];
-                            *s = _mm256_add_epi32(*s, _mm256_madd_epi16(w16, *xr));
+        for p in 0..w.blocks() / per {
+            if SUPER {
+                stash = stash_period::<SPLIT>(codes0, scales0, p * period);
+            }
+            for jb in 0..per {
+                let b = p * per + jb;
+                let lines = lines0.add(p * period + jb * step);
+                let scales = scales0.byte_add(p * period);
+                let js: [usize; R] = std::array::from_fn(|r| x.at(i0 + r, b));
+                // [row][half][4-row group of the tile]: two lanes per tile row.
+                let mut sums = [[[_mm256_setzero_si256(); 4]; 2]; R];
+                // Adds 16 tile rows × 4 values (`v`: rows 0-7, 8-15) times values 4 g.. of x's
+                // rows (each as one 16-bit `254 h + l`).
+                let mut add = |v: [__m256i; 2], g: usize, half: usize| {
+                    let x16: [__m256i; R] = std::array::from_fn(|r| {
+                        let at = x16.as_ptr().add(js[r] * QK + 4 * g).cast::<i64>();
+                        _mm256_set1_epi64x(at.read_unaligned())
+                    });
+                    for (k, vk) in v.iter().enumerate() {
+                        let quads = [
+                            _mm256_cvtepu8_epi16(_mm256_castsi256_si128(*vk)),
+                            _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(*vk)),
+                        ];
+                        for (q, w16) in quads.into_iter().enumerate() {
+                            for (s, xr) in sums.iter_mut().zip(&x16) {
+                                let s = &mut s[half][2 * k + q];
+                                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(w16, *xr));
+                            }
                         }
                     }
-                }
-            };
-            if !NIB && SPLIT {
-                for h in 0..QK / 8 {
-                    let (lo, hi) = crumb_pair(lines, h);
-                    add(lo, h, 0);
-                    add(hi, h + QK / 8, 1);
-                }
-            } else if NIB {
-                for h in 0..QK / 8 {
-                    let (mut lo, mut hi) = nibble_line::<HIGH>(lines, h);
-                    if LUT {
-                        lo = lo.map(|v| _mm256_shuffle_epi8(table, v));
-                        hi = hi.map(|v| _mm256_shuffle_epi8(table, v));
+                };
+                if !NIB && SPLIT {
+                    for h in 0..QK / 8 {
+                        let (lo, hi) = crumb_pair(lines, h);
+                        add(lo, h, 0);
+                        add(hi, h + QK / 8, 1);
                     }
-                    add(lo, h, 0);
-                    add(hi, h + QK / 8, usize::from(SPLIT));
+                } else if NIB {
+                    for h in 0..QK / 8 {
+                        let (mut lo, mut hi) = nibble_line::<HIGH>(lines, h);
+                        if LUT {
+                            lo = lo.map(|v| _mm256_shuffle_epi8(table, v));
+                            hi = hi.map(|v| _mm256_shuffle_epi8(table, v));
+                        }
+                        add(lo, h, 0);
+                        add(hi, h + QK / 8, usize::from(SPLIT));
+                    }
+                } else {
+                    for g in 0..QK / 4 {
+                        let p = [
+                            _mm256_loadu_si256(lines.add(64 * g).cast()),
+                            _mm256_loadu_si256(lines.add(64 * g + 32).cast()),
+                        ];
+                        add(p, g, 0);
+                    }
                 }
-            } else {
-                for g in 0..QK / 4 {
-                    let p = [
-                        _mm256_loadu_si256(lines.add(64 * g).cast()),
-                        _mm256_loadu_si256(lines.add(64 * g + 32).cast()),
-                    ];
-                    add(p, g, 0);
-                }
-            }
-            // Per row: the two lanes added, rows in order (hadd interleaves 128-bit halves).
-            let rows = |s: &[__m256i; 4], k: usize| {
-                let pairs = _mm256_hadd_epi32(s[2 * k], s[2 * k + 1]);
-                _mm256_permute4x64_epi64::<0b11_01_10_00>(pairs)
-            };
-            let halves = if SPLIT { 2 } else { 1 };
-            for ((sums, acc), &j) in sums.iter().zip(acc.iter_mut()).zip(&js) {
-                let dx = _mm256_set1_ps(x.d[j]);
-                for (half, s) in sums.iter().enumerate().take(halves) {
-                    let offset = if SPLIT {
-                        x.s32_halves[j][half] >> w.kind().half_shift()
-                    } else if NIB && !LUT {
-                        0
-                    } else {
-                        x.s128[j]
-                    };
-                    for (k, a) in acc.iter_mut().enumerate() {
-                        let isum = _mm256_add_epi32(rows(s, k), _mm256_set1_epi32(offset));
-                        let d = scales.add(half * TILE + 8 * k);
-                        let d = _mm256_cvtph_ps(_mm_loadu_si128(d.cast()));
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *a);
-                        if NIB && !SPLIT && !LUT {
-                            let m = scales.add(TILE + 8 * k);
-                            let m = _mm256_cvtph_ps(_mm_loadu_si128(m.cast()));
-                            *a = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sd[j]), *a);
+                // Per row: the two lanes added, rows in order (hadd interleaves 128-bit halves).
+                let rows = |s: &[__m256i; 4], k: usize| {
+                    let pairs = _mm256_hadd_epi32(s[2 * k], s[2 * k + 1]);
+                    _mm256_permute4x64_epi64::<0b11_01_10_00>(pairs)
+                };
+                let halves = if SPLIT { 2 } else { 1 };
+                for ((sums, acc), &j) in sums.iter().zip(acc.iter_mut()).zip(&js) {
+                    let dx = _mm256_set1_ps(x.d[j]);
+                    for (half, s) in sums.iter().enumerate().take(halves) {
+                        let offset = if SPLIT {
+                            x.s32_halves[j][half] >> w.kind().half_shift()
+                        } else if NIB && !LUT {
+                            0
+                        } else {
+                            x.s128[j]
+                        };
+                        for (k, a) in acc.iter_mut().enumerate() {
+                            let isum = _mm256_add_epi32(rows(s, k), _mm256_set1_epi32(offset));
+                            let d = if SUPER {
+                                stash[2 * jb + half][k]
+                            } else {
+                                _mm256_cvtph_ps(_mm_loadu_si128(
+                                    scales.add(half * TILE + 8 * k).cast(),
+                                ))
+                            };
+                            *a =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), *a);
+                            if NIB && !SPLIT && !LUT {
+                                let m = if SUPER {
+                                    stash[2 * jb + 1][k]
+                                } else {
+                                    _mm256_cvtph_ps(_mm_loadu_si128(
+                                        scales.add(TILE + 8 * k).cast(),
+                                    ))
+                                };
+                                *a = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sd[j]), *a);
+                            }
                         }
                     }
                 }

@@ -39,8 +39,8 @@ pub enum PackedKind {
     Q4_1,
     /// GGUF `Q4_0`: `value = (q - 8) · d`, laid out as `IQ4NL` with the table `q - 8`.
     Q4_0,
-    /// GGUF `Q4_K`: each 32-value sub-block laid out as `Q4_1` with `d = d · sc`,
-    /// `m = -dmin · m` (rounded to f16).
+    /// GGUF `Q4_K`: nibble lines as `Q4_1`, the super-block's `d`, `-dmin` and 6-bit codes
+    /// per 256 values.
     Q4K,
     /// GGUF `Q5_K`: as `Q4K`, with a line of high bits per block.
     Q5K,
@@ -48,9 +48,10 @@ pub enum PackedKind {
     Q5_1,
     /// GGUF `Q5_0`: `value = (q - 16) · d`, laid out as `Q5K` with `m = -16 d`.
     Q5_0,
-    /// GGUF `Q6_K`: as `Q5K` with two lines of high bits, and a scale per 16-value half.
+    /// GGUF `Q6_K`: as `Q5K` with two lines of high bits, a scale per 16-value half, and
+    /// the super-block's `d` per 256 values.
     Q6K,
-    /// GGUF `Q3_K`: 3-bit quants in two crumb lines and a mask line, a scale per 16-value half.
+    /// GGUF `Q3_K`: 3-bit quants in two crumb lines and a mask line, scales as `Q6K`'s.
     Q3K,
     /// GGUF `IQ4_NL`: `value = d · table[q]`, indices in nibble lines, one scale per block.
     IQ4NL,
@@ -72,6 +73,23 @@ pub(crate) enum QuantLayout {
     Halves { crumbs: bool },
 }
 
+/// Where a kind's scales sit: what the kernels' epilogues read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScaleLayout {
+    /// Per block of 32 values and tile: [`PackedKind::scales`] f16, 16 `d` (then 16 `m`, or
+    /// the second half's `d`).
+    Blocks,
+    /// Per super-block of 256 and tile (`Q4_K`, `Q5_K`): 16 f16 `d`, then 16 f16 `-dmin`,
+    /// and each row's 12 bytes of 6-bit scale and minimum codes as in the file, in three
+    /// lines (line `w`, bytes `4 r ..`: row `r`'s `w`-th four bytes), so a 32-bit lane holds
+    /// one row's word as ggml's masks take it.
+    SuperMins,
+    /// Per super-block of 256 and tile (`Q6_K`, `Q3_K`): 16 f16 `d`, and each row's sixteen
+    /// `i8` scales of 16 values in four lines, scale `s` of row `r` at byte `16 s + r` (the
+    /// sixteen rows' bytes sign-extend to a register's lanes in one load).
+    SuperHalves,
+}
+
 impl PackedKind {
     /// The layout of the kind's quants.
     pub(crate) const fn layout(self) -> QuantLayout {
@@ -85,6 +103,32 @@ impl PackedKind {
         }
     }
 
+    /// Where the kind's scales sit.
+    pub(crate) const fn scale_layout(self) -> ScaleLayout {
+        match self {
+            Self::Q4K | Self::Q5K => ScaleLayout::SuperMins,
+            Self::Q6K | Self::Q3K => ScaleLayout::SuperHalves,
+            _ => ScaleLayout::Blocks,
+        }
+    }
+
+    /// Blocks per scale period: one, or a super-block's eight.
+    pub(crate) const fn period_blocks(self) -> usize {
+        match self.scale_layout() {
+            ScaleLayout::Blocks => 1,
+            ScaleLayout::SuperMins | ScaleLayout::SuperHalves => QK_K / QK,
+        }
+    }
+
+    /// Bytes of one tile's codes per period (whole lines).
+    pub(crate) const fn code_bytes(self) -> usize {
+        match self.scale_layout() {
+            ScaleLayout::Blocks => 0,
+            ScaleLayout::SuperMins => 3 * LINE,
+            ScaleLayout::SuperHalves => 4 * LINE,
+        }
+    }
+
     /// Quant bytes of one block of one tile.
     pub(crate) const fn quant_bytes(self) -> usize {
         match self.layout() {
@@ -94,22 +138,31 @@ impl PackedKind {
         }
     }
 
-    /// Bytes of one block of one lane: its tiles' quants, then their scales (a whole number
-    /// of lines, so every quant line stays aligned).
-    pub(crate) const fn lane_block_bytes(self) -> usize {
-        LANE_TILES * (self.quant_bytes() + 2 * self.scales())
+    /// Bytes of one period of one lane's codes, then its f16 scales (a whole number of
+    /// lines, so every quant line stays aligned): after a block's quants, before a
+    /// super-block's.
+    pub(crate) const fn lane_header_bytes(self) -> usize {
+        LANE_TILES * (self.code_bytes() + 2 * self.scales())
     }
 
-    /// Bytes of one block of one group (all its lanes).
-    pub(crate) const fn group_block_bytes(self) -> usize {
-        LANES * self.lane_block_bytes()
+    /// Bytes of one period of one lane: the header, then block after block its tiles' quants.
+    pub(crate) const fn lane_period_bytes(self) -> usize {
+        self.lane_header_bytes() + self.period_blocks() * LANE_TILES * self.quant_bytes()
     }
 
-    /// f16 scales of one block of one tile: `d`, then `m` (or the second half's `d`).
+    /// Bytes of one period of one group (all its lanes).
+    pub(crate) const fn group_period_bytes(self) -> usize {
+        LANES * self.lane_period_bytes()
+    }
+
+    /// f16 scales of one period of one tile: `d`, then `m` (or the second half's `d`, or the
+    /// super-block's `-dmin`).
     pub(crate) const fn scales(self) -> usize {
-        match self.layout() {
-            QuantLayout::Bytes | QuantLayout::Table => TILE,
-            QuantLayout::Nibbles { .. } | QuantLayout::Halves { .. } => 2 * TILE,
+        match (self.scale_layout(), self.layout()) {
+            (ScaleLayout::SuperHalves, _) => TILE,
+            (ScaleLayout::SuperMins, _) => 2 * TILE,
+            (_, QuantLayout::Bytes | QuantLayout::Table) => TILE,
+            (_, QuantLayout::Nibbles { .. } | QuantLayout::Halves { .. }) => 2 * TILE,
         }
     }
 

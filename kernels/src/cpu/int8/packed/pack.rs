@@ -4,10 +4,10 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::{GROUP, LANE_TILES, LINE, Line, PackedKind, PackedMatrix, QK, TILE};
+use super::{GROUP, LANE_TILES, LINE, Line, PackedKind, PackedMatrix, QK, ScaleLayout, TILE};
 use crate::quant::{
     BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
-    BlockQ5K, BlockQ6K, BlockQ8_0, get_scale_min_k4, index4, quant5,
+    BlockQ5K, BlockQ6K, BlockQ8_0, index4, quant5,
 };
 
 /// `x` as an f16, when it is finite there.
@@ -16,13 +16,52 @@ fn finite_f16(x: f32) -> Option<f16> {
     h.is_finite().then_some(h)
 }
 
-/// Sub-block `j`'s `d · sc` and `-dmin · m` of a `Q4_K`/`Q5_K` super-block, as f16.
-fn k4_scale_min(d: f16, dmin: f16, scales: &[u8; 12], j: usize) -> Option<(f16, f16)> {
-    let (sc, m) = get_scale_min_k4(j, scales);
-    Some((
-        finite_f16(d.to_f32() * f32::from(sc))?,
-        finite_f16(-(dmin.to_f32() * f32::from(m)))?,
-    ))
+/// What one row holds at the start of each scale period: its f16 scales (`d`, then `m` or
+/// `-dmin`; the second is dropped for kinds with one) and its codes (K-quants).
+#[derive(Clone, Copy)]
+struct RowHeader {
+    scales: [f16; 2],
+    codes: [u8; 16],
+}
+
+impl RowHeader {
+    /// A block's two scales, without codes.
+    fn scales(first: f16, second: f16) -> Self {
+        Self {
+            scales: [first, second],
+            codes: [0; 16],
+        }
+    }
+
+    /// A `Q4_K`/`Q5_K` super-block's `d`, `-dmin` and 12 bytes of codes, or `None` when a
+    /// scale is not finite.
+    fn k4(d: f16, dmin: f16, scales: &[u8; 12]) -> Option<Self> {
+        (d.is_finite() && dmin.is_finite()).then(|| {
+            let mut codes = [0; 16];
+            codes[..12].copy_from_slice(scales);
+            Self {
+                scales: [d, -dmin],
+                codes,
+            }
+        })
+    }
+
+    /// A super-block's `d` and sixteen signed scales of 16 values, or `None` when `d` is not
+    /// finite.
+    fn halves(d: f16, scales: [i8; 16]) -> Option<Self> {
+        d.is_finite().then(|| Self {
+            scales: [d, f16::ZERO],
+            codes: scales.map(|s| s as u8),
+        })
+    }
+}
+
+/// Where code byte `i` of row `r` sits in a tile's codes (see `ScaleLayout`).
+fn code_offset(layout: ScaleLayout, r: usize, i: usize) -> usize {
+    match layout {
+        ScaleLayout::SuperMins => LINE * (i / 4) + 4 * r + i % 4,
+        ScaleLayout::SuperHalves | ScaleLayout::Blocks => TILE * i + r,
+    }
 }
 
 /// Quant `e` (0..256) of a `Q6_K` super-block, unsigned (`q`, the value being `q - 32`).
@@ -84,25 +123,21 @@ impl PackedMatrix {
             rows * p.blocks(),
             "Q8_0 blocks must be rows × cols/32"
         );
-        let zero = BlockQ8_0 {
-            d: f16::ZERO,
-            qs: [0; QK],
-        };
-        p.fill(|row, b, lines, scales| {
-            let blk = if row < rows {
-                &blocks[row * (cols / QK) + b]
-            } else {
-                &zero
-            };
-            let r = row % TILE;
-            scales[r] = blk.d.to_bits();
-            for (g, line) in lines.iter_mut().enumerate() {
-                for u in 0..4 {
-                    line.0[4 * r + u] = (blk.qs[4 * g + u] as u8) ^ 0x80;
+        let per_row = cols / QK;
+        let filled = p.fill(
+            |row, b| Some(RowHeader::scales(blocks[row * per_row + b].d, f16::ZERO)),
+            |row, b, lines| {
+                let (blk, r) = (&blocks[row * per_row + b], row % TILE);
+                for (g, line) in lines.iter_mut().enumerate() {
+                    for u in 0..4 {
+                        line.0[4 * r + u] = (blk.qs[4 * g + u] as u8) ^ 0x80;
+                    }
                 }
-            }
-        });
-        p
+            },
+        );
+        filled
+            .map(|()| p)
+            .expect("Q8_0 scales are stored as they are")
     }
 
     /// Packs `rows × cols` `Q4_0` blocks (row after row; `cols` a multiple of 32).
@@ -112,14 +147,14 @@ impl PackedMatrix {
             rows,
             cols,
             blocks,
-            |b, _| Some((b.d, f16::ZERO)),
+            |b, _| Some(RowHeader::scales(b.d, f16::ZERO)),
             |b, e| index4(&b.qs, e),
         )
         .expect("Q4_0 scales are stored as they are")
     }
 
-    /// Packs `rows × cols` `Q4_K` super-blocks (row after row; `cols` a multiple of 256) as
-    /// `Q4_1` sub-blocks, or `None` when a sub-block's scale or minimum is too large for f16.
+    /// Packs `rows × cols` `Q4_K` super-blocks (row after row; `cols` a multiple of 256), or
+    /// `None` when a super-block's `d` or `dmin` is not finite.
     pub fn from_q4_k(rows: usize, cols: usize, blocks: &[BlockQ4K]) -> Option<Self> {
         let quant = |b: &BlockQ4K, e: usize| {
             let (j, l) = (e / QK, e % QK);
@@ -130,13 +165,13 @@ impl PackedMatrix {
             rows,
             cols,
             blocks,
-            |b, j| k4_scale_min(b.d, b.dmin, &b.scales, j),
+            |b, _| RowHeader::k4(b.d, b.dmin, &b.scales),
             quant,
         )
     }
 
     /// Packs `rows × cols` `Q5_K` super-blocks (row after row; `cols` a multiple of 256), or
-    /// `None` when a sub-block's scale or minimum is too large for f16.
+    /// `None` when a super-block's `d` or `dmin` is not finite.
     pub fn from_q5_k(rows: usize, cols: usize, blocks: &[BlockQ5K]) -> Option<Self> {
         // Value l of sub-block j: a nibble of its 64-value group, and bit j of qh[l].
         let quant = |b: &BlockQ5K, e: usize| {
@@ -149,32 +184,26 @@ impl PackedMatrix {
             rows,
             cols,
             blocks,
-            |b, j| k4_scale_min(b.d, b.dmin, &b.scales, j),
+            |b, _| RowHeader::k4(b.d, b.dmin, &b.scales),
             quant,
         )
     }
 
     /// Packs `rows × cols` `Q6_K` super-blocks (row after row; `cols` a multiple of 256), or
-    /// `None` when a sub-block's scale is too large for f16.
+    /// `None` when a super-block's `d` is not finite.
     pub fn from_q6_k(rows: usize, cols: usize, blocks: &[BlockQ6K]) -> Option<Self> {
-        // The two 16-value halves' `d · sc`, where the other kinds keep `d` and `m`.
-        let scales = |b: &BlockQ6K, j: usize| {
-            let half = |sc: i8| finite_f16(b.d.to_f32() * f32::from(sc));
-            Some((half(b.scales[2 * j])?, half(b.scales[2 * j + 1])?))
-        };
-        Self::from_blocks(PackedKind::Q6K, rows, cols, blocks, scales, q6_k_quant)
+        let header = |b: &BlockQ6K, _| RowHeader::halves(b.d, b.scales);
+        Self::from_blocks(PackedKind::Q6K, rows, cols, blocks, header, q6_k_quant)
     }
 
     /// Packs `rows × cols` `Q3_K` super-blocks (row after row; `cols` a multiple of 256), or
-    /// `None` when a sub-block's scale is too large for f16.
+    /// `None` when a super-block's `d` is not finite.
     pub fn from_q3_k(rows: usize, cols: usize, blocks: &[BlockQ3K]) -> Option<Self> {
-        // The two 16-value halves' `d · sc`, where the nibble kinds keep `d` and `m`.
-        let scales = |b: &BlockQ3K, j: usize| {
-            let half = |s: usize| finite_f16(b.d.to_f32() * b.scale(s) as f32);
-            Some((half(2 * j)?, half(2 * j + 1)?))
-        };
+        // Scales are -32..=31.
+        let header =
+            |b: &BlockQ3K, _| RowHeader::halves(b.d, std::array::from_fn(|s| b.scale(s) as i8));
         let quant = |b: &BlockQ3K, e: usize| (b.quant(e) + 4) as u8;
-        Self::from_blocks(PackedKind::Q3K, rows, cols, blocks, scales, quant)
+        Self::from_blocks(PackedKind::Q3K, rows, cols, blocks, header, quant)
     }
 
     /// Packs `rows × cols` `IQ4_NL` blocks (row after row; `cols` a multiple of 32).
@@ -184,7 +213,7 @@ impl PackedMatrix {
             rows,
             cols,
             blocks,
-            |b, _| Some((b.d, f16::ZERO)),
+            |b, _| Some(RowHeader::scales(b.d, f16::ZERO)),
             |b, e| index4(&b.qs, e),
         )
         .expect("IQ4_NL scales are stored as they are")
@@ -198,7 +227,7 @@ impl PackedMatrix {
             rows,
             cols,
             blocks,
-            |b, j| Some((finite_f16(b.sub_scale(j))?, f16::ZERO)),
+            |b, j| Some(RowHeader::scales(finite_f16(b.sub_scale(j))?, f16::ZERO)),
             |b, e| index4(&b.qs[16 * (e / QK)..], e % QK),
         )
     }
@@ -210,7 +239,7 @@ impl PackedMatrix {
             rows,
             cols,
             blocks,
-            |b, _| Some((b.d, b.m)),
+            |b, _| Some(RowHeader::scales(b.d, b.m)),
             |b, e| quant5(&b.qs, b.qh, e),
         )
         .expect("Q5_1 scales are stored as they are")
@@ -224,29 +253,26 @@ impl PackedMatrix {
             rows,
             cols,
             blocks,
-            |b, _| Some((b.d, finite_f16(-16.0 * b.d.to_f32())?)),
+            |b, _| {
+                let m = finite_f16(-16.0 * b.d.to_f32())?;
+                Some(RowHeader::scales(b.d, m))
+            },
             |b, e| quant5(&b.qs, b.qh, e),
         )
     }
 
     /// Packs file blocks of `kind.file_block()` values (32, or the K-quants' 256) as 32-value
-    /// blocks: `scales(block, j)` gives sub-block `j`'s two f16 scales (`None`: not
-    /// representable; the second is dropped for kinds with one scale per block),
-    /// `quant(block, e)` value `e`'s unsigned quant.
+    /// blocks: `header(block, j)` gives the row's header of period `j` of the file block
+    /// (`None`: not representable), `quant(block, e)` value `e`'s unsigned quant.
     fn from_blocks<B: Sync>(
         kind: PackedKind,
         rows: usize,
         cols: usize,
         blocks: &[B],
-        scales: impl Fn(&B, usize) -> Option<(f16, f16)> + Sync,
+        header: impl Fn(&B, usize) -> Option<RowHeader> + Sync,
         quant: impl Fn(&B, usize) -> u8 + Sync,
     ) -> Option<Self> {
         let subs = kind.file_block().1 / QK;
-        let pairs: Vec<(f16, f16)> = blocks
-            .par_iter()
-            .flat_map_iter(|b| (0..subs).map(move |j| (b, j)))
-            .map(|(b, j)| scales(b, j))
-            .collect::<Option<_>>()?;
         let mut p = Self::empty(kind, rows, cols);
         assert_eq!(
             blocks.len() * subs,
@@ -255,31 +281,20 @@ impl PackedMatrix {
             QK * subs
         );
         let per_row = cols / QK;
-        p.fill(|row, b, lines, sc| {
-            let r = row % TILE;
-            let two = sc.len() > TILE;
-            if row >= rows {
-                // Padding: its quants stay the zeros `empty` starts from.
-                sc[r] = 0;
-                if two {
-                    sc[TILE + r] = 0;
+        // Block `b` of a row is sub-block `b % subs` of its file block.
+        let file_block = |row: usize, b: usize| &blocks[(row * per_row + b) / subs];
+        p.fill(
+            |row, b| header(file_block(row, b), b % subs / kind.period_blocks()),
+            |row, b, lines| {
+                let first = QK * (b % subs);
+                let q = std::array::from_fn(|l| quant(file_block(row, b), first + l));
+                if kind.crumbs() {
+                    set_crumbs_and_high_bit(lines, row % TILE, &q);
+                } else {
+                    set_nibbles_and_high_bits(lines, row % TILE, &q);
                 }
-                return;
-            }
-            let (first, second) = pairs[row * per_row + b];
-            sc[r] = first.to_bits();
-            if two {
-                sc[TILE + r] = second.to_bits();
-            }
-            let blk = &blocks[(row * per_row + b) / subs];
-            let first = QK * (b % subs);
-            let q = std::array::from_fn(|l| quant(blk, first + l));
-            if kind.crumbs() {
-                set_crumbs_and_high_bit(lines, r, &q);
-            } else {
-                set_nibbles_and_high_bits(lines, r, &q);
-            }
-        });
+            },
+        )?;
         Some(p)
     }
 
@@ -290,7 +305,7 @@ impl PackedMatrix {
             rows,
             cols,
             blocks,
-            |b, _| Some((b.d, b.m)),
+            |b, _| Some(RowHeader::scales(b.d, b.m)),
             |b, e| index4(&b.qs, e),
         )
         .expect("Q4_1 scales are stored as they are")
@@ -300,48 +315,75 @@ impl PackedMatrix {
         assert!(cols.is_multiple_of(QK), "packed matrices need whole blocks");
         let groups = rows.div_ceil(TILE * GROUP);
         let blocks = cols / QK;
+        assert!(
+            blocks.is_multiple_of(kind.period_blocks()),
+            "{kind:?} matrices need whole super-blocks"
+        );
+        let periods = blocks / kind.period_blocks();
         Self {
             kind,
             rows,
             cols,
             // Zeroed by the allocator (lazily, page by page, as the threads of `fill` write).
-            data: bytemuck::zeroed_vec(groups * blocks * kind.group_block_bytes() / LINE),
+            data: bytemuck::zeroed_vec(groups * periods * kind.group_period_bytes() / LINE),
         }
     }
 
-    /// Calls `f(row, block, lines, scales)` for every row of every tile (padding included)
-    /// with the tile's lines and scales of that block; stretches (one group's lane) in
-    /// parallel.
-    fn fill(&mut self, f: impl Fn(usize, usize, &mut [Line], &mut [u16]) + Sync) {
-        let kind = self.kind;
+    /// Writes every row of every tile: `header(row, b)` (for the first block `b` of each
+    /// period) into the period's scales and codes, `quants(row, b, lines)` into the tile's
+    /// lines of each block. Padding rows stay zero. Stretches (one group's lane) in parallel;
+    /// `None` as soon as a header is.
+    fn fill(
+        &mut self,
+        header: impl Fn(usize, usize) -> Option<RowHeader> + Sync,
+        quants: impl Fn(usize, usize, &mut [Line]) + Sync,
+    ) -> Option<()> {
+        let (kind, rows) = (self.kind, self.rows);
         let (lq, blocks, groups) = (kind.quant_bytes() / LINE, self.blocks(), self.groups());
-        let stretch_lines = blocks * kind.lane_block_bytes() / LINE;
+        let stretch_lines = self.periods() * kind.lane_period_bytes() / LINE;
         if stretch_lines == 0 {
-            return;
+            return Some(());
         }
+        let layout = kind.scale_layout();
         self.data
             .par_chunks_mut(stretch_lines)
             .enumerate()
-            .for_each(|(i, stretch)| {
+            .try_for_each(|(i, stretch)| {
                 let (lane, g) = (i / groups, i % groups);
-                let mut scales = vec![0u16; kind.scales()];
                 for c in 0..LANE_TILES {
+                    // Padding rows' scales stay zero.
+                    let mut scales = vec![0u16; kind.scales()];
                     let t = g * GROUP + lane * LANE_TILES + c;
+                    let valid = rows.saturating_sub(t * TILE).min(TILE);
                     for b in 0..blocks {
-                        let (q, s) = Self::offsets_in_stretch(kind, c, b);
-                        for r in 0..TILE {
-                            f(
+                        let o = Self::offsets_in_stretch(kind, c, b);
+                        if b % kind.period_blocks() == 0 {
+                            let bytes: &mut [u8] = bytemuck::cast_slice_mut(stretch);
+                            for r in 0..valid {
+                                let h = header(t * TILE + r, b)?;
+                                scales[r] = h.scales[0].to_bits();
+                                if scales.len() > TILE {
+                                    scales[TILE + r] = h.scales[1].to_bits();
+                                }
+                                for (k, &code) in
+                                    h.codes[..kind.code_bytes() / TILE].iter().enumerate()
+                                {
+                                    bytes[o.codes + code_offset(layout, r, k)] = code;
+                                }
+                            }
+                            bytes[o.scales..o.scales + 2 * scales.len()]
+                                .copy_from_slice(bytemuck::cast_slice(&scales));
+                        }
+                        for r in 0..valid {
+                            quants(
                                 t * TILE + r,
                                 b,
-                                &mut stretch[q / LINE..q / LINE + lq],
-                                &mut scales,
+                                &mut stretch[o.quants / LINE..o.quants / LINE + lq],
                             );
                         }
-                        let bytes: &mut [u8] = bytemuck::cast_slice_mut(stretch);
-                        bytes[s..s + 2 * scales.len()]
-                            .copy_from_slice(bytemuck::cast_slice(&scales));
                     }
                 }
-            });
+                Some(())
+            })
     }
 }

@@ -8,7 +8,6 @@ use crate::quant::{
     BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
     BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_iq4_nl, dequantize_row_q4_0,
     dequantize_row_q4_1, dequantize_row_q5_0, dequantize_row_q5_1, dequantize_row_q8_0,
-    get_scale_min_k4,
 };
 
 #[test]
@@ -95,11 +94,13 @@ fn rows_unpack_to_the_gguf_dequantization() {
 }
 
 /// Packs random super-blocks of every shape with `pack` and checks each row of the result
-/// against `dequantize`, within `bound(block, value index in the super-block)`: the f16
-/// rounding of the sub-block scales.
+/// against `dequantize`, within `bound(block, value index in the super-block)` (for
+/// `IQ4_XS`, the f16 rounding of the sub-block scales; zero for the others), and its packed
+/// size against `packed_per_32` bytes per 32 values.
 fn k_quant_rows_unpack<B>(
     seed: u64,
     block_bytes: usize,
+    packed_per_32: f64,
     random_block: impl Fn(&mut rand_chacha::ChaCha8Rng) -> B,
     pack: fn(usize, usize, &[B]) -> Option<PackedMatrix>,
     dequantize: fn(&[B], &mut [f32]),
@@ -111,6 +112,8 @@ fn k_quant_rows_unpack<B>(
         let blocks: Vec<B> = (0..nb).map(|_| random_block(&mut rng)).collect();
         let p = pack(rows, cols, &blocks).expect("small scales");
         assert_eq!(p.storage_bytes(), nb * block_bytes);
+        let padded = rows.next_multiple_of(64) * cols / QK;
+        assert_eq!(p.packed_bytes() as f64, padded as f64 * packed_per_32);
         let per_row = cols / QK_K;
         for row in 0..rows {
             let mut want = vec![0f32; cols];
@@ -125,23 +128,16 @@ fn k_quant_rows_unpack<B>(
     }
 }
 
-/// `d · sc` and `dmin · m` of the sub-block of value `e` of a Q4_K/Q5_K super-block.
-fn scale_and_min(d: f16, dmin: f16, scales: &[u8; 12], e: usize) -> (f32, f32) {
-    let (sc, m) = get_scale_min_k4(e / QK, scales);
-    (d.to_f32() * f32::from(sc), dmin.to_f32() * f32::from(m))
-}
-
 #[test]
-fn k_quant_rows_unpack_to_the_dequantization_within_f16_scales() {
+fn k_quant_rows_unpack_to_the_dequantization() {
     use crate::quant::{
         dequantize_row_iq4_xs, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,
         dequantize_row_q6_k,
     };
-    // Each term moves by at most half an f16 step (2^-11 relative, 2^-25 when subnormal).
-    let half_step = 2f32.powi(-11);
     k_quant_rows_unpack(
         2,
         144,
+        18.0,
         |rng| BlockQ4K {
             d: f16::from_f32(rng.random_range(0.0..0.002)),
             dmin: f16::from_f32(rng.random_range(0.0..0.004)),
@@ -150,14 +146,12 @@ fn k_quant_rows_unpack_to_the_dequantization_within_f16_scales() {
         },
         PackedMatrix::from_q4_k,
         dequantize_row_q4_k,
-        |b, e| {
-            let (d, m) = scale_and_min(b.d, b.dmin, &b.scales, e);
-            (d * 15.0 + m) * half_step + 2f32.powi(-24) * 16.0
-        },
+        |_, _| 0.0,
     );
     k_quant_rows_unpack(
         3,
         176,
+        22.0,
         |rng| BlockQ5K {
             d: f16::from_f32(rng.random_range(0.0..0.002)),
             dmin: f16::from_f32(rng.random_range(0.0..0.004)),
@@ -167,14 +161,12 @@ fn k_quant_rows_unpack_to_the_dequantization_within_f16_scales() {
         },
         PackedMatrix::from_q5_k,
         dequantize_row_q5_k,
-        |b, e| {
-            let (d, m) = scale_and_min(b.d, b.dmin, &b.scales, e);
-            (d * 31.0 + m) * 2.0 * half_step + 2f32.powi(-24) * 32.0
-        },
+        |_, _| 0.0,
     );
     k_quant_rows_unpack(
         4,
         210,
+        26.25,
         |rng| BlockQ6K {
             ql: std::array::from_fn(|_| rng.random()),
             qh: std::array::from_fn(|_| rng.random()),
@@ -183,14 +175,12 @@ fn k_quant_rows_unpack_to_the_dequantization_within_f16_scales() {
         },
         PackedMatrix::from_q6_k,
         dequantize_row_q6_k,
-        |b, e| {
-            let d = (b.d.to_f32() * f32::from(b.scales[e / 16])).abs();
-            d * 32.0 * 2.0 * half_step + 2f32.powi(-24) * 32.0
-        },
+        |_, _| 0.0,
     );
     k_quant_rows_unpack(
         6,
         110,
+        14.25,
         |rng| BlockQ3K {
             hmask: std::array::from_fn(|_| rng.random()),
             qs: std::array::from_fn(|_| rng.random()),
@@ -199,14 +189,14 @@ fn k_quant_rows_unpack_to_the_dequantization_within_f16_scales() {
         },
         PackedMatrix::from_q3_k,
         dequantize_row_q3_k,
-        |b, e| {
-            let d = (b.d.to_f32() * b.scale(e / 16) as f32).abs();
-            d * 4.0 * half_step + 2f32.powi(-24) * 4.0
-        },
+        |_, _| 0.0,
     );
+    // Each term moves by at most half an f16 step (2^-11 relative, 2^-25 when subnormal).
+    let half_step = 2f32.powi(-11);
     k_quant_rows_unpack(
         5,
         136,
+        18.0,
         |rng| BlockIQ4XS {
             d: f16::from_f32(rng.random_range(-0.0005..0.0005)),
             scales_h: rng.random(),
@@ -217,13 +207,27 @@ fn k_quant_rows_unpack_to_the_dequantization_within_f16_scales() {
         dequantize_row_iq4_xs,
         |b, e| b.sub_scale(e / QK).abs() * 127.0 * half_step + 2f32.powi(-24) * 127.0,
     );
-    let huge = BlockQ4K {
+}
+
+#[test]
+fn k_quant_scales_are_refused_only_when_not_finite() {
+    // Exact in f32 whatever their size.
+    let mut huge = BlockQ4K {
         d: f16::from_f32(60000.0),
         dmin: f16::ZERO,
         scales: [63; 12],
         qs: [0; QK_K / 2],
     };
+    assert!(PackedMatrix::from_q4_k(1, QK_K, &[huge]).is_some());
+    huge.dmin = f16::INFINITY;
     assert!(PackedMatrix::from_q4_k(1, QK_K, &[huge]).is_none());
+    let nan = BlockQ6K {
+        ql: [0; QK_K / 2],
+        qh: [0; QK_K / 4],
+        scales: [1; QK_K / 16],
+        d: f16::NAN,
+    };
+    assert!(PackedMatrix::from_q6_k(1, QK_K, &[nan]).is_none());
     let huge = BlockQ5_0 {
         d: f16::from_f32(5000.0),
         qh: [0; 4],

@@ -37,26 +37,27 @@ impl PackedMatrix {
         }
     }
 
-    /// Row `row` as f32, exactly as the GGUF dequantizer writes it (for `Q4_K`, with the
-    /// sub-block scales as packed).
+    /// Row `row` as f32, exactly as the GGUF dequantizer writes it (but for the sign of zeros
+    /// in `Q4_K` and `Q5_K` rows with a negative scale).
     pub fn row_f32(&self, row: usize, out: &mut [f32]) {
         assert!(row < self.rows, "row {row} of a {}-row matrix", self.rows);
         assert_eq!(out.len(), self.cols, "a row has cols values");
         let (t, r) = (row / TILE, row % TILE);
         for (b, y) in out.chunks_exact_mut(QK).enumerate() {
             let s = self.block_scales(t, b);
+            let (first, second) = (s[0][r], s[1][r]);
             match self.kind {
                 PackedKind::Q8_0 => {
                     let blk = BlockQ8_0 {
-                        d: f16::from_bits(s[r]),
+                        d: f16::from_f32(first),
                         qs: std::array::from_fn(|e| (self.quant(row, b, e) ^ 0x80) as i8),
                     };
                     dequantize_row_q8_0(std::slice::from_ref(&blk), y);
                 }
-                PackedKind::Q4_1 | PackedKind::Q4K => {
+                PackedKind::Q4_1 => {
                     let blk = BlockQ4_1 {
-                        d: f16::from_bits(s[r]),
-                        m: f16::from_bits(s[TILE + r]),
+                        d: f16::from_f32(first),
+                        m: f16::from_f32(second),
                         qs: std::array::from_fn(|j| {
                             self.quant(row, b, j) | (self.quant(row, b, j + QK / 2) << 4)
                         }),
@@ -66,32 +67,30 @@ impl PackedMatrix {
                 PackedKind::Q6K | PackedKind::Q3K => {
                     let offset = (32 >> self.kind.half_shift()) as f32;
                     for (e, v) in y.iter_mut().enumerate() {
-                        let d = f16::from_bits(s[r + TILE * (e / (QK / 2))]).to_f32();
+                        let d = s[e / (QK / 2)][r];
                         *v = d * (f32::from(self.quant(row, b, e)) - offset);
                     }
                 }
-                PackedKind::Q5K | PackedKind::Q5_1 => {
-                    let (d, m) = (f16::from_bits(s[r]).to_f32(), f16::from_bits(s[TILE + r]));
+                // `d · q - dmin · m` as ggml's, with `-dmin · m` held.
+                PackedKind::Q4K | PackedKind::Q5K | PackedKind::Q5_1 => {
                     for (e, v) in y.iter_mut().enumerate() {
-                        *v = d * f32::from(self.quant(row, b, e)) + m.to_f32();
+                        *v = first * f32::from(self.quant(row, b, e)) + second;
                     }
                 }
                 PackedKind::IQ4NL | PackedKind::IQ4XS => {
-                    let d = f16::from_bits(s[r]).to_f32();
                     for (e, v) in y.iter_mut().enumerate() {
                         let q = usize::from(self.quant(row, b, e));
-                        *v = d * f32::from(KVALUES_IQ4NL[q]);
+                        *v = first * f32::from(KVALUES_IQ4NL[q]);
                     }
                 }
                 PackedKind::Q5_0 => {
-                    let d = f16::from_bits(s[r]).to_f32();
                     for (e, v) in y.iter_mut().enumerate() {
-                        *v = (i32::from(self.quant(row, b, e)) - 16) as f32 * d;
+                        *v = (i32::from(self.quant(row, b, e)) - 16) as f32 * first;
                     }
                 }
                 PackedKind::Q4_0 => {
                     let blk = BlockQ4_0 {
-                        d: f16::from_bits(s[r]),
+                        d: f16::from_f32(first),
                         qs: std::array::from_fn(|j| {
                             self.quant(row, b, j) | (self.quant(row, b, j + QK / 2) << 4)
                         }),
