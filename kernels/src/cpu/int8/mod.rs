@@ -165,7 +165,7 @@ fn items(parts: &[(&PackedMatrix, Option<&[f32]>)], m: usize) -> Vec<Item> {
     let mut items = Vec::new();
     for (part, (w, _)) in parts.iter().enumerate() {
         let tiles = w.tiles();
-        let tile_bytes = (w.blocks() * w.block_stride() / packed::LANE_TILES).max(1);
+        let tile_bytes = (w.packed_bytes() / tiles.next_multiple_of(GROUP)).max(1);
         let per_item = (ITEM_BYTES / tile_bytes / m.max(1))
             .max(1)
             .next_multiple_of(GROUP);
