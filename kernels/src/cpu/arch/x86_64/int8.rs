@@ -10,7 +10,9 @@ use std::arch::x86_64::*;
 use super::int8_avx2::{BYTE_OF_LANE, MAGIC, MAGIC_BITS};
 use crate::cpu::int8::Int8Kernels;
 use crate::cpu::int8::activations::{QuantizedRows, RADIX};
-use crate::cpu::int8::packed::{GROUP, PackedMatrix, QK, QuantLayout, ScaleLayout, TILE};
+use crate::cpu::int8::packed::{
+    GROUP, LANE_TILES, PackedMatrix, QK, QuantLayout, ScaleLayout, TILE,
+};
 use crate::quant::QK_K;
 
 /// Whether the CPU has what [`AVX512_VNNI`] uses.
@@ -349,9 +351,8 @@ unsafe fn store_tiles<const R: usize, const C: usize>(
 
 /// Rows `i0..i0 + R` of `x` times tiles `t..t + C`, written at `out[r * ldo + c * 16 + lane]`
 /// for the tiles' valid lanes. Nibbles (`Q4`, with `HIGH` lines of high bits) are quants with a
-/// minimum, or with `LUT` indices into the kind's table (then, as bytes, offset by 128). Nothing
-/// is prefetched by hand: software prefetches take the line-fill slots the hardware
-/// prefetchers would use, and slow a stream from DRAM down.
+/// minimum, or with `LUT` indices into the kind's table (then, as bytes, offset by 128). Each
+/// lane is prefetched a little ahead (see [`prefetch_lanes`]).
 ///
 /// # Safety
 /// The rows and tiles exist; `out` is writable at those places.
@@ -375,6 +376,7 @@ unsafe fn kernel<
     let blocks = w.blocks();
     let (period, step) = (w.period_stride(), w.block_step());
     let per = if SUPER { QK_K / QK } else { 1 };
+    let pf = prefetch_distance();
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
     let codes: [*const u8; C] = std::array::from_fn(|c| {
         if SUPER {
@@ -408,6 +410,7 @@ unsafe fn kernel<
                 let b = p * per + jb;
                 let lines: [*const u8; C] =
                     std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
+                prefetch_lanes::<C>(&lines, step, pf);
                 // Two integer chains per (row, tile): against the high and the low digits.
                 let mut sa = [[_mm512_setzero_si512(); C]; R];
                 let mut sb_ = [[_mm512_setzero_si512(); C]; R];
@@ -577,6 +580,7 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
 ) {
     let blocks = w.blocks();
     let (period, step, per) = (w.period_stride(), w.block_step(), QK_K / QK);
+    let pf = prefetch_distance();
     let starts: [(*const u8, *const u16); C] = std::array::from_fn(|c| w.tile_start(t + c));
     let codes: [*const u8; C] = std::array::from_fn(|c| w.tile_codes(t + c));
     let mut stash = [[_mm512_setzero_ps(); 2 * QK_K / QK]; C];
@@ -599,6 +603,7 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
                 let b = p * per + jb;
                 let lines: [*const u8; C] =
                     std::array::from_fn(|c| starts[c].0.add(p * period + jb * step));
+                prefetch_lanes::<C>(&lines, step, pf);
                 let xg = |digits: *const i8, r: usize, g: usize| {
                     _mm512_set1_epi32(
                         digits
@@ -655,5 +660,43 @@ unsafe fn kernel_q6<const CRUMB: bool, const R: usize, const C: usize>(
             }
         }
         store_tiles(w, t, &acc, out, ldo);
+    }
+}
+
+/// How far ahead of its current block a lane is prefetched: [`PREFETCH_AHEAD`] bytes, or
+/// `TESSERA_PREFETCH_BYTES` (0: none) for machines where another distance streams better.
+fn prefetch_distance() -> usize {
+    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *D.get_or_init(|| {
+        std::env::var("TESSERA_PREFETCH_BYTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(PREFETCH_AHEAD)
+    })
+}
+
+/// A core's hardware prefetchers keep too few lines of a decode stream in flight while the
+/// kernel computes on it (a cold GEMV runs at half its speed from the caches), and they
+/// restart at every 4 KiB page. Asking for the lines a block or two ahead keeps the stream
+/// moving; much further ahead, the lines arrive too early and crowd the L1.
+const PREFETCH_AHEAD: usize = 1024;
+
+/// Prefetches, for each lane of the tiles, the `step` bytes that lie `distance` bytes ahead of
+/// its current block.
+#[inline(always)]
+fn prefetch_lanes<const C: usize>(lines: &[*const u8; C], step: usize, distance: usize) {
+    if distance == 0 {
+        return;
+    }
+    let mut c = 0;
+    while c < C {
+        let ahead = lines[c].wrapping_add(distance);
+        let mut j = 0;
+        while j < step {
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j).cast()) };
+            j += 64;
+        }
+        c += LANE_TILES;
     }
 }
