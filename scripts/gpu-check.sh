@@ -11,8 +11,8 @@
 #      tensor-core kernels) and paged decode (GQA,
 #      windows, prefix chunks, split contexts), Q8_0/Q4_0/Q4_1 GEMV and dequantization, sampling
 #      helpers, cuBLASLt (bf16) and cuBLAS (f32) GEMM;
-#   5. the engine on the GPU (shard/tests/cuda_engine.rs): the fixtures' transformers goldens in
-#      f32 and bf16, and results independent of batching and chunking;
+#   5. the engine on the GPU (shard/tests/shard/cuda_engine.rs): the fixtures' transformers
+#      goldens in f32 and bf16, and results independent of batching and chunking;
 #   6. the server on the GPU: tessera-launcher serves fixtures/tiny-llama in f32 with its shard on
 #      the GPU (Warmup sizing the KV cache by --memory-fraction, CUDA graphs), /info reports
 #      cuda, and /generate's greedy tokens are transformers' (fixtures' golden.json);
@@ -74,7 +74,7 @@ fi
 export TESSERA_REQUIRE_GPU=1 TESSERA_REPO_ROOT="$PWD"
 prebuilt=${TESSERA_GPU_PREBUILT:-}
 # How each check runs: an executable of gpu-pack.sh, or cargo.
-run_test() { # run_test CRATE TEST ARGS...
+run_test() { # run_test CRATE TEST ARGS... (a test target, then its filter and options)
     local crate=$1 test=$2; shift 2
     if [ -n "$prebuilt" ]; then "$prebuilt/$test" "$@"
     else cargo test --release --locked --features cuda -p "$crate" --test "$test" -- "$@"; fi
@@ -117,7 +117,7 @@ kernel_log=$(mktemp)
 step "kernels vs CPU" bash -c "$(declare -f run_test); prebuilt='$prebuilt'; \
     run_test tessera-kernels cuda_kernels --nocapture --test-threads=1 2>&1 | tee '$kernel_log'; \
     test \${PIPESTATUS[0]} -eq 0 && ! grep -q SKIPPED '$kernel_log'"
-step "engine goldens on GPU" run_test tessera-shard cuda_engine --nocapture --test-threads=1
+step "engine goldens on GPU" run_test tessera-shard shard cuda_engine:: --nocapture --test-threads=1
 # The server end to end, from the launcher down to the shard on the GPU.
 serve_check() { # serve_check BIN_DIR
     local bin=$1 port=18080 log rc

@@ -28,7 +28,7 @@ for line in sys.stdin:
 }
 {
     build test --release -p tessera-kernels --test cuda_ptx --test cuda_kernels
-    build test --release -p tessera-shard --test cuda_engine
+    build test --release -p tessera-shard --test shard
     build bench -p tessera-kernels --bench cuda_attention
     build bench -p tessera-shard --bench gpu
 } | while IFS='=' read -r name path; do

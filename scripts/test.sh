@@ -30,7 +30,7 @@ step cargo clippy "${cargo_args[@]}" --all-targets -- -D warnings
 # The end-to-end tests start the real binaries, which `cargo test` alone does not build.
 step cargo build "${cargo_args[@]}" --bins
 # Every unit, golden and end-to-end test, the fuzz targets' corpora replayed
-# (tests/tests/fuzz_corpus.rs), and the doc tests. cargo-nextest (on these machines) runs the
+# (tests/tests/e2e/fuzz_corpus.rs), and the doc tests. cargo-nextest (on these machines) runs the
 # test binaries side by side, so one binary's long test no longer holds up the others; it
 # does not run doc tests, which `cargo test --doc` then does.
 if cargo nextest --version >/dev/null 2>&1; then

@@ -4,7 +4,7 @@
 //! Every `tessera_*` name carries its unit (`_seconds`, `_tokens`, `_requests`, `_blocks`,
 //! `_ratio`) and counters end in `_total`. [`names::ALL`] lists every metric with its kind,
 //! [`vllm::ALL`] the vLLM-named twins the gateways read; `deploy/README.md` documents both and
-//! `tests/tests/metrics_*.rs` checks that they agree.
+//! `tests/tests/e2e/metrics_*.rs` checks that they agree.
 //!
 //! Request-level metrics count *sequences*: an OpenAI request with `n = 3` is three
 //! requests. `tessera_requests_total` = success + failure + in flight: sequences are counted

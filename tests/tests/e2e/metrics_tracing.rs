@@ -4,7 +4,7 @@
 //! router spans and shard spans in that trace, the shard's `Prefill` a child of the router's
 //! `prefill` step, which the context reached only through the gRPC metadata.
 
-mod metrics_support;
+use crate::metrics_support;
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};

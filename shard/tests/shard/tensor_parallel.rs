@@ -7,7 +7,7 @@
 //! across a quantization step, so there the ranks agree exactly with each other and within
 //! the int8 noise with one rank.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -225,7 +225,7 @@ fn smollm2_int8_ranks_agree() {
     let mean = sum / count as f64;
     eprintln!("SmolLM2 int8: 2 ranks vs 1 rank: max |logit diff| {worst:e}, mean {mean:e}");
     // A different summation order moves some activations across a quantization step, and
-    // those moves spread, up to the difference of int8 to exact f32 (`tests/smollm2.rs`).
+    // those moves spread, up to the difference of int8 to exact f32 (`smollm2.rs`).
     assert!(
         worst < 0.1 && mean < 0.01,
         "SmolLM2 int8: 2 ranks differ from 1 by {worst} (mean {mean})"

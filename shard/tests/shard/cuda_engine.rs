@@ -11,7 +11,7 @@
 //!   (bf16 keeps 8 bits of mantissa; every layer rounds the residual stream once more).
 #![cfg(feature = "cuda")]
 
-mod common;
+use crate::common;
 
 use common::{
     Schedule, assert_close_under_schedules, assert_goldens, max_abs_diff, on_gpu_with, run,

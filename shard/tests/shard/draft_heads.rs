@@ -2,7 +2,7 @@
 //! without speculation for every tiny fixture and tree width, alone and in a batch of 32, and
 //! sampled tokens keep the model's distribution.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

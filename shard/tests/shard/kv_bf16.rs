@@ -1,7 +1,7 @@
 //! A bfloat16 KV cache keeps the fixtures' logits close to the float32 cache's, and results
 //! still do not depend on batching or chunking.
 
-mod common;
+use crate::common;
 
 use common::{Schedule, assert_same_under_schedules, load_fixture, max_abs_diff, run};
 use tessera_shard::KvDtype;

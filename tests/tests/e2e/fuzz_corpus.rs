@@ -4,7 +4,7 @@
 //! itself, which looks for new inputs, is `scripts/fuzz.sh` (see `fuzz/README.md`).
 
 #[allow(unreachable_pub, dead_code, missing_docs)]
-#[path = "../../fuzz/src/lib.rs"]
+#[path = "../../../fuzz/src/lib.rs"]
 mod targets;
 
 use std::path::PathBuf;
@@ -61,5 +61,6 @@ fn chat_template() {
 
 #[test]
 fn http_bodies() {
+    let _router = crate::IN_PROCESS_ROUTER.blocking_lock();
     replay("http_bodies", targets::http_bodies);
 }

@@ -5,7 +5,7 @@
 //!
 //! Needs the GGUF like `smollm2.rs` (skipped without it unless `TESSERA_REQUIRE_SMOLLM2=1`).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

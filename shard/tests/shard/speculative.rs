@@ -1,7 +1,7 @@
 //! Speculative decoding never changes what the model produces: greedy tokens are identical
 //! for every depth, alone and batched, and sampled tokens keep the model's distribution.
 
-mod common;
+use crate::common;
 
 use common::load_fixture;
 use common::{generate, two_sample_chi2};

@@ -1,7 +1,7 @@
 //! The engine computes what Hugging Face transformers computes, on every fixture family,
 //! and a sequence's result does not depend on batching or chunking, bit for bit.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 //! (`scripts/fetch_smollm2.sh`); without it, it prints why and passes, unless
 //! `TESSERA_REQUIRE_SMOLLM2=1`.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -133,8 +133,8 @@ fn smollm2_every_tensor_loads() {
 #[test]
 fn smollm2_matches_transformers_gguf_loading() {
     let Some(file) = model() else { return };
-    let golden: Value =
-        serde_json::from_str(include_str!("data/smollm2_gguf_slices.json")).expect("golden json");
+    let golden: Value = serde_json::from_str(include_str!("../data/smollm2_gguf_slices.json"))
+        .expect("golden json");
     let tensors = golden["tensors"].as_array().expect("tensors");
     for g in tensors {
         let name = g["name"].as_str().expect("name");

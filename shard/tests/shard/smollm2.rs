@@ -4,7 +4,7 @@
 //! `${TESSERA_CACHE:-~/.cache/tessera}`): without it the test prints why and passes, unless
 //! `TESSERA_REQUIRE_SMOLLM2=1` asks for it to fail instead.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

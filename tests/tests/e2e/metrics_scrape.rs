@@ -3,7 +3,7 @@
 //! metric table of `deploy/README.md` is exactly what the server exports, and that each
 //! metric moved as its row says.
 
-mod metrics_support;
+use crate::metrics_support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -182,6 +182,7 @@ struct Traffic {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_with_traffic() {
+    let _router = crate::IN_PROCESS_ROUTER.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let s = start(dir.path()).await;
     check_exported_before_traffic(&s.scrape().await);

@@ -2,7 +2,7 @@
 //! the example queries of `deploy/README.md`) is one the router exports, used as its kind
 //! allows; and the dashboard takes its Prometheus data source from a variable.
 
-mod metrics_support;
+use crate::metrics_support;
 
 use std::collections::BTreeSet;
 

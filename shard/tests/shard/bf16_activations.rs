@@ -3,7 +3,7 @@
 //! activations' and of the transformers goldens, and results still do not depend on batching
 //! or chunking.
 
-mod common;
+use crate::common;
 
 use common::{
     Golden, Schedule, assert_same_under_schedules, converted_fixture, golden, max_abs_diff, run,
