@@ -489,9 +489,10 @@ impl Model {
         let out = match (&self.compute, &mut cache.pages) {
             // On one of rayon's threads: a pass makes a hundred or more parallel calls, and
             // each one from outside the pool would hand its work over and sleep until it is
-            // done. The products and attention run on the decode team, awake for the pass. Not under tensor parallelism: ranks that share a process (and so a pool)
-            // would each hold a pool thread while waiting in the all-reduce for a rank that
-            // cannot get one.
+            // done; the products and attention run on the decode team, awake for the pass.
+            // Not under tensor parallelism: ranks that share a process (and so a pool) would
+            // each hold a pool thread while waiting in the all-reduce for a rank that cannot
+            // get one.
             (Compute::Cpu(cpu), CachePages::Host(pages)) if self.partition.world_size == 1 => {
                 let _awake = tessera_kernels::cpu::team::awake();
                 rayon::scope(|_| forward::forward(cpu, cpu.dims, layers, &batch, pages, vocab))?

@@ -151,10 +151,11 @@ pub fn linear_int8_parts_with(
 /// nothing against streaming it, small enough that the last items even the members out.
 const ITEM_BYTES: usize = 128 * 1024;
 
-/// One work item: tiles `t0..t0 + nt` of part `part`.
+/// One work item: tiles `t0..t0 + nt` of part `part`, whose outputs start at column `column`.
 #[derive(Clone, Copy)]
 struct Item {
     part: usize,
+    column: usize,
     t0: usize,
     nt: usize,
 }
@@ -163,6 +164,7 @@ struct Item {
 /// [`ITEM_BYTES`] each, or fewer for a batch of rows (each byte then costs `m` products).
 fn items(parts: &[(&PackedMatrix, Option<&[f32]>)], m: usize) -> Vec<Item> {
     let mut items = Vec::new();
+    let mut column = 0;
     for (part, (w, _)) in parts.iter().enumerate() {
         let tiles = w.tiles();
         let tile_bytes = (w.packed_bytes() / tiles.next_multiple_of(GROUP)).max(1);
@@ -171,9 +173,11 @@ fn items(parts: &[(&PackedMatrix, Option<&[f32]>)], m: usize) -> Vec<Item> {
             .next_multiple_of(GROUP);
         items.extend((0..tiles).step_by(per_item).map(|t0| Item {
             part,
+            column,
             t0,
             nt: per_item.min(tiles - t0),
         }));
+        column += w.rows();
     }
     items
 }
@@ -215,25 +219,22 @@ fn linear_int8_parts_using(
     };
     quantized.quantize(x, m, k, int8.quantize, extras);
     let q = &quantized;
-    let columns: Vec<usize> = parts
-        .iter()
-        .scan(0, |first, (w, _)| {
-            let at = *first;
-            *first += w.rows();
-            Some(at)
-        })
-        .collect();
     let items = items(parts, m);
     let ptr = SharedOut(out.as_mut_ptr());
     super::team::run(items.len(), &|i| {
-        let Item { part, t0, nt } = items[i];
+        let Item {
+            part,
+            column,
+            t0,
+            nt,
+        } = items[i];
         let (w, bias) = parts[part];
         let j0 = t0 * TILE;
-        // SAFETY: this item writes out[r * n + columns[part] + c] for r < m and c in
+        // SAFETY: this item writes out[r * n + column + c] for r < m and c in
         // j0..min(j0 + nt * 16, rows of the part) only: inside `out` and disjoint from every
         // other item's columns. `out` is borrowed mutably for the whole region.
         unsafe {
-            let base = ptr.get().add(columns[part] + j0);
+            let base = ptr.get().add(column + j0);
             (int8.tiles)(w, t0, nt, q, base, n);
             add_bias(base, bias, j0..(j0 + nt * TILE).min(w.rows()), m, n);
         }
