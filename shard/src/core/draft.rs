@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::{Engine, Sequence};
 use crate::EngineError;
-use crate::model::{LogitsWanted, SequenceChunk};
+use crate::model::{HiddenStates, LogitsWanted, SequenceChunk};
 use crate::speculative::Speculator;
 
 /// What the draft proposed for one sequence: the tokens and the distributions they were
@@ -91,7 +91,9 @@ impl Engine {
                 prompt_len: self.sequences[id].prompt_len,
             })
             .collect();
-        let out = draft.model.forward(&chunks, &mut draft.cache)?;
+        let out = draft
+            .model
+            .forward(&chunks, &mut draft.cache, HiddenStates::None)?;
         for (ci, (id, _, _)) in inputs.iter().enumerate() {
             let Some(seq) = self.sequences.get_mut(id) else {
                 continue;

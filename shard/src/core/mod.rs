@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::model::{LogitsWanted, Model, SequenceChunk};
+use crate::model::{HiddenStates, LogitsWanted, Model, SequenceChunk};
 use crate::sampling::{Pattern, Sampler, TokenVocab};
 use crate::speculative::{EagleHead, MedusaHeads, SpeculationConfig, Speculator, TokenTree};
 use crate::{EngineError, KvCache};
@@ -302,7 +302,9 @@ impl Engine {
             tree: None,
             prompt_len: 1,
         };
-        let out = self.model.forward(&[chunk], &mut self.cache)?;
+        let out = self
+            .model
+            .forward(&[chunk], &mut self.cache, HiddenStates::None)?;
         match out.last(0) {
             Some(l) if l.iter().all(|v| v.is_finite()) => Ok(()),
             _ => Err(EngineError::InvalidBatch(
@@ -328,7 +330,8 @@ impl Engine {
             tree: None,
             prompt_len: tokens,
         };
-        self.model.forward(&[chunk], &mut self.cache)?;
+        self.model
+            .forward(&[chunk], &mut self.cache, HiddenStates::None)?;
         Ok(())
     }
 }

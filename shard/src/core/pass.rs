@@ -10,10 +10,10 @@ use rayon::prelude::*;
 use super::draft::{DraftProposal, is_decoding};
 use super::eagle::CatchUp;
 use super::{Engine, Sequence, StepOutput, StepResult, StepTimings, nanos};
-use crate::model::{ForwardOutput, LogitsWanted, SequenceChunk};
+use crate::EngineError;
+use crate::model::{ForwardOutput, HiddenStates, LogitsWanted, SequenceChunk};
 use crate::sampling::SampledToken;
 use crate::speculative::{Speculator, TokenTree, propose_ngram, verify, verify_tree};
-use crate::{EngineError, KvCache, Model};
 
 /// One sequence's input to the pass.
 struct Chunk {
@@ -67,8 +67,8 @@ impl Engine {
                 }
             })
             .collect();
-        let (eagle, heads) = (self.eagle.is_some(), self.heads.is_some());
-        let out = forward(&self.model, &mut self.cache, &views, eagle, heads)?;
+        let hidden = self.hidden_states();
+        let out = self.model.forward(&views, &mut self.cache, hidden)?;
         let wanted: Vec<LogitsWanted> = views.iter().map(|c| c.logits).collect();
         let forward_done = Instant::now();
         let mut drawn = self.draw_plain(&chunks, &out);
@@ -224,21 +224,15 @@ impl Engine {
     }
 }
 
-/// The pass, keeping the hidden states the draft heads read: every row's for an EAGLE layer,
-/// the logit rows' for Medusa heads.
-fn forward(
-    model: &Model,
-    cache: &mut KvCache,
-    views: &[SequenceChunk<'_>],
-    eagle: bool,
-    heads: bool,
-) -> Result<ForwardOutput, EngineError> {
-    if eagle {
-        model.forward_keeping_all_hidden(views, cache)
-    } else if heads {
-        model.forward_keeping_hidden(views, cache)
-    } else {
-        model.forward(views, cache)
+impl Engine {
+    /// The hidden states the draft heads read: every row's for an EAGLE layer, the logit
+    /// rows' for Medusa heads.
+    fn hidden_states(&self) -> HiddenStates {
+        match (&self.eagle, &self.heads) {
+            (Some(_), _) => HiddenStates::All,
+            (None, Some(_)) => HiddenStates::LogitRows,
+            (None, None) => HiddenStates::None,
+        }
     }
 }
 

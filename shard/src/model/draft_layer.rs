@@ -9,9 +9,9 @@ use tessera_kernels::cpu::{
 };
 
 use super::backend::Backend;
-use super::batch::{FlatBatch, KeptHidden};
+use super::batch::FlatBatch;
 use super::cpu::{AttentionStep, CpuBackend};
-use super::{Compute, Model, SequenceChunk};
+use super::{Compute, HiddenStates, Model, SequenceChunk};
 use crate::EngineError;
 use crate::kv_cache::{CachePages, HostPages, KvCache};
 use crate::speculative::EagleHead;
@@ -54,7 +54,7 @@ impl Model {
                 )));
             }
         }
-        let flat = FlatBatch::keeping_hidden(chunks, bs, KeptHidden::None);
+        let flat = FlatBatch::keeping_hidden(chunks, bs, HiddenStates::None);
         match (&self.compute, &mut cache.pages) {
             (Compute::Cpu(cpu), CachePages::Host(pages)) if self.partition.world_size == 1 => {
                 rayon::scope(|_| cpu.draft_layer(head, &flat, features, pages))

@@ -19,7 +19,7 @@ use tessera_kernels::quant::{
     BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, KVALUES_IQ4NL,
     QK_K, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q6_k,
 };
-use tessera_shard::{KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
+use tessera_shard::{HiddenStates, KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
 
 #[derive(Deserialize)]
 struct Golden {
@@ -479,7 +479,9 @@ fn sequences_logits(model: &Model, sequences: &[Vec<u32>]) -> Vec<Vec<Vec<f32>>>
             prompt_len: tokens.len(),
         })
         .collect();
-    let out = model.forward(&chunks, &mut cache).unwrap();
+    let out = model
+        .forward(&chunks, &mut cache, HiddenStates::None)
+        .unwrap();
     sequences
         .iter()
         .enumerate()
