@@ -12,8 +12,8 @@ use super::Engine;
 use super::draft::is_decoding;
 use crate::EngineError;
 use crate::kv_cache::KvCache;
-use crate::model::{DraftVocabHead, LogitsWanted, SequenceChunk};
-use crate::speculative::{EagleHead, Speculator, TokenTree};
+use crate::model::{LogitsWanted, SequenceChunk};
+use crate::speculative::{DraftVocabHead, EagleHead, Speculator, TokenTree};
 
 /// The draft layer, its cache over the target's block ids, the trees' width, and the LM
 /// head's rows for its draft vocabulary when it has one.
@@ -87,8 +87,9 @@ impl Engine {
             .iter()
             .flat_map(|c| c.features.iter().copied())
             .collect();
-        self.model
-            .draft_layer_pass(&eagle.head, &chunks, &features, &mut eagle.cache)?;
+        eagle
+            .head
+            .forward(&self.model, &chunks, &features, &mut eagle.cache)?;
         for c in work {
             if let Some(seq) = self.sequences.get_mut(&c.id) {
                 seq.eagle_computed = c.start + c.features.len() / h;
@@ -202,9 +203,9 @@ impl Engine {
                 }
             })
             .collect();
-        let out = self
-            .model
-            .draft_layer_pass(&eagle.head, &chunks, &features, &mut eagle.cache)?;
+        let out = eagle
+            .head
+            .forward(&self.model, &chunks, &features, &mut eagle.cache)?;
         // The deepest nodes' outputs, through the target's LM head in one product.
         let mut frontier: Vec<(usize, usize)> = Vec::new();
         let mut row = 0;

@@ -16,7 +16,9 @@ use std::time::Instant;
 
 use crate::model::{HiddenStates, LogitsWanted, Model, SequenceChunk};
 use crate::sampling::{Pattern, Sampler, TokenVocab};
-use crate::speculative::{EagleHead, MedusaHeads, SpeculationConfig, Speculator, TokenTree};
+use crate::speculative::{
+    DraftVocabHead, EagleHead, MedusaHeads, SpeculationConfig, Speculator, TokenTree,
+};
 use crate::{EngineError, KvCache};
 pub use plan::{NewSequence, RunningUpdate, StepOutput, StepPlan, StepResult, StepTimings};
 
@@ -130,7 +132,7 @@ impl Engine {
         }
         let cache = head.new_cache(self.num_blocks(), self.block_size());
         let vocab = match &head.draft_vocab {
-            Some(ids) => Some(self.model.draft_vocab_head(ids)?),
+            Some(ids) => Some(DraftVocabHead::new(&self.model, ids)?),
             None => None,
         };
         self.eagle = Some(eagle::EagleDraft {

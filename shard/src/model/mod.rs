@@ -17,7 +17,7 @@ mod batch;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
-mod draft_layer;
+mod draft_support;
 mod forward;
 mod moe;
 mod op_times;
@@ -36,12 +36,13 @@ use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
 use crate::kv_cache::{CachePages, KvCache, KvDtype};
 use backend::{Backend, Dims};
 use batch::FlatBatch;
+pub(crate) use cpu::AttentionStep;
 use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::CudaKv;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaOptions;
-pub(crate) use draft_layer::DraftVocabHead;
+pub(crate) use draft_support::EmbeddedBatch;
 pub use op_times::{Op, OpTimes, OpTimesSnapshot};
 use weights::ModelWeights;
 pub use weights::WeightLayout;

@@ -16,6 +16,7 @@ use tessera_formats::{FormatError, open_safetensors};
 use tessera_kernels::cpu::matmul::linear;
 
 use super::tree::TokenTree;
+use super::weights_file::heads_file;
 use crate::EngineError;
 use crate::model::Model;
 
@@ -68,7 +69,7 @@ impl MedusaHeads {
                 TokenTree::MAX_NODES - 1
             )));
         }
-        let file = super::heads_file(dir, "medusa_lm_head.safetensors")?;
+        let file = heads_file(dir, "medusa_lm_head.safetensors")?;
         let weights = open_safetensors(&file)?;
         let prefix = if weights.contains("medusa_head.0.0.linear.weight") {
             "medusa_head."

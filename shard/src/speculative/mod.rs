@@ -4,18 +4,14 @@
 //! (sampling). Proposers that offer several candidates per position (draft heads) verify a
 //! tree of them in one pass (`tree`).
 
-use std::path::{Path, PathBuf};
-
-use tessera_formats::FormatError;
-
-use crate::EngineError;
-
 mod eagle;
 mod medusa;
 mod ngram;
 mod tree;
 mod verify;
+mod weights_file;
 
+pub(crate) use eagle::DraftVocabHead;
 pub use eagle::EagleHead;
 pub(crate) use medusa::top_log_probs;
 pub use medusa::{MedusaHeads, likeliest_paths};
@@ -57,28 +53,6 @@ impl Speculator {
             "eagle" => Some(Self::Eagle),
             _ => None,
         }
-    }
-}
-
-/// The safetensors file of draft heads in `dir`: `named`, or the directory's only one.
-fn heads_file(dir: &Path, named: &str) -> Result<PathBuf, EngineError> {
-    let path = dir.join(named);
-    if path.exists() {
-        return Ok(path);
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| FormatError::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    match found.len() {
-        1 => Ok(found.remove(0)),
-        n => Err(EngineError::Weights {
-            path: dir.display().to_string(),
-            message: format!(
-                "expected {named} (or a single .safetensors file), found {n} safetensors files"
-            ),
-        }),
     }
 }
 

@@ -140,8 +140,8 @@ fn eagle_pass_matches_its_training_script() {
         prompt_len: n,
     };
     let features: Vec<f32> = parity.features.concat();
-    let out = model
-        .draft_layer_pass(&head, &[chunk], &features, &mut cache)
+    let out = head
+        .forward(&model, &[chunk], &features, &mut cache)
         .unwrap();
     let expected = parity.outputs.concat();
     let scale = expected.iter().fold(0f32, |m, x| m.max(x.abs()));

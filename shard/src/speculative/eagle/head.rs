@@ -19,6 +19,7 @@ use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 use crate::EngineError;
 use crate::kv_cache::{KvCache, KvDtype};
 use crate::model::WeightLayout;
+use crate::speculative::weights_file::heads_file;
 
 #[derive(Deserialize)]
 struct HeadConfig {
@@ -113,7 +114,7 @@ impl EagleHead {
                 "{heads} query heads cannot share {kv_heads} KV heads"
             )));
         }
-        let file = super::heads_file(dir, "model.safetensors")?;
+        let file = heads_file(dir, "model.safetensors")?;
         let source = open_safetensors(&file)?;
         let prefix = if source.contains("model.fc.weight") {
             "model."
