@@ -26,6 +26,7 @@ mod error;
 mod kv_cache;
 mod model;
 pub mod sampling;
+mod sequence;
 pub mod service;
 pub mod speculative;
 pub mod telemetry;
