@@ -1,7 +1,7 @@
 //! The shard: a Llama-family engine over a paged KV cache and a flattened batch, and sampling.
 //!
 //! ```no_run
-//! use tessera_shard::{LogitsWanted, Model, SequenceChunk};
+//! use tessera_shard::{HiddenStates, LogitsWanted, Model, SequenceChunk};
 //! let files = tessera_formats::ModelFiles::open("fixtures/tiny-llama".as_ref())?;
 //! let model = Model::load(&files)?;
 //! let mut cache = model.new_cache(64, 16)?;
@@ -13,7 +13,7 @@
 //!     tree: None,
 //!     prompt_len: 3,
 //! };
-//! let out = model.forward(&[chunk], &mut cache)?;
+//! let out = model.forward(&[chunk], &mut cache, HiddenStates::None)?;
 //! assert_eq!(out.last(0).map(|l| l.len()), Some(model.config().vocab_size));
 //! # Ok::<(), tessera_shard::EngineError>(())
 //! ```
@@ -26,6 +26,7 @@ mod error;
 mod kv_cache;
 mod model;
 pub mod sampling;
+mod sequence;
 pub mod service;
 pub mod speculative;
 pub mod telemetry;
@@ -36,6 +37,6 @@ pub use kv_cache::{KvCache, KvDtype};
 #[cfg(feature = "cuda")]
 pub use model::CudaOptions;
 pub use model::{
-    ForwardOutput, LogitsWanted, Model, Op, OpTimes, OpTimesSnapshot, SequenceChunk, TreeMask,
-    WeightLayout,
+    ForwardOutput, HiddenStates, LogitsWanted, Model, Op, OpTimes, OpTimesSnapshot, SequenceChunk,
+    TreeMask, WeightLayout,
 };

@@ -13,7 +13,8 @@ use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig
 use tessera_shard::sampling::TokenVocab;
 use tessera_shard::service::{ShardInfo, ShardService};
 use tessera_shard::speculative::{
-    DEFAULT_TREE_WIDTH, EagleHead, MedusaHeads, SpeculationConfig, Speculator,
+    DEFAULT_TREE_WIDTH, DraftModel, EagleDraft, EagleHead, MedusaDraft, MedusaHeads, Proposer,
+    Speculation, Speculator,
 };
 use tessera_shard::telemetry::{self, TelemetryConfig};
 use tessera_shard::{Engine, KvDtype, Model, WeightLayout};
@@ -250,63 +251,84 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &
     let vocab = token_vocab(&files);
     // Unmap the model files: this rank keeps only its slices.
     drop(files);
-    // A minimal cache until Warmup sizes it from the memory budget.
     tracing::info!(device = %model.device(), "model loaded");
-    let mut engine = Engine::new(model, 2, args.block_size)?.with_speculation(SpeculationConfig {
-        depth: args.speculate as usize,
-        speculator,
-    });
+    let speculation = load_speculation(args, speculator, &model, |draft| {
+        let draft = Model::load_with(draft, layout)?
+            .with_kv_dtype(kv_dtype)
+            .with_activation_dtype(activations);
+        place(draft, on_gpu, args.rank as usize)
+    })?;
+    // A minimal cache until Warmup sizes it from the memory budget.
+    let mut engine = Engine::new(model, 2, args.block_size)?;
+    if let Some(speculation) = speculation {
+        engine = engine.with_speculation(speculation)?;
+    }
     if let Some(vocab) = vocab {
         engine = engine.with_vocabulary(vocab);
     }
-    if let (Speculator::Draft, Some(path)) = (speculator, &args.draft_model_id) {
-        let draft = ModelFiles::open(path)?;
-        tracing::info!(draft = %path.display(), "loading the draft model");
-        let draft = Model::load_with(&draft, layout)?
-            .with_kv_dtype(kv_dtype)
-            .with_activation_dtype(activations);
-        engine = engine.with_draft(place(draft, on_gpu, args.rank as usize)?)?;
-    }
-    if let (Speculator::Medusa, Some(dir), true) =
-        (speculator, &args.draft_model_id, args.speculate > 0)
-    {
-        if on_gpu && args.speculative_tree_width > 1 {
-            bail!(
-                "--speculative-tree-width {}: token trees are verified on the CPU backend only; \
-                 use 1 on a GPU",
-                args.speculative_tree_width
-            );
-        }
-        let config = engine.model().config();
-        let heads = MedusaHeads::load(dir, config.hidden_size, config.vocab_size)
-            .with_context(|| format!("loading Medusa heads from {}", dir.display()))?;
-        if args.speculate as usize > heads.num_heads() {
-            bail!(
-                "--speculate {}: {} has {} Medusa heads",
-                args.speculate,
-                dir.display(),
-                heads.num_heads()
-            );
-        }
-        tracing::info!(
-            heads = heads.num_heads(),
-            width = args.speculative_tree_width,
-            "Medusa heads"
-        );
-        engine = engine.with_medusa(heads, args.speculative_tree_width)?;
-    }
-    if let (Speculator::Eagle, Some(dir), true) =
-        (speculator, &args.draft_model_id, args.speculate > 0)
-    {
-        if on_gpu {
-            bail!("--speculator eagle: EAGLE draft layers run on the CPU backend only");
-        }
-        let head = EagleHead::load(dir, engine.model().config())
-            .with_context(|| format!("loading the EAGLE head from {}", dir.display()))?;
-        tracing::info!(width = args.speculative_tree_width, "EAGLE draft head");
-        engine = engine.with_eagle(head, args.speculative_tree_width)?;
-    }
     Ok((engine, weights_dtype))
+}
+
+/// The speculation `--speculate` and `--speculator` ask for (`None` for a depth of 0), its
+/// proposer loaded for `target` from `--draft-model-id` (a draft model through `load_draft`,
+/// placed as the target is).
+fn load_speculation(
+    args: &Args,
+    speculator: Speculator,
+    target: &Model,
+    load_draft: impl FnOnce(&ModelFiles) -> anyhow::Result<Model>,
+) -> anyhow::Result<Option<Speculation>> {
+    let depth = args.speculate as usize;
+    if depth == 0 {
+        return Ok(None);
+    }
+    let width = args.speculative_tree_width;
+    let dir = || {
+        args.draft_model_id
+            .as_deref()
+            .with_context(|| format!("--speculator {} needs --draft-model-id", speculator.name()))
+    };
+    let proposer = match speculator {
+        Speculator::Ngram => Proposer::Ngram,
+        Speculator::Draft => {
+            let path = dir()?;
+            let files = ModelFiles::open(path)?;
+            tracing::info!(draft = %path.display(), "loading the draft model");
+            Proposer::Draft(DraftModel::new(load_draft(&files)?, target)?)
+        }
+        Speculator::Medusa => {
+            let dir = dir()?;
+            if target.on_gpu() && width > 1 {
+                bail!(
+                    "--speculative-tree-width {width}: token trees are verified on the CPU \
+                     backend only; use 1 on a GPU"
+                );
+            }
+            let config = target.config();
+            let heads = MedusaHeads::load(dir, config.hidden_size, config.vocab_size)
+                .with_context(|| format!("loading Medusa heads from {}", dir.display()))?;
+            if depth > heads.num_heads() {
+                bail!(
+                    "--speculate {depth}: {} has {} Medusa heads",
+                    dir.display(),
+                    heads.num_heads()
+                );
+            }
+            tracing::info!(heads = heads.num_heads(), width, "Medusa heads");
+            Proposer::Medusa(MedusaDraft::new(heads, width)?)
+        }
+        Speculator::Eagle => {
+            let dir = dir()?;
+            if target.on_gpu() {
+                bail!("--speculator eagle: EAGLE draft layers run on the CPU backend only");
+            }
+            let head = EagleHead::load(dir, target.config())
+                .with_context(|| format!("loading the EAGLE head from {}", dir.display()))?;
+            tracing::info!(width, "EAGLE draft head");
+            Proposer::Eagle(EagleDraft::new(head, width, target)?)
+        }
+    };
+    Ok(Some(Speculation::new(depth, proposer)))
 }
 
 /// Serves the router's calls on the unix socket `socket` (replacing a stale one) until

@@ -2,7 +2,7 @@
 
 use std::hint::black_box;
 
-use tessera_shard::{ForwardOutput, KvCache, LogitsWanted, Model, SequenceChunk};
+use tessera_shard::{ForwardOutput, HiddenStates, KvCache, LogitsWanted, Model, SequenceChunk};
 
 /// `n` token ids spread over the vocabulary (never 0), different for each `seed`.
 pub(crate) fn tokens(n: usize, seed: usize, vocab: usize) -> Vec<u32> {
@@ -41,7 +41,11 @@ pub(crate) fn prefill(
             prompt_len: p.len(),
         })
         .collect();
-    black_box(model.forward(&chunks, cache).expect("prefill"))
+    black_box(
+        model
+            .forward(&chunks, cache, HiddenStates::None)
+            .expect("prefill"),
+    )
 }
 
 /// `steps` greedy decode passes for `tables.len()` sequences whose prompts of `ctx` tokens
@@ -67,7 +71,9 @@ pub(crate) fn decode(
                 prompt_len: ctx,
             })
             .collect();
-        let out = model.forward(&chunks, cache).expect("decode");
+        let out = model
+            .forward(&chunks, cache, HiddenStates::None)
+            .expect("decode");
         for (b, l) in last.iter_mut().enumerate() {
             *l = argmax(out.last(b).expect("logits")) as u32;
         }

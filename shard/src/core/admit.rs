@@ -6,9 +6,11 @@ use std::sync::Arc;
 use tessera_formats::GrammarSource;
 use tessera_params::OutputConstraint;
 
-use super::{Engine, NewSequence, Sequence};
+use super::{Engine, NewSequence};
 use crate::EngineError;
 use crate::sampling::{Choices, Pattern, Sampler};
+use crate::sequence::Sequence;
+use crate::speculative::state::ProposerState;
 
 /// Compiled output patterns an engine keeps.
 const CACHED_PATTERNS: usize = 16;
@@ -47,6 +49,10 @@ impl Engine {
         for &t in &seq.input_ids[prompt_len..] {
             sampler.record(t);
         }
+        let proposer = match &self.speculation {
+            Some(s) => s.new_state(seq.cache_len),
+            None => ProposerState::Stateless,
+        };
         self.sequences.insert(
             seq.id,
             Sequence {
@@ -56,9 +62,7 @@ impl Engine {
                 sampler,
                 prefill: seq.prefill_logprobs.then(Vec::new),
                 prompt_len,
-                draft_computed: 0,
-                head_state: Vec::new(),
-                eagle_computed: seq.cache_len,
+                proposer,
             },
         );
         Ok(())

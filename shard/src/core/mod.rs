@@ -3,10 +3,9 @@
 //! router's plan to the table (who leaves, who joins, who grows), checks that it is possible,
 //! and runs one forward pass and the sampling that follows.
 
+mod accept;
 mod admit;
-mod draft;
-mod eagle;
-mod heads;
+mod chunk;
 mod pass;
 mod plan;
 
@@ -14,47 +13,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::model::{LogitsWanted, Model, SequenceChunk};
-use crate::sampling::{Pattern, Sampler, TokenVocab};
-use crate::speculative::{EagleHead, MedusaHeads, SpeculationConfig, Speculator, TokenTree};
+use crate::model::{HiddenStates, LogitsWanted, Model, SequenceChunk};
+use crate::sampling::{Pattern, TokenVocab};
+use crate::sequence::Sequence;
+use crate::speculative::{Speculation, Speculator};
 use crate::{EngineError, KvCache};
 pub use plan::{NewSequence, RunningUpdate, StepOutput, StepPlan, StepResult, StepTimings};
-
-struct Sequence {
-    tokens: Vec<u32>,
-    /// Tokens whose K/V are in the cache.
-    computed: usize,
-    blocks: Vec<u32>,
-    sampler: Sampler,
-    /// Prompt logprobs gathered so far, while the client wants them and the prompt is not
-    /// fully computed.
-    prefill: Option<Vec<(u32, f32)>>,
-    /// Tokens of `tokens` that belong to the prompt (prompt logprobs stop there).
-    prompt_len: usize,
-    /// Tokens whose K/V are in the draft model's cache (draft speculation).
-    draft_computed: usize,
-    /// The final hidden state behind the pending token's logits, which draft heads read
-    /// (empty until a pass has produced one).
-    head_state: Vec<f32>,
-    /// Positions whose K/V are in the EAGLE draft layer's cache.
-    eagle_computed: usize,
-}
-
-/// A draft model for speculation, with its own cache over the same block ids.
-struct Draft {
-    model: Model,
-    cache: KvCache,
-}
 
 /// The model, its cache, and every live sequence.
 pub struct Engine {
     model: Model,
     cache: KvCache,
     sequences: HashMap<u64, Sequence>,
-    speculation: Option<SpeculationConfig>,
-    draft: Option<Draft>,
-    heads: Option<heads::DraftHeads>,
-    eagle: Option<eagle::EagleDraft>,
+    speculation: Option<Speculation>,
     vocab: Option<Arc<TokenVocab>>,
     /// Recently compiled output patterns, by text: the `n` samples of a request, and requests
     /// that repeat a pattern, compile it (and walk its sets) once.
@@ -70,9 +41,6 @@ impl Engine {
             cache,
             sequences: HashMap::new(),
             speculation: None,
-            draft: None,
-            heads: None,
-            eagle: None,
             vocab: None,
             patterns: HashMap::new(),
         })
@@ -85,93 +53,32 @@ impl Engine {
         self
     }
 
-    /// Uses `draft` to propose tokens (`Speculator::Draft`). It must share the tokenizer:
-    /// a different vocabulary is refused.
-    pub fn with_draft(mut self, draft: Model) -> Result<Self, EngineError> {
-        let (ours, theirs) = (self.model.config().vocab_size, draft.config().vocab_size);
-        if ours != theirs {
-            return Err(EngineError::InvalidBatch(format!(
-                "the draft model has a vocabulary of {theirs} tokens, the model {ours}: a draft \
-                 must share the model's tokenizer"
-            )));
+    /// Speculates as `speculation` says for every decoding sequence (a depth of 0: not at
+    /// all), its proposer's cache sized with the engine's.
+    pub fn with_speculation(mut self, mut speculation: Speculation) -> Result<Self, EngineError> {
+        if speculation.depth() == 0 {
+            self.speculation = None;
+            return Ok(self);
         }
-        let cache = draft.new_cache(self.num_blocks(), self.block_size())?;
-        self.draft = Some(Draft {
-            model: draft,
-            cache,
-        });
+        speculation.resize_cache(self.num_blocks(), self.block_size())?;
+        self.speculation = Some(speculation);
         Ok(self)
-    }
-
-    /// Uses Medusa `heads` to propose trees of `width` candidate paths
-    /// (`Speculator::Medusa`); they must be made for this model's hidden size and vocabulary.
-    pub fn with_medusa(mut self, heads: MedusaHeads, width: usize) -> Result<Self, EngineError> {
-        if width == 0 {
-            return Err(EngineError::InvalidBatch(
-                "a draft-head tree needs a width of at least 1".into(),
-            ));
-        }
-        self.heads = Some(heads::DraftHeads { heads, width });
-        Ok(self)
-    }
-
-    /// Uses an EAGLE-style draft `head` to propose trees grown `width` nodes a level
-    /// (`Speculator::Eagle`); it must be made for this model (checked when loaded).
-    pub fn with_eagle(mut self, head: EagleHead, width: usize) -> Result<Self, EngineError> {
-        if width == 0 {
-            return Err(EngineError::InvalidBatch(
-                "a draft-head tree needs a width of at least 1".into(),
-            ));
-        }
-        if self.model.on_gpu() {
-            return Err(EngineError::Device(
-                "EAGLE draft layers run on the CPU backend only".into(),
-            ));
-        }
-        let cache = head.new_cache(self.num_blocks(), self.block_size());
-        let vocab = match &head.draft_vocab {
-            Some(ids) => Some(self.model.draft_vocab_head(ids)?),
-            None => None,
-        };
-        self.eagle = Some(eagle::EagleDraft {
-            head,
-            cache,
-            width,
-            vocab,
-        });
-        Ok(self)
-    }
-
-    /// Turns speculative decoding on for every decoding sequence.
-    pub fn with_speculation(mut self, config: SpeculationConfig) -> Self {
-        self.speculation = (config.depth > 0).then_some(config);
-        self
     }
 
     /// Tokens proposed per step (0 without speculation).
     pub fn speculation_depth(&self) -> usize {
-        self.speculation.map_or(0, |s| s.depth)
+        self.speculation.as_ref().map_or(0, Speculation::depth)
     }
 
     /// The proposer, when speculating.
     pub fn speculator(&self) -> Option<Speculator> {
-        self.speculation.map(|s| s.speculator)
+        self.speculation.as_ref().map(Speculation::speculator)
     }
 
     /// Slots past its tokens a decoding sequence's blocks should have for the proposals of
     /// one step: the depth of a chain, the nodes of a tree.
     pub fn lookahead(&self) -> usize {
-        match (self.speculation, &self.heads) {
-            (Some(s), Some(h)) if s.speculator == Speculator::Medusa => {
-                let depth = s.depth.min(h.heads.num_heads());
-                (h.width * depth).min(TokenTree::MAX_NODES - 1)
-            }
-            (Some(s), _) if s.speculator == Speculator::Eagle => match &self.eagle {
-                Some(e) => (e.width * s.depth).min(TokenTree::MAX_NODES - 1),
-                None => 0,
-            },
-            _ => self.speculation_depth(),
-        }
+        self.speculation.as_ref().map_or(0, Speculation::lookahead)
     }
 
     /// The model.
@@ -250,13 +157,8 @@ impl Engine {
         let bs = self.block_size();
         self.cache = self.model.new_cache(0, bs)?;
         self.cache = self.model.new_cache(num_blocks, bs)?;
-        if let Some(d) = self.draft.as_mut() {
-            d.cache = d.model.new_cache(0, bs)?;
-            d.cache = d.model.new_cache(num_blocks, bs)?;
-        }
-        if let Some(e) = self.eagle.as_mut() {
-            e.cache = e.head.new_cache(0, bs);
-            e.cache = e.head.new_cache(num_blocks, bs);
+        if let Some(s) = self.speculation.as_mut() {
+            s.resize_cache(num_blocks, bs)?;
         }
         Ok(())
     }
@@ -279,11 +181,9 @@ impl Engine {
     /// Bytes one KV block takes, for the model and its draft (model or layer) together.
     pub fn block_bytes(&self) -> usize {
         let bs = self.block_size();
-        let one =
-            |m: &Model| KvCache::block_bytes(m.config().num_layers, m.kv_layout(bs), m.kv_dtype());
-        one(&self.model)
-            + self.draft.as_ref().map_or(0, |d| one(&d.model))
-            + self.eagle.as_ref().map_or(0, |e| e.head.block_bytes(bs))
+        let m = &self.model;
+        KvCache::block_bytes(m.config().num_layers, m.kv_layout(bs), m.kv_dtype())
+            + self.speculation.as_ref().map_or(0, |s| s.block_bytes(bs))
     }
 
     /// A one-token pass on block 0, which the router never hands out. With several
@@ -302,7 +202,9 @@ impl Engine {
             tree: None,
             prompt_len: 1,
         };
-        let out = self.model.forward(&[chunk], &mut self.cache)?;
+        let out = self
+            .model
+            .forward(&[chunk], &mut self.cache, HiddenStates::None)?;
         match out.last(0) {
             Some(l) if l.iter().all(|v| v.is_finite()) => Ok(()),
             _ => Err(EngineError::InvalidBatch(
@@ -328,7 +230,8 @@ impl Engine {
             tree: None,
             prompt_len: tokens,
         };
-        self.model.forward(&[chunk], &mut self.cache)?;
+        self.model
+            .forward(&[chunk], &mut self.cache, HiddenStates::None)?;
         Ok(())
     }
 }

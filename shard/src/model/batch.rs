@@ -5,18 +5,8 @@ use std::ops::Range;
 
 use tessera_kernels::cpu::attention::{AttentionSeq, slot};
 
-use super::{LogitsWanted, SequenceChunk};
+use super::{HiddenStates, LogitsWanted, SequenceChunk};
 use crate::EngineError;
-
-/// Which final hidden states a pass brings back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KeptHidden {
-    None,
-    /// Those of the rows that want logits (what Medusa heads read).
-    LogitRows,
-    /// Every row's (what an EAGLE-style draft layer reads).
-    AllRows,
-}
 
 pub(crate) struct FlatBatch<'a> {
     pub(crate) input_ids: Vec<u32>,
@@ -43,14 +33,14 @@ impl<'a> FlatBatch<'a> {
     /// Flattens `chunks` (already checked against the cache) for blocks of `block_size`.
     #[cfg(test)]
     pub(crate) fn new(chunks: &[SequenceChunk<'a>], block_size: usize) -> Self {
-        Self::keeping_hidden(chunks, block_size, KeptHidden::None)
+        Self::keeping_hidden(chunks, block_size, HiddenStates::None)
     }
 
     /// [`Self::new`], keeping the final hidden states `kept` says.
     pub(crate) fn keeping_hidden(
         chunks: &[SequenceChunk<'a>],
         block_size: usize,
-        kept: KeptHidden,
+        kept: HiddenStates,
     ) -> Self {
         let tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let mut b = FlatBatch {
@@ -62,7 +52,7 @@ impl<'a> FlatBatch<'a> {
             logit_rows: Vec::new(),
             out_rows: Vec::with_capacity(chunks.len()),
             block_size,
-            keep_hidden: kept != KeptHidden::None,
+            keep_hidden: kept != HiddenStates::None,
             hidden_only_rows: Vec::new(),
         };
         for c in chunks {
@@ -95,7 +85,7 @@ impl<'a> FlatBatch<'a> {
             }
             b.out_rows.push(before..b.logit_rows.len());
         }
-        if kept == KeptHidden::AllRows {
+        if kept == HiddenStates::All {
             let mut has_logits = vec![false; tokens];
             b.logit_rows.iter().for_each(|&r| has_logits[r] = true);
             b.hidden_only_rows = (0..tokens).filter(|&r| !has_logits[r]).collect();

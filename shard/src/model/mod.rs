@@ -17,7 +17,7 @@ mod batch;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
-mod draft_layer;
+mod draft_support;
 mod forward;
 mod moe;
 mod op_times;
@@ -35,13 +35,14 @@ use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};
 use crate::kv_cache::{CachePages, KvCache, KvDtype};
 use backend::{Backend, Dims};
-use batch::{FlatBatch, KeptHidden};
+use batch::FlatBatch;
+pub(crate) use cpu::AttentionStep;
 use cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::CudaKv;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaOptions;
-pub(crate) use draft_layer::DraftVocabHead;
+pub(crate) use draft_support::EmbeddedBatch;
 pub use op_times::{Op, OpTimes, OpTimesSnapshot};
 use weights::ModelWeights;
 pub use weights::WeightLayout;
@@ -54,6 +55,18 @@ pub enum LogitsWanted {
     /// The last position only (the next token).
     Last,
     /// Every position (prompt logprobs, speculative verification).
+    All,
+}
+
+/// Which final hidden states (after the final norm) a pass brings back beside its logits: what
+/// a speculator's draft reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HiddenStates {
+    /// None.
+    None,
+    /// Those of the rows that have logits (what Medusa heads read).
+    LogitRows,
+    /// Every row's (what an EAGLE-style draft layer reads).
     All,
 }
 
@@ -90,12 +103,13 @@ pub struct ForwardOutput {
     /// Rows of each chunk, in the order the chunks were given.
     pub rows: Vec<Range<usize>>,
     /// The same rows' final hidden states (after the final norm), `[rows, hidden]`, when the
-    /// pass was asked to keep them ([`Model::forward_keeping_hidden`]); empty otherwise.
+    /// pass was asked for them ([`HiddenStates::LogitRows`] or [`HiddenStates::All`]); empty
+    /// otherwise.
     pub hidden: Vec<f32>,
     /// Width of a hidden state.
     pub hidden_size: usize,
-    /// When every row's state was kept ([`Model::forward_keeping_all_hidden`]): per chunk, per
-    /// token, its row of `hidden`; empty otherwise.
+    /// When every row's state was kept ([`HiddenStates::All`]): per chunk, per token, its row of
+    /// `hidden`; empty otherwise.
     pub token_hidden_rows: Vec<Vec<usize>>,
 }
 
@@ -444,46 +458,19 @@ impl Model {
     }
 
     /// Runs one pass over all chunks, writing their K/V into `cache` and returning the logits
-    /// they asked for. Each sequence's results do not depend on the other chunks.
+    /// they asked for, and the final hidden states `hidden` names. Each sequence's results do
+    /// not depend on the other chunks.
     pub fn forward(
         &self,
         chunks: &[SequenceChunk<'_>],
         cache: &mut KvCache,
-    ) -> Result<ForwardOutput, EngineError> {
-        self.run_pass(chunks, cache, KeptHidden::None)
-    }
-
-    /// [`Self::forward`], returning the final hidden states of the logit rows as well (what
-    /// draft heads read).
-    pub fn forward_keeping_hidden(
-        &self,
-        chunks: &[SequenceChunk<'_>],
-        cache: &mut KvCache,
-    ) -> Result<ForwardOutput, EngineError> {
-        self.run_pass(chunks, cache, KeptHidden::LogitRows)
-    }
-
-    /// [`Self::forward`], returning the final hidden state of every token as well
-    /// ([`ForwardOutput::token_hidden`]; what an EAGLE-style draft layer reads).
-    pub fn forward_keeping_all_hidden(
-        &self,
-        chunks: &[SequenceChunk<'_>],
-        cache: &mut KvCache,
-    ) -> Result<ForwardOutput, EngineError> {
-        self.run_pass(chunks, cache, KeptHidden::AllRows)
-    }
-
-    fn run_pass(
-        &self,
-        chunks: &[SequenceChunk<'_>],
-        cache: &mut KvCache,
-        kept: KeptHidden,
+        hidden: HiddenStates,
     ) -> Result<ForwardOutput, EngineError> {
         self.check(chunks, cache)?;
         let timing = self
             .op_times()
             .map(|times| (times, std::time::Instant::now()));
-        let batch = FlatBatch::keeping_hidden(chunks, cache.layout.block_size, kept);
+        let batch = FlatBatch::keeping_hidden(chunks, cache.layout.block_size, hidden);
         let layers = self.config.num_layers;
         let vocab = self.partition.counts(self.config.vocab_size)[self.partition.rank];
         let out = match (&self.compute, &mut cache.pages) {
@@ -519,8 +506,8 @@ impl Model {
             times.pass(start);
         }
         let rows = batch.logit_rows.len();
-        let token_hidden_rows = match kept {
-            KeptHidden::AllRows => token_hidden_rows(&batch),
+        let token_hidden_rows = match hidden {
+            HiddenStates::All => token_hidden_rows(&batch),
             _ => Vec::new(),
         };
         let logits = if self.partition.world_size > 1 {

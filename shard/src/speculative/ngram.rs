@@ -1,5 +1,10 @@
 //! Prompt-lookup proposals: no model, just the sequence's own history.
 
+use std::collections::HashMap;
+
+use crate::sequence::Sequence;
+use crate::speculative::proposal::Proposal;
+
 /// Longest n-gram (of at most this many tokens) matched against the history.
 const MAX_NGRAM: usize = 3;
 
@@ -19,6 +24,29 @@ pub fn propose_ngram(tokens: &[u32], k: usize) -> Vec<u32> {
         }
     }
     Vec::new()
+}
+
+/// Up to `depth` tokens for every decoding sequence of `work`, as many as its blocks (of
+/// `block_size` tokens) leave room for.
+pub(crate) fn propose(
+    sequences: &HashMap<u64, Sequence>,
+    work: &[(u64, usize)],
+    depth: usize,
+    block_size: usize,
+) -> HashMap<u64, Proposal> {
+    work.iter()
+        .filter_map(|&(id, _)| {
+            let seq = sequences.get(&id).filter(|s| s.is_decoding())?;
+            let tokens = propose_ngram(&seq.tokens, depth.min(seq.room(block_size)));
+            (!tokens.is_empty()).then_some((
+                id,
+                Proposal::Chain {
+                    tokens,
+                    draft_probs: None,
+                },
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]

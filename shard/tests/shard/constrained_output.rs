@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::{fixture_files, load_fixture, sequence};
 use tessera_formats::{ChatMessage, ModelFiles, ModelTokenizer};
 use tessera_shard::sampling::{OutputConstraint, SamplingParams, TokenVocab};
-use tessera_shard::speculative::{SpeculationConfig, Speculator};
+use tessera_shard::speculative::{Proposer, Speculation};
 use tessera_shard::{Engine, EngineError, Model};
 use tessera_shard::{NewSequence, StepPlan};
 
@@ -212,10 +212,8 @@ fn smollm2_writes_json_objects() {
     let mut speculative = Engine::new(model, 256, 16)
         .unwrap()
         .with_vocabulary(vocab)
-        .with_speculation(SpeculationConfig {
-            depth: 3,
-            speculator: Speculator::Ngram,
-        });
+        .with_speculation(Speculation::new(3, Proposer::Ngram))
+        .unwrap();
     let again = generate_constrained(
         &mut speculative,
         json,

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::{Dtype, tensor::TensorView};
 use tessera_shard::sampling::SamplingParams;
-use tessera_shard::speculative::{MedusaHeads, SpeculationConfig, Speculator};
+use tessera_shard::speculative::{MedusaDraft, MedusaHeads, Proposer, Speculation};
 use tessera_shard::{Engine, Model};
 
 const BLOCK: usize = 16;
@@ -66,13 +66,10 @@ fn write_heads(dir: &Path, model: &Model, heads: usize, blocks: Blocks, own_lm_h
 fn medusa_engine(model: Model, dir: &Path, depth: usize, width: usize) -> Engine {
     let (h, v) = (model.config().hidden_size, model.config().vocab_size);
     let heads = MedusaHeads::load(dir, h, v).unwrap();
+    let medusa = MedusaDraft::new(heads, width).unwrap();
     Engine::new(model, 1 + 16 * 64, BLOCK)
         .unwrap()
-        .with_speculation(SpeculationConfig {
-            depth,
-            speculator: Speculator::Medusa,
-        })
-        .with_medusa(heads, width)
+        .with_speculation(Speculation::new(depth, Proposer::Medusa(medusa)))
         .unwrap()
 }
 

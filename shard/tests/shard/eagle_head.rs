@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use safetensors::{Dtype, tensor::TensorView};
 use serde_json::json;
 use tessera_shard::sampling::SamplingParams;
-use tessera_shard::speculative::{EagleHead, SpeculationConfig, Speculator};
+use tessera_shard::speculative::{EagleDraft, EagleHead, Proposer, Speculation};
 use tessera_shard::{Engine, Model};
 
 const BLOCK: usize = 16;
@@ -110,13 +110,10 @@ fn write_head(dir: &Path, model: &Model, kind: Kind) {
 /// level.
 fn eagle_engine(model: Model, dir: &Path, depth: usize, width: usize) -> Engine {
     let head = EagleHead::load(dir, model.config()).unwrap();
+    let eagle = EagleDraft::new(head, width, &model).unwrap();
     Engine::new(model, 1 + 16 * 64, BLOCK)
         .unwrap()
-        .with_speculation(SpeculationConfig {
-            depth,
-            speculator: Speculator::Eagle,
-        })
-        .with_eagle(head, width)
+        .with_speculation(Speculation::new(depth, Proposer::Eagle(eagle)))
         .unwrap()
 }
 

@@ -19,7 +19,7 @@ use tessera_kernels::quant::{
     BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, KVALUES_IQ4NL,
     QK_K, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q6_k,
 };
-use tessera_shard::{KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
+use tessera_shard::{HiddenStates, KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
 
 #[derive(Deserialize)]
 struct Golden {
@@ -161,7 +161,7 @@ fn greedy_tokens_match(files: &ModelFiles, model: &Model, kv_dtype: KvDtype) {
 fn speculative_greedy_tokens_match_transformers() {
     use tessera_shard::Engine;
     use tessera_shard::sampling::SamplingParams;
-    use tessera_shard::speculative::{SpeculationConfig, Speculator};
+    use tessera_shard::speculative::{DraftModel, Proposer, Speculation, Speculator};
 
     let Some(path) = smollm2_gguf() else { return };
     let files = ModelFiles::open(&path).unwrap();
@@ -184,12 +184,15 @@ fn speculative_greedy_tokens_match_transformers() {
         (Speculator::Ngram, 5),
         (Speculator::Draft, 3),
     ] {
-        let mut engine = Engine::new(load(), 1 + 16 * 64, 16)
+        let model = load();
+        let proposer = match speculator {
+            Speculator::Draft => Proposer::Draft(DraftModel::new(load(), &model).unwrap()),
+            _ => Proposer::Ngram,
+        };
+        let mut engine = Engine::new(model, 1 + 16 * 64, 16)
             .unwrap()
-            .with_speculation(SpeculationConfig { depth, speculator });
-        if speculator == Speculator::Draft {
-            engine = engine.with_draft(load()).unwrap();
-        }
+            .with_speculation(Speculation::new(depth, proposer))
+            .unwrap();
         let (out, (proposed, accepted)) = common::generate(&mut engine, &prompts, &params, 32);
         for (p, o) in golden.prompts.iter().zip(&out) {
             assert_eq!(
@@ -479,7 +482,9 @@ fn sequences_logits(model: &Model, sequences: &[Vec<u32>]) -> Vec<Vec<Vec<f32>>>
             prompt_len: tokens.len(),
         })
         .collect();
-    let out = model.forward(&chunks, &mut cache).unwrap();
+    let out = model
+        .forward(&chunks, &mut cache, HiddenStates::None)
+        .unwrap();
     sequences
         .iter()
         .enumerate()

@@ -13,7 +13,9 @@ use common::{Golden, repo_root, smollm2_gguf};
 use serde::Deserialize;
 use tessera_formats::ModelFiles;
 use tessera_shard::sampling::SamplingParams;
-use tessera_shard::speculative::{EagleHead, MedusaHeads, SpeculationConfig, Speculator};
+use tessera_shard::speculative::{
+    EagleDraft, EagleHead, MedusaDraft, MedusaHeads, Proposer, Speculation,
+};
 use tessera_shard::{Engine, KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
 
 fn golden() -> Golden {
@@ -83,13 +85,10 @@ fn medusa_greedy_tokens_match_transformers() {
         let (h, v) = (model.config().hidden_size, model.config().vocab_size);
         let heads = MedusaHeads::load(&heads_dir("medusa"), h, v).unwrap();
         let depth = heads.num_heads();
+        let medusa = MedusaDraft::new(heads, width).unwrap();
         Engine::new(model, 1 + 16 * 64, 16)
             .unwrap()
-            .with_speculation(SpeculationConfig {
-                depth,
-                speculator: Speculator::Medusa,
-            })
-            .with_medusa(heads, width)
+            .with_speculation(Speculation::new(depth, Proposer::Medusa(medusa)))
             .unwrap()
     });
 }
@@ -98,13 +97,10 @@ fn medusa_greedy_tokens_match_transformers() {
 fn eagle_greedy_tokens_match_transformers() {
     greedy_tokens_match("EAGLE", |model, width| {
         let head = EagleHead::load(&heads_dir("eagle"), model.config()).unwrap();
+        let eagle = EagleDraft::new(head, width, &model).unwrap();
         Engine::new(model, 1 + 16 * 64, 16)
             .unwrap()
-            .with_speculation(SpeculationConfig {
-                depth: 4,
-                speculator: Speculator::Eagle,
-            })
-            .with_eagle(head, width)
+            .with_speculation(Speculation::new(4, Proposer::Eagle(eagle)))
             .unwrap()
     });
 }
@@ -140,8 +136,8 @@ fn eagle_pass_matches_its_training_script() {
         prompt_len: n,
     };
     let features: Vec<f32> = parity.features.concat();
-    let out = model
-        .draft_layer_pass(&head, &[chunk], &features, &mut cache)
+    let out = head
+        .forward(&model, &[chunk], &features, &mut cache)
         .unwrap();
     let expected = parity.outputs.concat();
     let scale = expected.iter().fold(0f32, |m, x| m.max(x.abs()));

@@ -6,7 +6,7 @@ use crate::common;
 use common::load_fixture;
 use common::{generate, two_sample_chi2};
 use tessera_shard::sampling::SamplingParams;
-use tessera_shard::speculative::{SpeculationConfig, Speculator};
+use tessera_shard::speculative::{DraftModel, Proposer, Speculation};
 use tessera_shard::{Engine, Model};
 
 const BLOCK: usize = 16;
@@ -14,23 +14,18 @@ const BLOCK: usize = 16;
 /// An engine whose proposals come from the fixture `draft` (all fixtures share a tokenizer).
 fn draft_engine(model: Model, depth: usize, draft: &str) -> Engine {
     let (draft, _) = load_fixture(draft);
+    let draft = DraftModel::new(draft, &model).unwrap();
     Engine::new(model, 1 + 16 * 64, BLOCK)
         .unwrap()
-        .with_speculation(SpeculationConfig {
-            depth,
-            speculator: Speculator::Draft,
-        })
-        .with_draft(draft)
+        .with_speculation(Speculation::new(depth, Proposer::Draft(draft)))
         .unwrap()
 }
 
 fn engine(model: Model, depth: usize) -> Engine {
     Engine::new(model, 1 + 16 * 64, BLOCK)
         .unwrap()
-        .with_speculation(SpeculationConfig {
-            depth,
-            speculator: Speculator::Ngram,
-        })
+        .with_speculation(Speculation::new(depth, Proposer::Ngram))
+        .unwrap()
 }
 
 #[test]

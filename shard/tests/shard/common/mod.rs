@@ -9,7 +9,9 @@ use serde::Deserialize;
 use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::WeightFormat;
 use tessera_shard::sampling::{Sampler, SamplingParams};
-use tessera_shard::{Engine, KvCache, LogitsWanted, Model, NewSequence, SequenceChunk, StepPlan};
+use tessera_shard::{
+    Engine, HiddenStates, KvCache, LogitsWanted, Model, NewSequence, SequenceChunk, StepPlan,
+};
 
 /// Every tiny fixture the project generates (`scripts/make_test_models.py`,
 /// `scripts/make_family_models.py`).
@@ -350,7 +352,9 @@ pub fn run(
                 }
             })
             .collect();
-        let out = model.forward(&chunks, &mut cache).unwrap();
+        let out = model
+            .forward(&chunks, &mut cache, HiddenStates::None)
+            .unwrap();
         for (ci, &(i, start, len)) in plan.iter().enumerate() {
             let s = &mut seqs[i];
             s.computed = start + len;

@@ -1,37 +1,19 @@
-//! EAGLE-style speculation. The draft layer keeps its own K/V for every position of a
-//! sequence, computed from the target's final hidden states: after each pass it catches up on
-//! the positions the pass computed (`catch_up_eagle`), and before the next one it grows a
-//! tree below the pending token (`propose_with_eagle`), round by round: each round runs the
-//! tree so far and keeps the `width` likeliest children of its deepest nodes by the product of
-//! the draft's probabilities along their paths (EAGLE-2's beam). The tree it proposes is the
-//! likeliest of all the nodes it grew, as many as the sequence's blocks leave room for.
+//! How an EAGLE layer grows its tree below a decoding sequence's pending token, round by
+//! round: each round runs the tree so far and keeps the `width` likeliest children of its
+//! deepest nodes by the product of the draft's probabilities along their paths (EAGLE-2's
+//! beam). The tree it proposes is the likeliest of all the nodes it grew, as many as the
+//! sequence's blocks leave room for.
 
 use std::collections::HashMap;
 
-use super::Engine;
-use super::draft::is_decoding;
+use super::EagleDraft;
 use crate::EngineError;
-use crate::kv_cache::KvCache;
-use crate::model::{DraftVocabHead, LogitsWanted, SequenceChunk};
-use crate::speculative::{EagleHead, Speculator, TokenTree};
-
-/// The draft layer, its cache over the target's block ids, the trees' width, and the LM
-/// head's rows for its draft vocabulary when it has one.
-pub(super) struct EagleDraft {
-    pub(super) head: EagleHead,
-    pub(super) cache: KvCache,
-    pub(super) width: usize,
-    pub(super) vocab: Option<DraftVocabHead>,
-}
-
-/// Positions a sequence's draft layer has yet to see, and the target's states before them.
-pub(super) struct CatchUp {
-    pub(super) id: u64,
-    /// The first position.
-    pub(super) start: usize,
-    /// Per position `j`, the target's final hidden state at `j - 1` (zeros where there is none).
-    pub(super) features: Vec<f32>,
-}
+use crate::model::{LogitsWanted, Model, SequenceChunk};
+use crate::sequence::Sequence;
+use crate::speculative::proposal::Proposal;
+use crate::speculative::state::ProposerState;
+use crate::speculative::top_tokens::top_log_probs;
+use crate::speculative::tree::TokenTree;
 
 /// A node of a growing tree.
 struct Node {
@@ -55,74 +37,33 @@ struct Growing {
     capacity: usize,
 }
 
-impl Engine {
-    /// Runs the draft layer over each sequence's positions that the last pass computed.
-    pub(super) fn catch_up_eagle(&mut self, work: Vec<CatchUp>) -> Result<(), EngineError> {
-        let Some(eagle) = self.eagle.as_mut() else {
-            return Ok(());
-        };
-        let work: Vec<CatchUp> = work
-            .into_iter()
-            .filter(|c| !c.features.is_empty())
-            .collect();
-        if work.is_empty() {
-            return Ok(());
-        }
-        let h = eagle.head.hidden;
-        let chunks: Vec<SequenceChunk<'_>> = work
-            .iter()
-            .map(|c| {
-                let seq = &self.sequences[&c.id];
-                SequenceChunk {
-                    tokens: &seq.tokens[c.start..c.start + c.features.len() / h],
-                    start_position: c.start,
-                    block_table: &seq.blocks,
-                    logits: LogitsWanted::None,
-                    tree: None,
-                    prompt_len: seq.prompt_len,
-                }
-            })
-            .collect();
-        let features: Vec<f32> = work
-            .iter()
-            .flat_map(|c| c.features.iter().copied())
-            .collect();
-        self.model
-            .draft_layer_pass(&eagle.head, &chunks, &features, &mut eagle.cache)?;
-        for c in work {
-            if let Some(seq) = self.sequences.get_mut(&c.id) {
-                seq.eagle_computed = c.start + c.features.len() / h;
-            }
-        }
-        Ok(())
-    }
-
-    /// The draft layer's tree for every decoding sequence of `work` that it has caught up on
-    /// and whose blocks have room past the pending token.
-    pub(super) fn propose_with_eagle(
+impl EagleDraft {
+    /// The layer's tree for every decoding sequence of `work` that it has caught up on and
+    /// whose blocks (of `block_size` tokens) have room past the pending token, `depth` levels
+    /// deep at most.
+    pub(crate) fn propose(
         &mut self,
+        target: &Model,
+        sequences: &HashMap<u64, Sequence>,
         work: &[(u64, usize)],
-    ) -> Result<HashMap<u64, TokenTree>, EngineError> {
-        let mut trees = HashMap::new();
-        let (Some(spec), Some(eagle)) = (self.speculation, self.eagle.as_ref()) else {
-            return Ok(trees);
-        };
-        if spec.speculator != Speculator::Eagle {
-            return Ok(trees);
-        }
-        let (bs, width) = (self.cache.block_size(), eagle.width);
-        let h = eagle.head.hidden;
+        depth: usize,
+        block_size: usize,
+    ) -> Result<HashMap<u64, Proposal>, EngineError> {
+        let (h, width) = (self.head.hidden, self.width);
         let mut growing: Vec<Growing> = work
             .iter()
             .filter_map(|&(id, _)| {
-                let seq = self.sequences.get(&id)?;
+                let seq = sequences.get(&id)?;
                 let pending = seq.tokens.len() - 1;
-                let room = (seq.blocks.len() * bs).saturating_sub(seq.tokens.len());
-                let ready = is_decoding(seq) && seq.eagle_computed == pending && room > 0;
+                let room = seq.room(block_size);
+                let ProposerState::Eagle { computed, hidden } = &seq.proposer else {
+                    return None;
+                };
+                let ready = seq.is_decoding() && *computed == pending && room > 0;
                 let capacity = (room + 1).min(TokenTree::MAX_NODES);
                 // Round r runs the root and r levels of `width` nodes.
-                let rounds = spec.depth.min((capacity - 1) / width + 1);
-                (ready && seq.head_state.len() == h).then(|| Growing {
+                let rounds = depth.min((capacity - 1) / width + 1);
+                (ready && hidden.len() == h).then(|| Growing {
                     id,
                     rounds,
                     nodes: vec![Node {
@@ -138,8 +79,9 @@ impl Engine {
             .collect();
         let rounds = growing.iter().map(|g| g.rounds).max().unwrap_or(0);
         for round in 0..rounds {
-            self.grow(&mut growing, round, width)?;
+            self.grow(target, sequences, &mut growing, round)?;
         }
+        let mut trees = HashMap::with_capacity(growing.len());
         for g in growing {
             let root = g.nodes[0].token;
             let mut order: Vec<usize> = (1..g.nodes.len()).collect();
@@ -150,24 +92,23 @@ impl Engine {
                     .then(a.cmp(&b))
             });
             let paths: Vec<Vec<u32>> = order.iter().map(|&n| path(&g.nodes, n)).collect();
-            trees.insert(g.id, TokenTree::from_paths(root, &paths, g.capacity));
+            let tree = TokenTree::from_paths(root, &paths, g.capacity);
+            trees.insert(g.id, Proposal::Tree(tree));
         }
         Ok(trees)
     }
 
-    /// One round: runs every growing tree's nodes through the draft layer (each reading its
+    /// One round: runs every growing tree's nodes through the layer (each reading its
     /// parent's output, the root the target's state), then gives the deepest nodes their
     /// likeliest children.
     fn grow(
         &mut self,
+        target: &Model,
+        sequences: &HashMap<u64, Sequence>,
         growing: &mut [Growing],
         round: usize,
-        width: usize,
     ) -> Result<(), EngineError> {
-        let Some(eagle) = self.eagle.as_mut() else {
-            return Ok(());
-        };
-        let h = eagle.head.hidden;
+        let h = self.head.hidden;
         let active: Vec<usize> = (0..growing.len())
             .filter(|&i| growing[i].rounds > round)
             .collect();
@@ -175,13 +116,14 @@ impl Engine {
         let mut features = Vec::new();
         for &i in &active {
             let g = &growing[i];
-            let seq = &self.sequences[&g.id];
             let nodes: Vec<(usize, u32)> =
                 g.nodes[1..].iter().map(|n| (n.parent, n.token)).collect();
             let tree = TokenTree::with_nodes(g.nodes[0].token, &nodes).ok_or_else(|| {
                 EngineError::InvalidBatch("a draft tree outgrew its layout".into())
             })?;
-            features.extend_from_slice(&seq.head_state);
+            if let ProposerState::Eagle { hidden, .. } = &sequences[&g.id].proposer {
+                features.extend_from_slice(hidden);
+            }
             for n in &g.nodes[1..] {
                 features.extend_from_slice(&g.nodes[n.parent].state);
             }
@@ -191,7 +133,7 @@ impl Engine {
             .iter()
             .zip(&trees)
             .map(|(&i, tree)| {
-                let seq = &self.sequences[&growing[i].id];
+                let seq = &sequences[&growing[i].id];
                 SequenceChunk {
                     tokens: tree.tokens(),
                     start_position: seq.tokens.len() - 1,
@@ -203,8 +145,8 @@ impl Engine {
             })
             .collect();
         let out = self
-            .model
-            .draft_layer_pass(&eagle.head, &chunks, &features, &mut eagle.cache)?;
+            .head
+            .forward(target, &chunks, &features, &mut self.cache)?;
         // The deepest nodes' outputs, through the target's LM head in one product.
         let mut frontier: Vec<(usize, usize)> = Vec::new();
         let mut row = 0;
@@ -222,14 +164,15 @@ impl Engine {
             .iter()
             .flat_map(|&(i, n)| growing[i].nodes[n].state.iter().copied())
             .collect();
-        let (logits, vocab) = match &eagle.vocab {
+        let (logits, vocab) = match &self.vocab {
             Some(head) => (head.logits(&states, frontier.len()), head.len()),
             None => (
-                self.model.vocab_logits(&states, frontier.len())?,
-                self.model.config().vocab_size,
+                target.vocab_logits(&states, frontier.len())?,
+                target.config().vocab_size,
             ),
         };
-        let to_model = |t: u32| eagle.vocab.as_ref().map_or(t, |v| v.token(t as usize));
+        let to_model = |t: u32| self.vocab.as_ref().map_or(t, |v| v.token(t as usize));
+        let width = self.width;
         add_children(growing, &frontier, &logits, vocab, width, round, to_model);
         Ok(())
     }
@@ -251,7 +194,7 @@ fn add_children(
     for (k, &(i, n)) in frontier.iter().enumerate() {
         let parent = &growing[i].nodes[n];
         let row = &logits[k * vocab..(k + 1) * vocab];
-        for (token, lp) in crate::speculative::top_log_probs(row, width) {
+        for (token, lp) in top_log_probs(row, width) {
             children
                 .entry(i)
                 .or_default()

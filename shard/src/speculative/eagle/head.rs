@@ -19,6 +19,7 @@ use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 use crate::EngineError;
 use crate::kv_cache::{KvCache, KvDtype};
 use crate::model::WeightLayout;
+use crate::speculative::weights_file::heads_file;
 
 #[derive(Deserialize)]
 struct HeadConfig {
@@ -44,25 +45,25 @@ fn silu() -> String {
 
 /// A loaded EAGLE-style draft layer, its weights in their file's format.
 pub struct EagleHead {
-    pub(crate) hidden: usize,
-    pub(crate) heads: usize,
-    pub(crate) kv_heads: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) intermediate: usize,
-    pub(crate) eps: f32,
+    pub(super) hidden: usize,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) intermediate: usize,
+    pub(super) eps: f32,
     /// `[hidden, 2 · hidden]` over `[embedding ; feature]`.
-    pub(crate) fc: WeightMatrix,
-    pub(crate) fc_bias: Option<Vec<f32>>,
-    pub(crate) input_norm: Option<Vec<f32>>,
+    pub(super) fc: WeightMatrix,
+    pub(super) fc_bias: Option<Vec<f32>>,
+    pub(super) input_norm: Option<Vec<f32>>,
     /// `[q | k | v]` rows.
-    pub(crate) qkv: WeightMatrix,
-    pub(crate) o: WeightMatrix,
-    pub(crate) post_attention_norm: Vec<f32>,
+    pub(super) qkv: WeightMatrix,
+    pub(super) o: WeightMatrix,
+    pub(super) post_attention_norm: Vec<f32>,
     /// `[gate | up]` rows.
-    pub(crate) gate_up: WeightMatrix,
-    pub(crate) down: WeightMatrix,
+    pub(super) gate_up: WeightMatrix,
+    pub(super) down: WeightMatrix,
     /// The only tokens it proposes (`draft_vocab.json`, FR-Spec), or `None`: any.
-    pub(crate) draft_vocab: Option<Vec<u32>>,
+    pub(super) draft_vocab: Option<Vec<u32>>,
 }
 
 impl EagleHead {
@@ -113,7 +114,7 @@ impl EagleHead {
                 "{heads} query heads cannot share {kv_heads} KV heads"
             )));
         }
-        let file = super::heads_file(dir, "model.safetensors")?;
+        let file = heads_file(dir, "model.safetensors")?;
         let source = open_safetensors(&file)?;
         let prefix = if source.contains("model.fc.weight") {
             "model."
