@@ -24,7 +24,7 @@ mod tokenizer;
 mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, RenderOptions};
-pub use config::{Architecture, DType, LengthDependentRope, ModelConfig, RopeScaling};
+pub use config::{Architecture, DType, ModelConfig, RopeScaling};
 pub use declared_properties::close_declared_objects;
 pub use error::FormatError;
 pub use family::{Activation, ExpertNames, Family, LayerSpec, Moe};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tessera_formats::LengthDependentRope;
+use tessera_params::LengthDependentRope;
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::text_generation_service_server::TextGenerationService;
 use tokio::sync::Mutex;
