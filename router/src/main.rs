@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use axum::http::HeaderValue;
 use clap::Parser;
-use tessera_formats::ModelFiles;
+use tessera_model_files::ModelFiles;
 use tessera_params::LengthDependentRope;
 use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::WarmupRequest;

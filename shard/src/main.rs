@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use tessera_formats::ModelFiles;
 use tessera_kernels::cpu::ActivationDtype;
 use tessera_kernels::cpu::bf16_dot::hardware_bf16;
+use tessera_model_files::ModelFiles;
 use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
 use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
 use tessera_shard::sampling::TokenVocab;
@@ -233,7 +233,7 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &
     };
     tracing::info!(kv_dtype = kv_dtype.name(), "KV cache element type");
     let comm = communicator(args)?;
-    let declared_bf16 = files.config.dtype == Some(tessera_formats::DType::BF16);
+    let declared_bf16 = files.config.dtype == Some(tessera_model_files::DType::BF16);
     let activations = activation_dtype(dtype, declared_bf16, on_gpu);
     tracing::info!(activations = ?activations, "activation element type");
     let layout = if on_gpu {

@@ -1,37 +1,29 @@
-//! Model files as Tessera reads them: Hugging Face directories (`config.json`, safetensors,
-//! `tokenizer.json`, chat templates) and single GGUF files, behind one [`ModelFiles`] handle.
+//! Model files as Tessera reads them: Hugging Face directories (`config.json`, safetensors)
+//! and single GGUF files, behind one [`ModelFiles`] handle: the model's configuration and
+//! [`Family`], its weights (memory-mapped, converted on request), and its tokenizer, built by
+//! `tessera-text` from the directory's tokenizer files or the GGUF's tokenizer metadata.
 //!
 //! ```no_run
-//! let files = tessera_formats::ModelFiles::open("fixtures/tiny-llama".as_ref())?;
+//! let files = tessera_model_files::ModelFiles::open("fixtures/tiny-llama".as_ref())?;
 //! let embed = files.weights.load_f32("model.embed_tokens.weight")?;
 //! assert_eq!(embed.shape[0], files.config.vocab_size);
-//! # Ok::<(), tessera_formats::FormatError>(())
+//! # Ok::<(), tessera_model_files::FormatError>(())
 //! ```
 #![deny(missing_docs)]
 
-mod chat_template;
 mod config;
-mod declared_properties;
 mod error;
 mod family;
 pub mod gguf;
-mod grammar;
 mod hf_dir;
 mod mmap;
 mod model_files;
-mod output_pattern;
-mod tokenizer;
 mod weights;
 
-pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateError, RenderOptions};
 pub use config::{Architecture, DType, ModelConfig, RopeScaling};
-pub use declared_properties::close_declared_objects;
 pub use error::FormatError;
 pub use family::{Activation, ExpertNames, Family, LayerSpec, Moe};
-pub use grammar::{GrammarCompiler, GrammarError, GrammarMatcher, GrammarSource};
 pub use model_files::ModelFiles;
-pub use output_pattern::{MAX_PATTERN_DFA_BYTES, compile_output_pattern};
-pub use tokenizer::{GgufTokenizerSpec, ModelTokenizer, TokenizeError};
 pub use weights::{HostTensor, NativeTensor, WeightSource};
 
 /// The tensors of one safetensors file (memory-mapped, converted to f32 on request), for

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use crate::config::token_ids;
 use crate::gguf::GgufFile;
 use crate::hf_dir::SafetensorsWeights;
-use crate::{FormatError, ModelConfig, ModelTokenizer, WeightSource};
+use tessera_text::ModelTokenizer;
+
+use crate::{FormatError, ModelConfig, WeightSource};
 
 enum Source {
     HfDir,
@@ -67,9 +69,12 @@ impl ModelFiles {
                 eos.extend(generation_eos(&self.path.join("generation_config.json"))?);
                 eos.sort_unstable();
                 eos.dedup();
-                ModelTokenizer::from_hf_dir(&self.path, &eos)
+                Ok(ModelTokenizer::from_hf_dir(&self.path, &eos)?)
             }
-            Source::Gguf(gguf) => ModelTokenizer::from_gguf(&gguf.tokenizer_spec()?, &self.path),
+            Source::Gguf(gguf) => Ok(ModelTokenizer::from_gguf(
+                &gguf.tokenizer_spec()?,
+                &self.path,
+            )?),
         }
     }
 

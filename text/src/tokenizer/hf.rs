@@ -6,16 +6,16 @@ use serde_json::Value;
 use tokenizers::{AddedToken, Tokenizer};
 
 use super::{ModelTokenizer, push_unique, set_post_processor};
-use crate::FormatError;
+use crate::TokenizerLoadError;
 use crate::chat_template::ChatTemplate;
 
-fn read_json(path: &Path) -> Result<Option<Value>, FormatError> {
+fn read_json(path: &Path) -> Result<Option<Value>, TokenizerLoadError> {
     match std::fs::read_to_string(path) {
         Ok(text) => serde_json::from_str(&text)
             .map(Some)
-            .map_err(|e| FormatError::invalid(path, format!("not valid JSON: {e}"))),
+            .map_err(|e| TokenizerLoadError::invalid(path, format!("not valid JSON: {e}"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(FormatError::io(path, e)),
+        Err(e) => Err(TokenizerLoadError::io(path, e)),
     }
 }
 
@@ -45,7 +45,7 @@ fn ids(value: Option<&Value>) -> Vec<u32> {
 }
 
 /// The default template of `chat_template` as a string or a list of `{name, template}`.
-fn config_template(config: &Value, path: &Path) -> Result<Option<String>, FormatError> {
+fn config_template(config: &Value, path: &Path) -> Result<Option<String>, TokenizerLoadError> {
     match config.get("chat_template") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -58,20 +58,23 @@ fn config_template(config: &Value, path: &Path) -> Result<Option<String>, Format
                 })
             };
             named("default").map(Some).ok_or_else(|| {
-                FormatError::invalid(
+                TokenizerLoadError::invalid(
                     path,
                     "chat_template is a list of named templates without one named \"default\"",
                 )
             })
         }
-        Some(_) => Err(FormatError::invalid(
+        Some(_) => Err(TokenizerLoadError::invalid(
             path,
             "chat_template must be a string or a list of {name, template} objects",
         )),
     }
 }
 
-pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer, FormatError> {
+pub(super) fn load(
+    dir: &Path,
+    generation_eos: &[u32],
+) -> Result<ModelTokenizer, TokenizerLoadError> {
     let mut tokenizer = read_tokenizer_json(&dir.join("tokenizer.json"))?;
 
     let config_path = dir.join("tokenizer_config.json");
@@ -121,21 +124,21 @@ pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer,
 }
 
 /// `tokenizer.json`, which the model directory must have.
-fn read_tokenizer_json(tokenizer_path: &Path) -> Result<Tokenizer, FormatError> {
+fn read_tokenizer_json(tokenizer_path: &Path) -> Result<Tokenizer, TokenizerLoadError> {
     let bytes = match std::fs::read(tokenizer_path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(FormatError::Missing {
+            return Err(TokenizerLoadError::Missing {
                 path: tokenizer_path.to_path_buf(),
                 hint: "the model directory needs a tokenizers-format tokenizer.json \
                        (save it with a fast tokenizer's save_pretrained)"
                     .to_string(),
             });
         }
-        Err(e) => return Err(FormatError::io(tokenizer_path, e)),
+        Err(e) => return Err(TokenizerLoadError::io(tokenizer_path, e)),
     };
     Tokenizer::from_bytes(&bytes).map_err(|e| {
-        FormatError::invalid(tokenizer_path, format!("not a valid tokenizer.json: {e}"))
+        TokenizerLoadError::invalid(tokenizer_path, format!("not a valid tokenizer.json: {e}"))
     })
 }
 
@@ -144,7 +147,7 @@ fn register_special_tokens(
     tokenizer: &mut Tokenizer,
     config: &Value,
     config_path: &Path,
-) -> Result<(), FormatError> {
+) -> Result<(), TokenizerLoadError> {
     // transformers 5 makes sure the named special tokens are special added tokens.
     let specials: Vec<AddedToken> = ["bos_token", "eos_token", "unk_token", "pad_token"]
         .iter()
@@ -153,7 +156,7 @@ fn register_special_tokens(
         .map(|t| AddedToken::from(t, true).normalized(false))
         .collect();
     tokenizer.add_special_tokens(specials).map_err(|e| {
-        FormatError::invalid(
+        TokenizerLoadError::invalid(
             config_path,
             format!("cannot register the special tokens: {e}"),
         )
@@ -168,7 +171,7 @@ fn apply_add_token_flags(
     config_path: &Path,
     bos_token: Option<&(String, u32)>,
     eos_token: Option<&(String, u32)>,
-) -> Result<(), FormatError> {
+) -> Result<(), TokenizerLoadError> {
     // transformers 5 rebuilds the post-processor when the config states add_bos/eos_token, or
     // when tokenizer.json has none.
     let explicit = config.get("add_bos_token").is_some() || config.get("add_eos_token").is_some();
@@ -182,7 +185,7 @@ fn apply_add_token_flags(
             flag("add_eos_token"),
         )
         .map_err(|e| {
-            FormatError::invalid(config_path, format!("add_bos_token/add_eos_token: {e}"))
+            TokenizerLoadError::invalid(config_path, format!("add_bos_token/add_eos_token: {e}"))
         })?;
     }
     Ok(())
@@ -194,7 +197,7 @@ fn eos_token_ids(
     dir: &Path,
     generation_eos: &[u32],
     eos_token: Option<&(String, u32)>,
-) -> Result<Vec<u32>, FormatError> {
+) -> Result<Vec<u32>, TokenizerLoadError> {
     let mut eos_token_ids = Vec::new();
     for id in generation_eos {
         push_unique(&mut eos_token_ids, *id);
@@ -217,7 +220,7 @@ fn load_chat_template(
     config_path: &Path,
     bos_token: Option<&(String, u32)>,
     eos_token: Option<&(String, u32)>,
-) -> Result<Option<ChatTemplate>, FormatError> {
+) -> Result<Option<ChatTemplate>, TokenizerLoadError> {
     let jinja_path = dir.join("chat_template.jinja");
     let (source, source_path) = match std::fs::read_to_string(&jinja_path) {
         Ok(text) => (Some(text), jinja_path),
@@ -225,7 +228,7 @@ fn load_chat_template(
             config_template(config, config_path)?,
             config_path.to_path_buf(),
         ),
-        Err(e) => return Err(FormatError::io(&jinja_path, e)),
+        Err(e) => return Err(TokenizerLoadError::io(&jinja_path, e)),
     };
     match source {
         Some(source) => Ok(Some(
@@ -234,7 +237,9 @@ fn load_chat_template(
                 bos_token.map(|(t, _)| t.clone()),
                 eos_token.map(|(t, _)| t.clone()),
             )
-            .map_err(|e| FormatError::invalid(&source_path, format!("chat template: {e}")))?,
+            .map_err(|e| {
+                TokenizerLoadError::invalid(&source_path, format!("chat template: {e}"))
+            })?,
         )),
         None => Ok(None),
     }
