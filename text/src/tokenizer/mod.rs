@@ -1,11 +1,13 @@
-//! Tokenizers: loaded from a Hugging Face directory (`tokenizer.json`) or rebuilt from GGUF
-//! metadata, together with the ids that end generation and the model's chat template.
+//! Tokenizers: built from a Hugging Face directory's files (`tokenizer.json`) or rebuilt from
+//! GGUF metadata, together with the ids that end generation and the model's chat template.
 
 mod gguf;
 mod hf;
+mod source;
 mod spec;
 mod token_bytes;
 
+pub use source::{HfTokenizerFiles, TokenizerSource};
 pub use spec::GgufTokenizerSpec;
 
 use std::path::Path;
@@ -87,7 +89,16 @@ impl ModelTokenizer {
     /// `generation_config.json` (`eos_token_id`). `generation_eos` adds ids that end
     /// generation, e.g. from a config the caller already read.
     pub fn from_hf_dir(dir: &Path, generation_eos: &[u32]) -> Result<Self, TokenizerLoadError> {
-        hf::load(dir, generation_eos)
+        hf::build(&HfTokenizerFiles::read(dir, generation_eos)?)
+    }
+
+    /// Builds the tokenizer `source` describes, as [`Self::from_hf_dir`] and
+    /// [`Self::from_gguf`] do from the files themselves.
+    pub fn from_source(source: &TokenizerSource) -> Result<Self, TokenizerLoadError> {
+        match source {
+            TokenizerSource::HfFiles(files) => hf::build(files),
+            TokenizerSource::Gguf { path, spec } => Self::from_gguf(spec, path),
+        }
     }
 
     /// Rebuilds the tokenizer a GGUF file's metadata describes, as transformers does when
