@@ -118,7 +118,6 @@ pub fn safetensors_config(data: &[u8]) {
     let (dir, _) = temp_file("config.json", config);
     std::fs::write(dir.path().join("model.safetensors"), weights).expect("write");
     if let Ok(files) = ModelFiles::open(dir.path()) {
-        let _ = files.name();
         load_known(&files);
     }
 }

@@ -91,17 +91,6 @@ impl ModelFiles {
     pub fn is_gguf(&self) -> bool {
         matches!(self.source, Source::Gguf(_))
     }
-
-    /// A short name for the model: its directory or file name without extension.
-    pub fn name(&self) -> String {
-        let stem = if self.path.is_dir() {
-            self.path.file_name()
-        } else {
-            self.path.file_stem()
-        };
-        stem.map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
-    }
 }
 
 /// `eos_token_id` of `generation_config.json`, which is optional.

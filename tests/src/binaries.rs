@@ -45,13 +45,7 @@ pub fn binary_dir() -> PathBuf {
 fn sources_of(name: &str) -> &'static [&'static str] {
     match name {
         "tessera-launcher" => &["launcher/src"],
-        "tessera-router" => &[
-            "router/src",
-            "text/src",
-            "model-files/src",
-            "params/src",
-            "proto",
-        ],
+        "tessera-router" => &["router/src", "text/src", "params/src", "proto"],
         "tessera-shard" => &[
             "shard/src",
             "kernels/src",
