@@ -2,7 +2,7 @@
 """Renders the committed chat templates of the model families Tessera loads
 (fixtures/chat-templates/*.jinja) with transformers' own renderer, on a set of
 conversations, and writes what it printed (or the message a template raised) to
-fixtures/chat-templates/goldens.json. formats/tests/formats/chat_template_goldens.rs checks that
+fixtures/chat-templates/goldens.json. text/tests/text/chat_template_goldens.rs checks that
 the router's renderer prints the same.
 
 Needs transformers and jinja2 (PyPI); no model, no torch:

@@ -6,9 +6,9 @@ Run with an environment that has `gguf` and `numpy`:
     /work/pyenv/bin/python scripts/make_quant_goldens.py
 
 With `--smollm2 PATH/SmolLM2-135M-Instruct.Q4_1.gguf` (needs `transformers` and `torch`) it
-also writes formats/tests/data/smollm2_gguf_slices.json: slices of the Hugging Face-layout
+also writes model-files/tests/data/smollm2_gguf_slices.json: slices of the Hugging Face-layout
 f32 weights transformers' GGUF loader produces (q/k with llama.cpp's permutation undone),
-which formats' GGUF tests compare against when the model file is present.
+which model-files' GGUF tests compare against when the model file is present.
 
 File format (one record per format, lines starting with '#' are comments):
     <FORMAT> <hex of the block bytes>
@@ -114,7 +114,7 @@ def smollm2_slices(gguf_path):
     add("model.embed_tokens.weight", [0, 1, 49151], 8)
     add("model.layers.3.input_layernorm.weight", [0], 8)
     add("model.norm.weight", [0], 8)
-    out = pathlib.Path(__file__).resolve().parent.parent / "formats/tests/data/smollm2_gguf_slices.json"
+    out = pathlib.Path(__file__).resolve().parent.parent / "model-files/tests/data/smollm2_gguf_slices.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     body = ",\n".join(json.dumps(t, separators=(",", ":")) for t in tensors)
     out.write_text(f'{{"source":{json.dumps(path.name)},"tensors":[\n{body}\n]}}\n')

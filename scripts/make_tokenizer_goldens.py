@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""Writes the tokenizer goldens the tessera-formats tests compare against.
+"""Writes the tokenizer goldens the tessera-text and tessera-model-files tests compare against.
 
     HF_HUB_OFFLINE=1 python scripts/make_tokenizer_goldens.py [--cache DIR]
 
-1. formats/tests/data/smollm2_tokenizer_cases.json: ids and decodes from transformers'
+1. model-files/tests/data/smollm2_tokenizer_cases.json: ids and decodes from transformers'
    GGUF tokenizer (AutoTokenizer.from_pretrained(dir, gguf_file=...)) for
    SmolLM2-135M-Instruct.Q4_1.gguf on many strings (unicode, CJK, Arabic, emoji with ZWJ,
    numbers, whitespace runs, code, special tokens).
-2. formats/tests/data/hf_fixture_tokenizer_cases.json: ids, decodes and chat renderings from
+2. text/tests/data/hf_fixture_tokenizer_cases.json: ids, decodes and chat renderings from
    AutoTokenizer on the fixtures/tiny-* model directories (ModelTokenizer::from_hf_dir).
-3. formats/tests/data/tiny_spm_tokenizer.json: a tiny hand-built SentencePiece-style
+3. text/tests/data/tiny_spm_tokenizer.json: a tiny hand-built SentencePiece-style
    ("llama") GGUF tokenizer, its metadata and transformers' ids/decodes for it.
-4. formats/tests/data/tiny_family_tokenizers.json: GGUF tokenizers as llama.cpp writes two
+4. text/tests/data/tiny_family_tokenizers.json: GGUF tokenizers as llama.cpp writes two
    families' vocabularies, and transformers' ids/decodes for them: Gemma's SentencePiece
    vocabulary (`llama` model, no space prefix, `gemma2` architecture) and Qwen's byte-level
    BPE with the `qwen2` pre-tokenizer (digits split one by one).
@@ -29,7 +29,9 @@ import gguf
 from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "formats" / "tests" / "data"
+# The GGUF file's cases test the GGUF reader too, so they sit with the model-file crate.
+MODEL_FILES_DATA = ROOT / "model-files" / "tests" / "data"
+TEXT_DATA = ROOT / "text" / "tests" / "data"
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -290,20 +292,21 @@ def main() -> None:
     default_cache = os.environ.get("TESSERA_CACHE", str(Path.home() / ".cache" / "tessera"))
     parser.add_argument("--cache", default=default_cache, help="folder holding " + SMOLLM2)
     args = parser.parse_args()
-    DATA.mkdir(parents=True, exist_ok=True)
-    out = DATA / "smollm2_tokenizer_cases.json"
+    MODEL_FILES_DATA.mkdir(parents=True, exist_ok=True)
+    TEXT_DATA.mkdir(parents=True, exist_ok=True)
+    out = MODEL_FILES_DATA / "smollm2_tokenizer_cases.json"
     out.write_text(json.dumps(smollm2_cases(Path(args.cache)), ensure_ascii=False, indent=1) + "\n")
     print("wrote", out)
-    out = DATA / "hf_fixture_tokenizer_cases.json"
+    out = TEXT_DATA / "hf_fixture_tokenizer_cases.json"
     out.write_text(json.dumps(hf_fixture_cases(), ensure_ascii=False, indent=1) + "\n")
     print("wrote", out)
     with tempfile.TemporaryDirectory() as tmp:
-        out = DATA / "tiny_spm_tokenizer.json"
+        out = TEXT_DATA / "tiny_spm_tokenizer.json"
         out.write_text(json.dumps(tiny_spm(Path(tmp)), ensure_ascii=False, indent=1) + "\n")
         print("wrote", out)
     with tempfile.TemporaryDirectory() as tmp:
         families = [tiny_gemma(Path(tmp)), tiny_qwen2(Path(tmp))]
-        out = DATA / "tiny_family_tokenizers.json"
+        out = TEXT_DATA / "tiny_family_tokenizers.json"
         out.write_text(json.dumps(families, ensure_ascii=False, indent=1) + "\n")
         print("wrote", out)
 

@@ -15,12 +15,15 @@ pub enum BenchError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The tokenizer could not be loaded.
+    /// The model files the tokenizer comes from could not be read.
     #[error("cannot load the tokenizer: {0}")]
-    Format(#[from] tessera_formats::FormatError),
+    Format(#[from] tessera_model_files::FormatError),
+    /// The tokenizer's files could not be read or built into a tokenizer.
+    #[error("cannot load the tokenizer: {0}")]
+    TokenizerLoad(#[from] tessera_text::TokenizerLoadError),
     /// The tokenizer failed on a text.
     #[error("tokenizer: {0}")]
-    Tokenize(#[from] tessera_formats::TokenizeError),
+    Tokenize(#[from] tessera_text::TokenizeError),
     /// The vocabulary has too few whole-word tokens to build synthetic prompts.
     #[error("the vocabulary has only {0} whole-word tokens; synthetic prompts need at least 8")]
     Vocabulary(usize),

@@ -19,7 +19,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
-use tessera_formats::ModelTokenizer;
+use tessera_text::ModelTokenizer;
 
 use crate::client::RequestSpec;
 use crate::error::BenchError;
@@ -33,7 +33,7 @@ pub fn load_tokenizer(path: &Path) -> Result<ModelTokenizer, BenchError> {
         return Ok(ModelTokenizer::from_hf_dir(dir, &[])?);
     }
     if is_file || path.join("config.json").is_file() {
-        return Ok(tessera_formats::ModelFiles::open(path)?.tokenizer()?);
+        return Ok(tessera_model_files::ModelFiles::open(path)?.tokenizer()?);
     }
     Ok(ModelTokenizer::from_hf_dir(path, &[])?)
 }
@@ -325,7 +325,7 @@ mod tests {
     #[test]
     fn synthetic_prompts_have_exact_lengths() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-llama");
-        let tok = tessera_formats::ModelFiles::open(&dir)
+        let tok = tessera_model_files::ModelFiles::open(&dir)
             .unwrap()
             .tokenizer()
             .unwrap();

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tessera_formats::{ChatMessage, ChatTemplate, ModelConfig, ModelFiles, ModelTokenizer};
+use tessera_model_files::{ModelConfig, ModelFiles};
+use tessera_text::{ChatMessage, ChatTemplate, ModelTokenizer};
 
 /// `fixtures/<name>` of the repository.
 fn fixture(name: &str) -> PathBuf {
@@ -55,7 +56,7 @@ const MAX_ELEMENTS: usize = 1 << 20;
 /// and each of its (small) tensors converted to f32. Errors are fine; panics are not.
 pub fn gguf(data: &[u8]) {
     let (_dir, path) = temp_file("model.gguf", data);
-    let Ok(file) = tessera_formats::gguf::GgufFile::open(&path) else {
+    let Ok(file) = tessera_model_files::gguf::GgufFile::open(&path) else {
         return;
     };
     let _ = file.architecture();
@@ -117,7 +118,6 @@ pub fn safetensors_config(data: &[u8]) {
     let (dir, _) = temp_file("config.json", config);
     std::fs::write(dir.path().join("model.safetensors"), weights).expect("write");
     if let Ok(files) = ModelFiles::open(dir.path()) {
-        let _ = files.name();
         load_known(&files);
     }
 }
@@ -223,7 +223,7 @@ pub fn chat_template(data: &[u8]) {
         })
         .flatten();
     for template in templates() {
-        let options = tessera_formats::RenderOptions {
+        let options = tessera_text::RenderOptions {
             add_generation_prompt: flags & 1 != 0,
             tools: tools.as_ref(),
             extra: None,

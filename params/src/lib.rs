@@ -4,6 +4,8 @@
 //!
 //! The router builds and validates them once; the wire carries them; the shard uses them as
 //! they are and only checks what it must to stay memory-safe (token ids within its vocabulary).
+//! Beside them, [`LengthDependentRope`]: the one fact of the model the router's scheduler
+//! needs when it shares cached prompt prefixes between requests.
 //!
 //! ```
 //! use tessera_params::{OutputConstraint, SamplingParams};
@@ -15,10 +17,12 @@
 #![deny(missing_docs)]
 
 mod constraint;
+mod rope;
 mod sampling;
 mod stopping;
 
 pub use constraint::OutputConstraint;
+pub use rope::LengthDependentRope;
 pub use sampling::{
     MAX_ABS_FREQUENCY_PRESENCE, MAX_ABS_LOGIT_BIAS, MAX_TOP_N_LOGPROBS, SamplingError,
     SamplingParams,

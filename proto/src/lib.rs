@@ -1,5 +1,10 @@
 //! The router↔shard gRPC contract (`v1/generate.proto`, package `tessera.v1`), compiled at
-//! build time without a system `protoc`.
+//! build time without a system `protoc`, and the conversions between its messages and the
+//! domain types they carry (`tokenizer.rs`: a `TokenizerSource` both ways).
+
+mod tokenizer;
+
+pub use tokenizer::MissingTokenizerSource;
 
 /// Generated messages, client and server of `tessera.v1`.
 #[allow(missing_docs, unreachable_pub, clippy::all)]

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use tessera_formats::ModelTokenizer;
+use tessera_text::ModelTokenizer;
 
 /// How many prompt tokens give the first generated tokens their context.
 const PROMPT_CONTEXT: usize = 5;

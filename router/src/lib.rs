@@ -9,9 +9,9 @@
 //! ```
 //! use std::sync::Arc;
 //! use tessera_router::{AppState, Infer, ModelInfo, ValidationConfig, app};
-//! # fn tokenizer() -> Arc<tessera_formats::ModelTokenizer> {
+//! # fn tokenizer() -> Arc<tessera_text::ModelTokenizer> {
 //! #     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-llama");
-//! #     Arc::new(tessera_formats::ModelTokenizer::from_hf_dir(&dir, &[]).unwrap())
+//! #     Arc::new(tessera_text::ModelTokenizer::from_hf_dir(&dir, &[]).unwrap())
 //! # }
 //! let (queue, _batcher_rx) = tokio::sync::mpsc::channel(128);
 //! let state = AppState::builder(Infer::new(queue, 128), tokenizer(), "tiny-llama")

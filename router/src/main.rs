@@ -1,14 +1,14 @@
 //! `tessera-router`: the HTTP front of a Tessera server (started by `tessera-launcher`).
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use axum::http::HeaderValue;
 use clap::Parser;
-use tessera_formats::{LengthDependentRope, ModelFiles};
+use tessera_params::LengthDependentRope;
 use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::WarmupRequest;
 use tessera_router::client::{ShardFacts, ShardedClient};
@@ -17,12 +17,15 @@ use tessera_router::{
     AppState, Infer, ModelInfo, ReasoningFormat, ToolCallFormat, ValidationConfig,
     install_recorder, serve, set_speculator,
 };
+use tessera_text::ModelTokenizer;
 
 /// The router of a Tessera server.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Hugging Face model directory or `.gguf` file (for the tokenizer and chat template).
+    /// The model the shards serve, a Hugging Face directory or a `.gguf` file: its name is
+    /// the served model name. The router opens no model file; the tokenizer and chat template
+    /// come from the shards.
     #[arg(long, env = "MODEL_ID")]
     model_id: PathBuf,
     /// The model name `/v1/models` lists and answers carry.
@@ -137,6 +140,36 @@ async fn connect(path: &str) -> anyhow::Result<ShardedClient> {
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// The name `/v1/models` lists unless `--served-model-name` gives one: the model directory's
+/// name, or the model file's without its extension.
+fn model_name(model_id: &Path) -> String {
+    let stem = if model_id.is_dir() {
+        model_id.file_name()
+    } else {
+        model_id.file_stem()
+    };
+    stem.map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+/// The model's tokenizer, built from the sources rank 0 read from the model's files, with
+/// `--chat-template` in place of the model's template when given.
+async fn load_tokenizer(client: &ShardedClient, args: &Args) -> anyhow::Result<ModelTokenizer> {
+    let source = client
+        .tokenizer_source()
+        .await
+        .context("asking the shards for the model's tokenizer")?;
+    let mut tokenizer = ModelTokenizer::from_source(&source)?;
+    if let Some(path) = &args.chat_template {
+        let template = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --chat-template {}", path.display()))?;
+        tokenizer
+            .replace_chat_template(template)
+            .with_context(|| format!("--chat-template {}", path.display()))?;
+    }
+    Ok(tokenizer)
 }
 
 /// How the model's rotary frequencies depend on a prompt's length, as the shards report it.
@@ -295,20 +328,10 @@ async fn main() -> anyhow::Result<()> {
         .filter(|k| !k.is_empty());
     let prometheus = install_recorder().context("installing the metrics recorder")?;
 
-    let files = ModelFiles::open(&args.model_id)?;
-    let mut tokenizer = files.tokenizer()?;
-    if let Some(path) = &args.chat_template {
-        let source = std::fs::read_to_string(path)
-            .with_context(|| format!("reading --chat-template {}", path.display()))?;
-        tokenizer
-            .replace_chat_template(source)
-            .with_context(|| format!("--chat-template {}", path.display()))?;
-    }
-    let tokenizer = Arc::new(tokenizer);
     let served_model_name = args
         .served_model_name
         .clone()
-        .unwrap_or_else(|| files.name());
+        .unwrap_or_else(|| model_name(&args.model_id));
 
     let client = connect(&args.master_shard_uds_path).await?;
     if client.len() != args.num_shard as usize {
@@ -318,6 +341,7 @@ async fn main() -> anyhow::Result<()> {
             client.len()
         );
     }
+    let tokenizer = Arc::new(load_tokenizer(&client, &args).await?);
     let info = client.info().await?;
     let limits = limits(&args, info.max_position_embeddings as usize)?;
     let max_batch_size = args

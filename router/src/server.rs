@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::future::BoxFuture;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tessera_formats::ModelTokenizer;
+use tessera_text::ModelTokenizer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::anthropic::{self, AnthropicError, is_anthropic_path};

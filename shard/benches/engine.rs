@@ -47,8 +47,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use half::bf16;
-use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::{ActivationDtype, WeightFormat, WeightMatrix};
+use tessera_model_files::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_shard::{KvDtype, Model, OpTimes, OpTimesSnapshot};
 
 #[path = "../../kernels/benches/machine.rs"]

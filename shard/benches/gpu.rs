@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use safetensors::{Dtype, tensor::TensorView};
 
-use tessera_formats::ModelFiles;
+use tessera_model_files::ModelFiles;
 use tessera_shard::{CudaOptions, KvDtype, Model, WeightLayout};
 
 mod support;

@@ -13,8 +13,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tessera_formats::{GrammarCompiler, GrammarSource, ModelFiles};
+use tessera_model_files::ModelFiles;
 use tessera_shard::sampling::{Sampler, SamplingParams, TokenVocab};
+use tessera_text::{GrammarCompiler, GrammarSource};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 

@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use half::f16;
-use tessera_formats::{
-    FormatError, HostTensor, ModelConfig, ModelFiles, NativeTensor, WeightSource,
-};
 use tessera_kernels::cpu::WeightFormat;
 use tessera_kernels::quant::{QuantFormat, dequantize};
+use tessera_model_files::{
+    FormatError, HostTensor, ModelConfig, ModelFiles, NativeTensor, WeightSource,
+};
 use tessera_shard::Model;
 
 #[path = "../../kernels/benches/machine.rs"]

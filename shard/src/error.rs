@@ -1,4 +1,4 @@
-use tessera_formats::FormatError;
+use tessera_model_files::FormatError;
 
 /// Why a model could not be loaded or a batch could not be run.
 #[derive(Debug, thiserror::Error)]

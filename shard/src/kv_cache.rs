@@ -2,8 +2,8 @@
 //! `tessera_kernels::cpu::attention` describes), in f32 or bf16.
 
 use half::bf16;
-use tessera_formats::{DType, ModelFiles};
 use tessera_kernels::cpu::attention::KvLayout;
+use tessera_model_files::{DType, ModelFiles};
 
 /// Element type of the KV cache. Activations stay f32 either way; bf16 halves the cache's
 /// memory (keys and values are rounded to nearest-even when written).

@@ -2,7 +2,7 @@
 //!
 //! ```no_run
 //! use tessera_shard::{HiddenStates, LogitsWanted, Model, SequenceChunk};
-//! let files = tessera_formats::ModelFiles::open("fixtures/tiny-llama".as_ref())?;
+//! let files = tessera_model_files::ModelFiles::open("fixtures/tiny-llama".as_ref())?;
 //! let model = Model::load(&files)?;
 //! let mut cache = model.new_cache(64, 16)?;
 //! let chunk = SequenceChunk {

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use tessera_formats::ModelFiles;
 use tessera_kernels::cpu::ActivationDtype;
 use tessera_kernels::cpu::bf16_dot::hardware_bf16;
+use tessera_model_files::ModelFiles;
 use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
 use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
 use tessera_shard::sampling::TokenVocab;
@@ -18,6 +18,7 @@ use tessera_shard::speculative::{
 };
 use tessera_shard::telemetry::{self, TelemetryConfig};
 use tessera_shard::{Engine, KvDtype, Model, WeightLayout};
+use tessera_text::{ModelTokenizer, TokenizerSource};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
@@ -140,17 +141,18 @@ async fn main() -> anyhow::Result<()> {
     })?;
     let speculator = check_args(&args)?;
     let socket = format!("{}-{}", args.uds_path, args.rank);
-    let (engine, weights_dtype) = load_engine(&args, speculator)?;
+    let loaded = load_engine(&args, speculator)?;
     let info = ShardInfo {
-        dtype: weights_dtype.into(),
+        dtype: loaded.weights_dtype.into(),
         rank: args.rank,
         world_size: args.world_size,
         socket_paths: (0..args.world_size)
             .map(|r| format!("{}-{r}", args.uds_path))
             .collect(),
     };
-    let service = ShardService::new(engine, info, args.kv_cache_memory)
-        .with_memory_fraction(args.memory_fraction);
+    let service = ShardService::new(loaded.engine, info, args.kv_cache_memory)
+        .with_memory_fraction(args.memory_fraction)
+        .with_tokenizer_source(loaded.tokenizer);
     serve(&socket, service).await
 }
 
@@ -212,9 +214,18 @@ fn activation_dtype(dtype: &str, declared_bf16: bool, on_gpu: bool) -> Activatio
     }
 }
 
+/// What [`load_engine`] produced.
+struct LoadedEngine {
+    engine: Engine,
+    /// The weights' element type.
+    weights_dtype: &'static str,
+    /// What the model's tokenizer is built from, or why it could not be read.
+    tokenizer: Result<TokenizerSource, String>,
+}
+
 /// Joins the shard group, loads this rank's slices of the model (and the draft model) on
-/// its device, and builds the engine. Also returns the weights' element type.
-fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &'static str)> {
+/// its device, builds the engine, and reads the tokenizer's sources.
+fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<LoadedEngine> {
     let dtype = args.dtype.trim();
     let files = ModelFiles::open(&args.model_id)?;
     tracing::info!(model = %args.model_id.display(), config = ?files.config, "loading weights");
@@ -234,7 +245,7 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &
     };
     tracing::info!(kv_dtype = kv_dtype.name(), "KV cache element type");
     let comm = communicator(args)?;
-    let declared_bf16 = files.config.dtype == Some(tessera_formats::DType::BF16);
+    let declared_bf16 = files.config.dtype == Some(tessera_model_files::DType::BF16);
     let activations = activation_dtype(dtype, declared_bf16, on_gpu);
     tracing::info!(activations = ?activations, "activation element type");
     let layout = if on_gpu {
@@ -248,7 +259,8 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &
         .with_activation_dtype(activations);
     let model = place(model, on_gpu, args.rank as usize)?;
     let weights_dtype = model.weights_dtype();
-    let vocab = token_vocab(&files);
+    let tokenizer = files.tokenizer_source().map_err(|e| e.to_string());
+    let vocab = token_vocab(&tokenizer);
     // Unmap the model files: this rank keeps only its slices.
     drop(files);
     tracing::info!(device = %model.device(), "model loaded");
@@ -266,7 +278,11 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<(Engine, &
     if let Some(vocab) = vocab {
         engine = engine.with_vocabulary(vocab);
     }
-    Ok((engine, weights_dtype))
+    Ok(LoadedEngine {
+        engine,
+        weights_dtype,
+        tokenizer,
+    })
 }
 
 /// The speculation `--speculate` and `--speculator` ask for (`None` for a depth of 0), its
@@ -492,8 +508,12 @@ fn place(model: Model, _on_gpu: bool, _rank: usize) -> anyhow::Result<Model> {
 
 /// The token bytes JSON mode masks with. A model without a loadable tokenizer still serves;
 /// its JSON-mode requests are refused.
-fn token_vocab(files: &ModelFiles) -> Option<Arc<TokenVocab>> {
-    match files.tokenizer() {
+fn token_vocab(source: &Result<TokenizerSource, String>) -> Option<Arc<TokenVocab>> {
+    let tokenizer = source
+        .as_ref()
+        .map_err(String::clone)
+        .and_then(|source| ModelTokenizer::from_source(source).map_err(|e| e.to_string()));
+    match tokenizer {
         Ok(tok) => {
             let vocab = Arc::new(TokenVocab::new(&tok.token_bytes(), &tok.eos_token_ids));
             // Grammar requests wait for this instead of building the trie mid-step.

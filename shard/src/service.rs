@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
-use tessera_formats::LengthDependentRope;
+use tessera_params::LengthDependentRope;
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::text_generation_service_server::TextGenerationService;
+use tessera_text::TokenizerSource;
 use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
@@ -37,6 +38,8 @@ pub struct ShardService {
     kv_cache_memory: u64,
     /// Share of the GPU's free memory the KV cache may use, for `Warmup` (GPU).
     memory_fraction: f32,
+    /// What `Tokenizer` answers: the model's tokenizer sources, or why there are none.
+    tokenizer: Arc<Result<pb::TokenizerResponse, String>>,
 }
 
 impl ShardService {
@@ -47,7 +50,15 @@ impl ShardService {
             info: Arc::new(info),
             kv_cache_memory,
             memory_fraction: 0.9,
+            tokenizer: Arc::new(Err("this shard was started without a tokenizer".into())),
         }
+    }
+
+    /// Serves `source` to `Tokenizer` calls, or `Err(why)` when the model's tokenizer files
+    /// could not be read (the call then fails with that reason).
+    pub fn with_tokenizer_source(mut self, source: Result<TokenizerSource, String>) -> Self {
+        self.tokenizer = Arc::new(source.map(pb::TokenizerResponse::from));
+        self
     }
 
     /// Sizes a GPU model's KV cache at `Warmup` to `fraction` of the free device memory
@@ -177,5 +188,17 @@ impl TextGenerationService for ShardService {
         let plan = convert::step_plan(request.into_inner())?;
         let result = self.with_engine(move |e| e.step(plan)).await?;
         Ok(Response::new(convert::step_response(result)))
+    }
+
+    async fn tokenizer(
+        &self,
+        _: Request<pb::TokenizerRequest>,
+    ) -> Result<Response<pb::TokenizerResponse>, Status> {
+        match self.tokenizer.as_ref() {
+            Ok(response) => Ok(Response::new(response.clone())),
+            Err(why) => Err(Status::failed_precondition(format!(
+                "the model's tokenizer: {why}"
+            ))),
+        }
     }
 }

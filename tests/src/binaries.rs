@@ -45,8 +45,16 @@ pub fn binary_dir() -> PathBuf {
 fn sources_of(name: &str) -> &'static [&'static str] {
     match name {
         "tessera-launcher" => &["launcher/src"],
-        "tessera-router" => &["router/src", "formats/src", "proto"],
-        "tessera-shard" => &["shard/src", "kernels/src", "formats/src", "proto"],
+        "tessera-router" => &["router/src", "text/src", "params/src", "proto"],
+        "tessera-shard" => &[
+            "shard/src",
+            "kernels/src",
+            "blocks/src",
+            "model-files/src",
+            "text/src",
+            "params/src",
+            "proto",
+        ],
         _ => &[],
     }
 }

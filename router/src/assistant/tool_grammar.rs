@@ -124,7 +124,7 @@ pub(crate) fn tool_grammar(
 /// arguments' `$defs` move to the root, where their `#/$defs/…` references point.
 fn call_schema(format: ToolCallFormat, tool: &ToolSpec) -> String {
     let mut parameters = tool.parameters.clone();
-    tessera_formats::close_declared_objects(&mut parameters);
+    tessera_text::close_declared_objects(&mut parameters);
     let mut root = json!({
         "type": "object",
         "properties": {
@@ -159,7 +159,7 @@ fn regex_escape(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use tessera_formats::{GrammarCompiler, GrammarMatcher, GrammarSource};
+    use tessera_text::{GrammarCompiler, GrammarMatcher, GrammarSource};
 
     use super::*;
 

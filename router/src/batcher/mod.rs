@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, histogram};
-use tessera_formats::ModelTokenizer;
+use tessera_text::ModelTokenizer;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 

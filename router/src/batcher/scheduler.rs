@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use tessera_formats::LengthDependentRope;
+use tessera_params::LengthDependentRope;
 
 use super::blocks::{BlockHash, BlockPool};
 

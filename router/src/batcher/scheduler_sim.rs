@@ -11,7 +11,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng as StdRng;
 
-use tessera_formats::LengthDependentRope;
+use tessera_params::LengthDependentRope;
 
 use super::scheduler::{Scheduler, SchedulerLimits, StepPlan};
 

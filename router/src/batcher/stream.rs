@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tessera_formats::ModelTokenizer;
+use tessera_text::ModelTokenizer;
 
 use crate::client::SampledToken;
 use crate::detokenizer::IncrementalDecoder;

@@ -9,6 +9,7 @@ use hyper_util::rt::TokioIo;
 use tessera_params::{OutputConstraint, SamplingParams};
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::text_generation_service_client::TextGenerationServiceClient;
+use tessera_text::TokenizerSource;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -114,6 +115,8 @@ async fn connect(path: &str) -> Result<Client, ClientError> {
             path: path.into(),
             message: e.to_string(),
         })?;
+    // Far above tonic's 4 MiB default: the tokenizer's sources are tens of MB for a
+    // 250k-token vocabulary, and a step's logprobs can be large too.
     Ok(TextGenerationServiceClient::new(channel)
         .max_decoding_message_size(256 << 20)
         .max_encoding_message_size(256 << 20))
@@ -178,6 +181,15 @@ impl ShardedClient {
     /// Sizes the KV cache and runs a warm-up pass.
     pub async fn warmup(&self, request: WarmupRequest) -> Result<WarmupResponse, ClientError> {
         Ok(broadcast!(self, warmup, request))
+    }
+
+    /// What the model's tokenizer is built from, as rank 0 read it from the model's files
+    /// (every shard reads the same files).
+    pub async fn tokenizer_source(&self) -> Result<TokenizerSource, ClientError> {
+        let mut master = self.clients[0].clone();
+        let request = crate::telemetry::grpc_request(pb::TokenizerRequest {});
+        let response = master.tokenizer(request).await?.into_inner();
+        TokenizerSource::try_from(response).map_err(|e| ClientError::Shard(e.to_string()))
     }
 
     /// Runs one step on every shard.

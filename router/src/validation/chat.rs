@@ -5,8 +5,8 @@
 //! tools, messages, logprobs, `n`, the template's variables, the conversation rendered with the
 //! chat template, then the sampling fields and the rendered prompt.
 
-use tessera_formats::ChatMessage;
 use tessera_params::OutputConstraint;
+use tessera_text::ChatMessage;
 
 use super::constraint::check_constraint;
 use super::parameters::TopLogprobs;

@@ -6,8 +6,8 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tessera_formats::{GrammarCompiler, GrammarError, GrammarSource, ModelTokenizer};
 use tessera_params::OutputConstraint;
+use tessera_text::{GrammarCompiler, GrammarError, GrammarSource, ModelTokenizer};
 
 use super::ValidationError;
 
@@ -109,7 +109,7 @@ pub(super) async fn check_constraint(
         None | Some(OutputConstraint::JsonObject | OutputConstraint::OneOf(_)) => return Ok(()),
         Some(OutputConstraint::Pattern(pattern)) => {
             let pattern = pattern.clone();
-            Box::new(move || tessera_formats::compile_output_pattern(&pattern).map(drop))
+            Box::new(move || tessera_text::compile_output_pattern(&pattern).map(drop))
         }
         Some(c @ (OutputConstraint::JsonSchema(_) | OutputConstraint::Lark(_))) => {
             let (c, grammars, tokenizer) = (c.clone(), grammars.clone(), tokenizer.clone());

@@ -21,7 +21,7 @@ mod validated;
 
 use std::sync::Arc;
 
-use tessera_formats::ModelTokenizer;
+use tessera_text::ModelTokenizer;
 
 use crate::assistant::{ReasoningFormat, ToolCallFormat};
 

@@ -1,7 +1,7 @@
 //! The prompt: a conversation rendered with the chat template, text tokenized (both off the
 //! async runtime), token ids checked against the vocabulary, then truncated and measured.
 
-use tessera_formats::{ChatMessage, RenderOptions};
+use tessera_text::{ChatMessage, RenderOptions};
 
 use super::{Validation, ValidationError};
 

@@ -1,8 +1,8 @@
 use super::parameters::{TopLogprobs, check_openai_temperature, random_u64};
 use super::*;
 use crate::detokenizer::tests::byte_level;
-use tessera_formats::ChatMessage;
 use tessera_params::SamplingParams;
+use tessera_text::ChatMessage;
 
 fn validation() -> Validation {
     Validation::new(

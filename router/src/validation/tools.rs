@@ -3,8 +3,8 @@
 //! schemas, and, for chat templates that render no tools, the prompt that shows them.
 
 use serde_json::{Value, json};
-use tessera_formats::{ChatMessage, ModelTokenizer};
 use tessera_params::OutputConstraint;
+use tessera_text::{ChatMessage, ModelTokenizer};
 
 use super::ValidationError;
 use super::constraint::MAX_GRAMMAR_BYTES;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode, header};
-use tessera_formats::ModelTokenizer;
 use tessera_router::{AppState, Infer, app};
+use tessera_text::ModelTokenizer;
 use tower::ServiceExt;
 
 fn router(origins: &[&str]) -> Router {

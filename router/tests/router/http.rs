@@ -11,11 +11,11 @@ use axum::body::Body;
 use axum::http::{Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use tessera_formats::ModelTokenizer;
 use tessera_router::{
     AppState, Entry, FinishReason, GeneratedText, Infer, InferError, InferStreamResponse,
     ModelInfo, OutputConstraint, PrefillToken, Token, ValidationConfig, app,
 };
+use tessera_text::ModelTokenizer;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 

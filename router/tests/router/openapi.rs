@@ -7,8 +7,8 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
-use tessera_formats::ModelTokenizer;
 use tessera_router::{AppState, Infer, app};
+use tessera_text::ModelTokenizer;
 use tower::ServiceExt;
 
 fn router() -> axum::Router {

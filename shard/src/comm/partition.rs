@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use tessera_formats::ModelConfig;
+use tessera_model_files::ModelConfig;
 
 /// A rank's place in the tensor-parallel group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +164,7 @@ pub fn allowed_shard_counts(config: &ModelConfig) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_formats::Architecture;
+    use tessera_model_files::Architecture;
 
     fn config(num_heads: usize, num_kv_heads: usize) -> ModelConfig {
         ModelConfig {
@@ -186,7 +186,7 @@ mod tests {
             dtype: None,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
-            family: tessera_formats::Family::llama(1, 16, None),
+            family: tessera_model_files::Family::llama(1, 16, None),
         }
     }
 

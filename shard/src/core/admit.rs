@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use tessera_formats::GrammarSource;
 use tessera_params::OutputConstraint;
+use tessera_text::GrammarSource;
 
 use super::{Engine, NewSequence};
 use crate::EngineError;

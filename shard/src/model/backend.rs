@@ -2,7 +2,7 @@
 //! (`super::forward`) is written once against this trait; the CPU backend (`super::cpu`) and
 //! the CUDA one (`super::cuda`, feature `cuda`) each own their weights and buffers.
 
-use tessera_formats::Activation;
+use tessera_model_files::Activation;
 
 use super::batch::FlatBatch;
 use crate::EngineError;

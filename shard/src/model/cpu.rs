@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use tessera_formats::{Activation, Family};
 use tessera_kernels::cpu::attention::{
     self, AttentionSeq, KvElem, KvLayout, NewKv, PagedAttention, PagedKv, PagedKvMut, softcap,
 };
 use tessera_kernels::cpu::{
     ActivationDtype, activation, linear_weights_as, norm, rope as rope_kernel,
 };
+use tessera_model_files::{Activation, Family};
 
 use super::backend::{Backend, Dims, Norm, Proj};
 use super::batch::FlatBatch;

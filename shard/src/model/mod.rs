@@ -27,9 +27,9 @@ mod weights;
 use std::ops::Range;
 use std::sync::Arc;
 
-use tessera_formats::{ModelConfig, ModelFiles};
 pub use tessera_kernels::cpu::attention::TreeMask;
 use tessera_kernels::cpu::{ActivationDtype, attention};
+use tessera_model_files::{ModelConfig, ModelFiles};
 
 use crate::EngineError;
 use crate::comm::{Communicator, HeadSplit, LocalComm, Partition};

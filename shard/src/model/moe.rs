@@ -7,8 +7,8 @@
 //! ascending expert order (as transformers' `index_add_` loop adds them), then a shared
 //! expert's, scaled by its gate (Qwen2-MoE).
 
-use tessera_formats::Moe;
 use tessera_kernels::cpu::{ActivationDtype, activation, linear_weights_as};
+use tessera_model_files::Moe;
 
 use super::weights::{Expert, MoeWeights};
 

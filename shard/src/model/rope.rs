@@ -9,8 +9,8 @@
 
 use std::borrow::Cow;
 
-use tessera_formats::{ModelConfig, RopeScaling};
 use tessera_kernels::cpu::rope as rope_kernel;
+use tessera_model_files::{ModelConfig, RopeScaling};
 
 /// A model's rotary frequencies, fixed or chosen per sequence by its length.
 pub(crate) struct Rope {

@@ -20,9 +20,9 @@
 
 use std::ops::Range;
 
-use tessera_formats::{ModelConfig, NativeTensor, WeightSource};
 use tessera_kernels::cpu::int8::hardware_int8;
 use tessera_kernels::cpu::{WeightFormat, WeightMatrix, kernels};
+use tessera_model_files::{ModelConfig, NativeTensor, WeightSource};
 
 use crate::EngineError;
 use crate::comm::{HeadSplit, Partition};
@@ -95,10 +95,10 @@ pub(crate) struct LayerWeights {
     pub(crate) input_norm: Vec<f32>,
     /// `[q | k | v]` rows.
     pub(crate) qkv: Linear,
-    /// Per-head norms of q and k (`head_dim` each), with [`tessera_formats::Family::qk_norm`].
+    /// Per-head norms of q and k (`head_dim` each), with [`tessera_model_files::Family::qk_norm`].
     pub(crate) qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     pub(crate) o: Linear,
-    /// Norms of the attention's and the MLP's outputs, with [`tessera_formats::Family::sandwich_norms`].
+    /// Norms of the attention's and the MLP's outputs, with [`tessera_model_files::Family::sandwich_norms`].
     pub(crate) out_norms: Option<(Vec<f32>, Vec<f32>)>,
     /// The MLP's input norm.
     pub(crate) pre_mlp_norm: Vec<f32>,
@@ -109,7 +109,7 @@ pub(crate) struct LayerWeights {
 pub(crate) enum Mlp {
     /// `[gate | up]` rows, and the output projection.
     Dense { gate_up: Linear, down: Linear },
-    /// A mixture of experts ([`tessera_formats::Moe`]).
+    /// A mixture of experts ([`tessera_model_files::Moe`]).
     Sparse(MoeWeights),
 }
 
@@ -517,9 +517,9 @@ mod tests {
     use std::collections::HashMap;
 
     use half::f16;
-    use tessera_formats::{Architecture, FormatError, HostTensor};
     use tessera_kernels::cpu::WeightFormat;
     use tessera_kernels::quant::{QuantFormat, dequantize};
+    use tessera_model_files::{Architecture, FormatError, HostTensor};
 
     use super::*;
 
@@ -633,7 +633,7 @@ mod tests {
             dtype: None,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
-            family: tessera_formats::Family::llama(1, 16, None),
+            family: tessera_model_files::Family::llama(1, 16, None),
         }
     }
 

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use tessera_formats::{GrammarCompiler, GrammarError, GrammarMatcher, GrammarSource};
+use tessera_text::{GrammarCompiler, GrammarError, GrammarMatcher, GrammarSource};
 
 use super::choice::{ChoiceState, Choices};
 use super::json::JsonState;
@@ -535,7 +535,7 @@ mod tests {
                 seed: Some(seed),
                 ..Default::default()
             };
-            let source = tessera_formats::GrammarSource::JsonSchema(schema);
+            let source = tessera_text::GrammarSource::JsonSchema(schema);
             let mut s = Sampler::new(params, &[])
                 .with_grammar(vocab.clone(), source)
                 .unwrap();

@@ -172,8 +172,8 @@ impl Sampler {
     pub fn with_grammar(
         self,
         vocab: Arc<TokenVocab>,
-        source: tessera_formats::GrammarSource<'_>,
-    ) -> Result<Self, tessera_formats::GrammarError> {
+        source: tessera_text::GrammarSource<'_>,
+    ) -> Result<Self, tessera_text::GrammarError> {
         Ok(self.with_constraint(Constraint::grammar(vocab, source)?))
     }
 

@@ -1,5 +1,5 @@
 //! A byte-level recognizer of a regular expression's language (vLLM's `guided_regex`, TGI's
-//! regex grammar), over the DFA `tessera_formats::compile_output_pattern` builds.
+//! regex grammar), over the DFA `tessera_text::compile_output_pattern` builds.
 
 use std::collections::{HashMap, HashSet};
 
@@ -34,7 +34,7 @@ impl std::fmt::Debug for Pattern {
 impl Pattern {
     /// `pattern` compiled, or why it cannot be.
     pub fn new(pattern: &str) -> Result<Self, String> {
-        let dfa = tessera_formats::compile_output_pattern(pattern)?;
+        let dfa = tessera_text::compile_output_pattern(pattern)?;
         let start = dfa
             .start_state(&start::Config::new().anchored(Anchored::Yes))
             .map_err(|e| e.to_string())?;

@@ -154,7 +154,7 @@ fn sample_output(
         seed: Some(seed),
         ..Default::default()
     };
-    let source = || tessera_formats::GrammarSource::JsonSchema(schema_text);
+    let source = || tessera_text::GrammarSource::JsonSchema(schema_text);
     let fresh = || {
         Sampler::new(params.clone(), &[])
             .with_grammar(vocab.clone(), source())

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tessera_formats::FormatError;
+use tessera_model_files::FormatError;
 
 use crate::EngineError;
 

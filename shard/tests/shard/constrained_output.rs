@@ -11,11 +11,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::{fixture_files, load_fixture, sequence};
-use tessera_formats::{ChatMessage, ModelFiles, ModelTokenizer};
+use tessera_model_files::ModelFiles;
 use tessera_shard::sampling::{OutputConstraint, SamplingParams, TokenVocab};
 use tessera_shard::speculative::{Proposer, Speculation};
 use tessera_shard::{Engine, EngineError, Model};
 use tessera_shard::{NewSequence, StepPlan};
+use tessera_text::{ChatMessage, ModelTokenizer};
 
 const GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 

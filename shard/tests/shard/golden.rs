@@ -9,7 +9,7 @@ use common::{
     FIXTURES, Schedule, assert_close_under_schedules, assert_goldens, golden, load_fixture,
     repo_root,
 };
-use tessera_formats::ModelFiles;
+use tessera_model_files::ModelFiles;
 use tessera_shard::{Model, Op, OpTimes};
 
 /// GGUF files of the fixtures, written as llama.cpp writes each family (and, for Mixtral, as
@@ -42,7 +42,7 @@ fn gguf_files_match_transformers() {
         let files = ModelFiles::open(&path).unwrap();
         let hf = ModelFiles::open(&path.with_file_name("")).unwrap();
         // The converter stores Gemma's norms as `1 + w`: the one difference there may be.
-        let hf_family = tessera_formats::Family {
+        let hf_family = tessera_model_files::Family {
             norm_weight_offset: files.config.family.norm_weight_offset,
             ..hf.config.family.clone()
         };

@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use common::{Schedule, repo_root, run, smollm2_gguf};
 use half::f16;
 use serde::Deserialize;
-use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::WeightFormat;
 use tessera_kernels::quant::{
     BlockIQ4NL, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K, KVALUES_IQ4NL,
     QK_K, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q6_k,
 };
+use tessera_model_files::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_shard::{HiddenStates, KvDtype, LogitsWanted, Model, SequenceChunk, WeightLayout};
 
 #[derive(Deserialize)]

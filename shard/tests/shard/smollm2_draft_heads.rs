@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use common::{Golden, repo_root, smollm2_gguf};
 use serde::Deserialize;
-use tessera_formats::ModelFiles;
+use tessera_model_files::ModelFiles;
 use tessera_shard::sampling::SamplingParams;
 use tessera_shard::speculative::{
     EagleDraft, EagleHead, MedusaDraft, MedusaHeads, Proposer, Speculation,

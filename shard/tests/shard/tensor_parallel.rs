@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{Outcome, Schedule, max_abs_diff, repo_root, run};
-use tessera_formats::ModelFiles;
+use tessera_model_files::ModelFiles;
 use tessera_shard::comm::{Communicator, ShmComm, ShmConfig};
 use tessera_shard::sampling::SamplingParams;
 use tessera_shard::{Engine, EngineError, Model, NewSequence, StepPlan, WeightLayout};

@@ -19,6 +19,7 @@ mod metrics_tracing;
 mod scheduling;
 mod soak;
 mod tensor_parallel;
+mod tokenizer_source;
 
 /// Held by each test that runs the router in this process. Its metrics recorder is global,
 /// and `cargo test` runs the tests on threads of one process: without this, another

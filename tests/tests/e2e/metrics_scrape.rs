@@ -13,7 +13,7 @@ use metrics_support::{
     Scrape, documented, documented_vllm, exported, exported_vllm, fixture, start_shard,
 };
 use serde_json::{Value, json};
-use tessera_formats::ModelFiles;
+use tessera_model_files::ModelFiles;
 use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::ShardedClient;
 use tessera_router::client::WarmupRequest;

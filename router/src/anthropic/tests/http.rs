@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use tessera_formats::ModelTokenizer;
+use tessera_text::ModelTokenizer;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use tessera_formats::Activation;
 use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use tessera_kernels::cuda::{
     CacheView, DecodeArgs, Gemm, GpuDevice, GpuKernels, PrefillArgs, RopeCacheArgs,
 };
+use tessera_model_files::Activation;
 
 use super::super::backend::{Backend, Dims, Norm, Proj};
 use super::super::batch::FlatBatch;

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use rayon::prelude::*;
-use tessera_formats::Activation;
 use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 use tessera_kernels::cuda::cudarc::driver::{CudaSlice, CudaStream};
 use tessera_kernels::cuda::{Gemm, GpuDevice, GpuFloat, GpuKernels, GpuQuant, PtxCache};
+use tessera_model_files::Activation;
 
 use super::super::backend::{Backend, Norm, Proj};
 use super::super::cpu::CpuBackend;

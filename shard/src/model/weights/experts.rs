@@ -1,8 +1,8 @@
 //! A sparse MLP's weights: the router, each expert's slices for this rank, and a shared
 //! expert where the family has one.
 
-use tessera_formats::{ExpertNames, Moe};
 use tessera_kernels::cpu::WeightMatrix;
+use tessera_model_files::{ExpertNames, Moe};
 
 use super::{Linear, Loader, Part};
 use crate::EngineError;

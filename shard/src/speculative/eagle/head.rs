@@ -12,9 +12,9 @@
 use std::path::Path;
 
 use serde::Deserialize;
-use tessera_formats::{FormatError, ModelConfig, WeightSource, open_safetensors};
 use tessera_kernels::cpu::attention::KvLayout;
 use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
+use tessera_model_files::{FormatError, ModelConfig, WeightSource, open_safetensors};
 
 use crate::EngineError;
 use crate::kv_cache::{KvCache, KvDtype};

@@ -12,8 +12,8 @@
 use std::path::Path;
 
 use serde::Deserialize;
-use tessera_formats::{FormatError, open_safetensors};
 use tessera_kernels::cpu::matmul::linear;
+use tessera_model_files::{FormatError, open_safetensors};
 
 use crate::EngineError;
 use crate::model::Model;

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
-use tessera_formats::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_kernels::cpu::WeightFormat;
+use tessera_model_files::{FormatError, HostTensor, ModelFiles, NativeTensor, WeightSource};
 use tessera_shard::sampling::{Sampler, SamplingParams};
 use tessera_shard::{
     Engine, HiddenStates, KvCache, LogitsWanted, Model, NewSequence, SequenceChunk, StepPlan,

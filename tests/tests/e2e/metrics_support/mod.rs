@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use tessera_formats::ModelFiles;
+use tessera_model_files::ModelFiles;
 use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
 use tessera_shard::service::{ShardInfo, ShardService};
 use tessera_shard::{Engine, Model};

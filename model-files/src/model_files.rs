@@ -6,7 +6,9 @@ use std::sync::Arc;
 use crate::config::token_ids;
 use crate::gguf::GgufFile;
 use crate::hf_dir::SafetensorsWeights;
-use crate::{FormatError, ModelConfig, ModelTokenizer, WeightSource};
+use tessera_text::{HfTokenizerFiles, ModelTokenizer, TokenizerSource};
+
+use crate::{FormatError, ModelConfig, WeightSource};
 
 enum Source {
     HfDir,
@@ -59,34 +61,35 @@ impl ModelFiles {
         }
     }
 
-    /// Builds the tokenizer (and chat template) that ships with the model.
-    pub fn tokenizer(&self) -> Result<ModelTokenizer, FormatError> {
+    /// What the model's tokenizer is built from: the directory's tokenizer files (with the
+    /// end-of-generation ids of `config.json` and `generation_config.json`) or the GGUF file's
+    /// tokenizer metadata.
+    pub fn tokenizer_source(&self) -> Result<TokenizerSource, FormatError> {
         match &self.source {
             Source::HfDir => {
                 let mut eos = self.config.eos_token_ids.clone();
                 eos.extend(generation_eos(&self.path.join("generation_config.json"))?);
                 eos.sort_unstable();
                 eos.dedup();
-                ModelTokenizer::from_hf_dir(&self.path, &eos)
+                Ok(TokenizerSource::HfFiles(HfTokenizerFiles::read(
+                    &self.path, &eos,
+                )?))
             }
-            Source::Gguf(gguf) => ModelTokenizer::from_gguf(&gguf.tokenizer_spec()?, &self.path),
+            Source::Gguf(gguf) => Ok(TokenizerSource::Gguf {
+                path: self.path.clone(),
+                spec: gguf.tokenizer_spec()?,
+            }),
         }
+    }
+
+    /// Builds the tokenizer (and chat template) that ships with the model.
+    pub fn tokenizer(&self) -> Result<ModelTokenizer, FormatError> {
+        Ok(ModelTokenizer::from_source(&self.tokenizer_source()?)?)
     }
 
     /// Whether the model is a GGUF file (rather than a Hugging Face directory).
     pub fn is_gguf(&self) -> bool {
         matches!(self.source, Source::Gguf(_))
-    }
-
-    /// A short name for the model: its directory or file name without extension.
-    pub fn name(&self) -> String {
-        let stem = if self.path.is_dir() {
-            self.path.file_name()
-        } else {
-            self.path.file_stem()
-        };
-        stem.map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
     }
 }
 

@@ -1,22 +1,20 @@
-//! Loading the tokenizer of a Hugging Face model directory the way transformers 5 does.
+//! Building the tokenizer of a Hugging Face model directory from its files' contents, the way
+//! transformers 5 loads it.
 
 use std::path::Path;
+use std::str::FromStr;
 
 use serde_json::Value;
 use tokenizers::{AddedToken, Tokenizer};
 
-use super::{ModelTokenizer, push_unique, set_post_processor};
-use crate::FormatError;
+use super::{HfTokenizerFiles, ModelTokenizer, push_unique, set_post_processor};
+use crate::TokenizerLoadError;
 use crate::chat_template::ChatTemplate;
 
-fn read_json(path: &Path) -> Result<Option<Value>, FormatError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text)
-            .map(Some)
-            .map_err(|e| FormatError::invalid(path, format!("not valid JSON: {e}"))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(FormatError::io(path, e)),
-    }
+/// `text`, the content of `path`, as JSON.
+pub(super) fn parse_json(text: &str, path: &Path) -> Result<Value, TokenizerLoadError> {
+    serde_json::from_str(text)
+        .map_err(|e| TokenizerLoadError::invalid(path, format!("not valid JSON: {e}")))
 }
 
 /// A special token in `tokenizer_config.json`: a string or an `AddedToken` object.
@@ -29,7 +27,7 @@ fn token_text(value: Option<&Value>) -> Option<String> {
 }
 
 /// `eos_token_id` as an int or a list of ints.
-fn ids(value: Option<&Value>) -> Vec<u32> {
+pub(super) fn eos_ids(value: Option<&Value>) -> Vec<u32> {
     match value {
         Some(Value::Number(n)) => n
             .as_u64()
@@ -45,7 +43,7 @@ fn ids(value: Option<&Value>) -> Vec<u32> {
 }
 
 /// The default template of `chat_template` as a string or a list of `{name, template}`.
-fn config_template(config: &Value, path: &Path) -> Result<Option<String>, FormatError> {
+fn config_template(config: &Value, path: &Path) -> Result<Option<String>, TokenizerLoadError> {
     match config.get("chat_template") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -58,24 +56,30 @@ fn config_template(config: &Value, path: &Path) -> Result<Option<String>, Format
                 })
             };
             named("default").map(Some).ok_or_else(|| {
-                FormatError::invalid(
+                TokenizerLoadError::invalid(
                     path,
                     "chat_template is a list of named templates without one named \"default\"",
                 )
             })
         }
-        Some(_) => Err(FormatError::invalid(
+        Some(_) => Err(TokenizerLoadError::invalid(
             path,
             "chat_template must be a string or a list of {name, template} objects",
         )),
     }
 }
 
-pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer, FormatError> {
-    let mut tokenizer = read_tokenizer_json(&dir.join("tokenizer.json"))?;
+pub(super) fn build(files: &HfTokenizerFiles) -> Result<ModelTokenizer, TokenizerLoadError> {
+    let tokenizer_path = files.dir.join("tokenizer.json");
+    let mut tokenizer = Tokenizer::from_str(&files.tokenizer_json).map_err(|e| {
+        TokenizerLoadError::invalid(&tokenizer_path, format!("not a valid tokenizer.json: {e}"))
+    })?;
 
-    let config_path = dir.join("tokenizer_config.json");
-    let config = read_json(&config_path)?.unwrap_or(Value::Null);
+    let config_path = files.dir.join("tokenizer_config.json");
+    let config = match &files.tokenizer_config_json {
+        Some(text) => parse_json(text, &config_path)?,
+        None => Value::Null,
+    };
     let named = |key: &str| token_text(config.get(key));
     let with_id = |text: Option<String>| {
         text.and_then(|t| {
@@ -102,9 +106,12 @@ pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer,
         None => false,
     };
 
-    let eos_token_ids = eos_token_ids(dir, generation_eos, eos_token.as_ref())?;
+    let mut eos_token_ids = files.eos_token_ids.clone();
+    if let Some((_, id)) = &eos_token {
+        push_unique(&mut eos_token_ids, *id);
+    }
     let chat_template = load_chat_template(
-        dir,
+        files,
         &config,
         &config_path,
         bos_token.as_ref(),
@@ -120,31 +127,12 @@ pub(super) fn load(dir: &Path, generation_eos: &[u32]) -> Result<ModelTokenizer,
     })
 }
 
-/// `tokenizer.json`, which the model directory must have.
-fn read_tokenizer_json(tokenizer_path: &Path) -> Result<Tokenizer, FormatError> {
-    let bytes = match std::fs::read(tokenizer_path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(FormatError::Missing {
-                path: tokenizer_path.to_path_buf(),
-                hint: "the model directory needs a tokenizers-format tokenizer.json \
-                       (save it with a fast tokenizer's save_pretrained)"
-                    .to_string(),
-            });
-        }
-        Err(e) => return Err(FormatError::io(tokenizer_path, e)),
-    };
-    Tokenizer::from_bytes(&bytes).map_err(|e| {
-        FormatError::invalid(tokenizer_path, format!("not a valid tokenizer.json: {e}"))
-    })
-}
-
 /// Makes the config's named special tokens that are in the vocabulary special added tokens.
 fn register_special_tokens(
     tokenizer: &mut Tokenizer,
     config: &Value,
     config_path: &Path,
-) -> Result<(), FormatError> {
+) -> Result<(), TokenizerLoadError> {
     // transformers 5 makes sure the named special tokens are special added tokens.
     let specials: Vec<AddedToken> = ["bos_token", "eos_token", "unk_token", "pad_token"]
         .iter()
@@ -153,7 +141,7 @@ fn register_special_tokens(
         .map(|t| AddedToken::from(t, true).normalized(false))
         .collect();
     tokenizer.add_special_tokens(specials).map_err(|e| {
-        FormatError::invalid(
+        TokenizerLoadError::invalid(
             config_path,
             format!("cannot register the special tokens: {e}"),
         )
@@ -168,7 +156,7 @@ fn apply_add_token_flags(
     config_path: &Path,
     bos_token: Option<&(String, u32)>,
     eos_token: Option<&(String, u32)>,
-) -> Result<(), FormatError> {
+) -> Result<(), TokenizerLoadError> {
     // transformers 5 rebuilds the post-processor when the config states add_bos/eos_token, or
     // when tokenizer.json has none.
     let explicit = config.get("add_bos_token").is_some() || config.get("add_eos_token").is_some();
@@ -182,50 +170,26 @@ fn apply_add_token_flags(
             flag("add_eos_token"),
         )
         .map_err(|e| {
-            FormatError::invalid(config_path, format!("add_bos_token/add_eos_token: {e}"))
+            TokenizerLoadError::invalid(config_path, format!("add_bos_token/add_eos_token: {e}"))
         })?;
     }
     Ok(())
 }
 
-/// The ids that end generation: the caller's, then `generation_config.json`'s, then the
-/// tokenizer's own end-of-sequence token, each once.
-fn eos_token_ids(
-    dir: &Path,
-    generation_eos: &[u32],
-    eos_token: Option<&(String, u32)>,
-) -> Result<Vec<u32>, FormatError> {
-    let mut eos_token_ids = Vec::new();
-    for id in generation_eos {
-        push_unique(&mut eos_token_ids, *id);
-    }
-    if let Some(generation) = read_json(&dir.join("generation_config.json"))? {
-        for id in ids(generation.get("eos_token_id")) {
-            push_unique(&mut eos_token_ids, id);
-        }
-    }
-    if let Some((_, id)) = eos_token {
-        push_unique(&mut eos_token_ids, *id);
-    }
-    Ok(eos_token_ids)
-}
-
 /// The chat template from `chat_template.jinja`, else from `tokenizer_config.json`.
 fn load_chat_template(
-    dir: &Path,
+    files: &HfTokenizerFiles,
     config: &Value,
     config_path: &Path,
     bos_token: Option<&(String, u32)>,
     eos_token: Option<&(String, u32)>,
-) -> Result<Option<ChatTemplate>, FormatError> {
-    let jinja_path = dir.join("chat_template.jinja");
-    let (source, source_path) = match std::fs::read_to_string(&jinja_path) {
-        Ok(text) => (Some(text), jinja_path),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+) -> Result<Option<ChatTemplate>, TokenizerLoadError> {
+    let (source, source_path) = match &files.chat_template_jinja {
+        Some(text) => (Some(text.clone()), files.dir.join("chat_template.jinja")),
+        None => (
             config_template(config, config_path)?,
             config_path.to_path_buf(),
         ),
-        Err(e) => return Err(FormatError::io(&jinja_path, e)),
     };
     match source {
         Some(source) => Ok(Some(
@@ -234,7 +198,9 @@ fn load_chat_template(
                 bos_token.map(|(t, _)| t.clone()),
                 eos_token.map(|(t, _)| t.clone()),
             )
-            .map_err(|e| FormatError::invalid(&source_path, format!("chat template: {e}")))?,
+            .map_err(|e| {
+                TokenizerLoadError::invalid(&source_path, format!("chat template: {e}"))
+            })?,
         )),
         None => Ok(None),
     }

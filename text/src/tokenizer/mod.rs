@@ -1,11 +1,13 @@
-//! Tokenizers: loaded from a Hugging Face directory (`tokenizer.json`) or rebuilt from GGUF
-//! metadata, together with the ids that end generation and the model's chat template.
+//! Tokenizers: built from a Hugging Face directory's files (`tokenizer.json`) or rebuilt from
+//! GGUF metadata, together with the ids that end generation and the model's chat template.
 
 mod gguf;
 mod hf;
+mod source;
 mod spec;
 mod token_bytes;
 
+pub use source::{HfTokenizerFiles, TokenizerSource};
 pub use spec::GgufTokenizerSpec;
 
 use std::path::Path;
@@ -13,7 +15,7 @@ use std::path::Path;
 use tokenizers::Tokenizer;
 use tokenizers::processors::template::TemplateProcessing;
 
-use crate::FormatError;
+use crate::TokenizerLoadError;
 use crate::chat_template::{ChatTemplate, ChatTemplateError};
 
 /// Encoding or decoding failed (for example an id outside the vocabulary).
@@ -49,7 +51,7 @@ const END_OF_TURN_TOKENS: &[&str] = &[
 /// A model's tokenizer with the special tokens and the chat template the server needs.
 ///
 /// ```no_run
-/// # use tessera_formats::ModelTokenizer;
+/// # use tessera_text::ModelTokenizer;
 /// let tok = ModelTokenizer::from_hf_dir("models/SmolLM2-135M-Instruct".as_ref(), &[])?;
 /// let ids = tok.encode("Hello world", true)?;
 /// assert_eq!(tok.decode(&ids, true)?, "Hello world");
@@ -86,13 +88,22 @@ impl ModelTokenizer {
     /// `chat_template.jinja` (transformers 5; wins over the config's template) and
     /// `generation_config.json` (`eos_token_id`). `generation_eos` adds ids that end
     /// generation, e.g. from a config the caller already read.
-    pub fn from_hf_dir(dir: &Path, generation_eos: &[u32]) -> Result<Self, FormatError> {
-        hf::load(dir, generation_eos)
+    pub fn from_hf_dir(dir: &Path, generation_eos: &[u32]) -> Result<Self, TokenizerLoadError> {
+        hf::build(&HfTokenizerFiles::read(dir, generation_eos)?)
+    }
+
+    /// Builds the tokenizer `source` describes, as [`Self::from_hf_dir`] and
+    /// [`Self::from_gguf`] do from the files themselves.
+    pub fn from_source(source: &TokenizerSource) -> Result<Self, TokenizerLoadError> {
+        match source {
+            TokenizerSource::HfFiles(files) => hf::build(files),
+            TokenizerSource::Gguf { path, spec } => Self::from_gguf(spec, path),
+        }
     }
 
     /// Rebuilds the tokenizer a GGUF file's metadata describes, as transformers does when
     /// loading with `gguf_file=`. `path` is the GGUF file, named in errors.
-    pub fn from_gguf(spec: &GgufTokenizerSpec, path: &Path) -> Result<Self, FormatError> {
+    pub fn from_gguf(spec: &GgufTokenizerSpec, path: &Path) -> Result<Self, TokenizerLoadError> {
         let mut tokenizer = gguf::build(spec, path)?;
         let token =
             |id: Option<u32>| id.and_then(|id| Some((spec.tokens.get(id as usize)?.clone(), id)));
@@ -108,7 +119,9 @@ impl ModelTokenizer {
             eos_token.as_ref(),
             add_eos,
         )
-        .map_err(|e| FormatError::invalid(path, format!("cannot build the post-processor: {e}")))?;
+        .map_err(|e| {
+            TokenizerLoadError::invalid(path, format!("cannot build the post-processor: {e}"))
+        })?;
 
         let mut eos_token_ids = Vec::new();
         if let Some((_, id)) = &eos_token {
@@ -132,7 +145,9 @@ impl ModelTokenizer {
                     bos_token.as_ref().map(|(t, _)| t.clone()),
                     eos_token.as_ref().map(|(t, _)| t.clone()),
                 )
-                .map_err(|e| FormatError::invalid(path, format!("tokenizer.chat_template: {e}")))?,
+                .map_err(|e| {
+                    TokenizerLoadError::invalid(path, format!("tokenizer.chat_template: {e}"))
+                })?,
             ),
             None => None,
         };

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use tessera_formats::{ChatMessage, GgufTokenizerSpec, ModelTokenizer};
+use tessera_text::{ChatMessage, GgufTokenizerSpec, ModelTokenizer};
 
 /// A `tokenizer.json` (byte-level BPE) produced by rebuilding a small GGUF spec.
 fn tokenizer_json(add_bos: bool) -> String {
@@ -188,7 +188,7 @@ fn missing_or_corrupt_files_are_errors_naming_the_file() {
 }
 
 /// The fixture model directories against transformers' `AutoTokenizer`
-/// (`formats/tests/data/hf_fixture_tokenizer_cases.json`, scripts/make_tokenizer_goldens.py).
+/// (`text/tests/data/hf_fixture_tokenizer_cases.json`, scripts/make_tokenizer_goldens.py).
 #[test]
 fn fixture_dirs_match_transformers() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

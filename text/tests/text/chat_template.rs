@@ -1,6 +1,6 @@
 //! Chat templates rendered as transformers renders them.
 
-use tessera_formats::{ChatMessage, ChatTemplate, RenderOptions};
+use tessera_text::{ChatMessage, ChatTemplate, RenderOptions};
 
 const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 

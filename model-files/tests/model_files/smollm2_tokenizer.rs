@@ -2,14 +2,14 @@
 //!
 //! Needs `${TESSERA_CACHE:-$HOME/.cache/tessera}/SmolLM2-135M-Instruct.Q4_1.gguf`; skips when
 //! it is absent unless `TESSERA_REQUIRE_SMOLLM2=1`. Expectations come from
-//! `fixtures/smollm2/golden.json` and `formats/tests/data/smollm2_tokenizer_cases.json`
+//! `fixtures/smollm2/golden.json` and `model-files/tests/data/smollm2_tokenizer_cases.json`
 //! (`scripts/make_tokenizer_goldens.py`).
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tessera_formats::gguf::GgufFile;
-use tessera_formats::{ChatMessage, ModelTokenizer};
+use tessera_model_files::gguf::GgufFile;
+use tessera_text::{ChatMessage, ModelTokenizer};
 
 const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use tessera_formats::{FormatError, GgufTokenizerSpec, ModelTokenizer};
+use tessera_text::{GgufTokenizerSpec, ModelTokenizer, TokenizerLoadError};
 
 const FILE: &str = "test.gguf";
 
@@ -140,7 +140,7 @@ fn byte_level_bpe_with_special_tokens() {
     assert_eq!(tok.decode(&ids, true).unwrap(), "hi hi!\nab<think>");
     let chat = tok.chat_template.as_ref().unwrap();
     let text = chat
-        .render(&[tessera_formats::ChatMessage::new("user", "hi")], false)
+        .render(&[tessera_text::ChatMessage::new("user", "hi")], false)
         .unwrap();
     assert_eq!(text, "<|im_start|>user\nhi<|im_end|>\n");
 }
@@ -181,7 +181,7 @@ fn add_bos_prepends_bos() {
     assert_eq!(tok.encode("hi", false).unwrap(), vec![10]);
 }
 
-fn invalid_message(err: FormatError) -> String {
+fn invalid_message(err: TokenizerLoadError) -> String {
     let text = err.to_string();
     assert!(text.starts_with(FILE), "error names the file: {text}");
     text

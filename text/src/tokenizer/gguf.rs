@@ -20,7 +20,7 @@ use tokenizers::{
 };
 
 use super::GgufTokenizerSpec;
-use crate::FormatError;
+use crate::TokenizerLoadError;
 
 /// The tokenizer models (`tokenizer.ggml.model`) this module can rebuild.
 pub(crate) const SUPPORTED_MODELS: &str = "gpt2 (byte-level BPE), llama (SentencePiece BPE)";
@@ -85,14 +85,20 @@ pub(super) fn bytes_to_unicode() -> [char; 256] {
 }
 
 /// Rebuilds the tokenizer a GGUF file describes. `path` is only used in error messages.
-pub(crate) fn build(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, FormatError> {
+pub(crate) fn build(
+    spec: &GgufTokenizerSpec,
+    path: &Path,
+) -> Result<Tokenizer, TokenizerLoadError> {
     if spec.tokens.is_empty() {
-        return Err(FormatError::invalid(path, "tokenizer.ggml.tokens is empty"));
+        return Err(TokenizerLoadError::invalid(
+            path,
+            "tokenizer.ggml.tokens is empty",
+        ));
     }
     if let Some(types) = &spec.token_types
         && types.len() != spec.tokens.len()
     {
-        return Err(FormatError::invalid(
+        return Err(TokenizerLoadError::invalid(
             path,
             format!(
                 "tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {}",
@@ -110,7 +116,7 @@ pub(crate) fn build(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, 
         if let Some(id) = id
             && id as usize >= spec.tokens.len()
         {
-            return Err(FormatError::invalid(
+            return Err(TokenizerLoadError::invalid(
                 path,
                 format!(
                     "tokenizer.ggml.{key} is {id} but the vocabulary has {} tokens",
@@ -123,7 +129,7 @@ pub(crate) fn build(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, 
         "gpt2" => byte_level(spec, path)?,
         "llama" => sentencepiece(spec, path)?,
         other => {
-            return Err(FormatError::invalid(
+            return Err(TokenizerLoadError::invalid(
                 path,
                 format!(
                     "tokenizer.ggml.model {other:?} is not supported; supported: {SUPPORTED_MODELS}"
@@ -135,7 +141,12 @@ pub(crate) fn build(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, 
     Ok(tokenizer)
 }
 
-fn bpe(vocab: Vocab, merges: Merges, sentencepiece: bool, path: &Path) -> Result<BPE, FormatError> {
+fn bpe(
+    vocab: Vocab,
+    merges: Merges,
+    sentencepiece: bool,
+    path: &Path,
+) -> Result<BPE, TokenizerLoadError> {
     let builder = BPE::builder().vocab_and_merges(vocab, merges);
     let builder = if sentencepiece {
         builder.fuse_unk(true).byte_fallback(true)
@@ -144,13 +155,13 @@ fn bpe(vocab: Vocab, merges: Merges, sentencepiece: bool, path: &Path) -> Result
             .continuing_subword_prefix(String::new())
             .end_of_word_suffix(String::new())
     };
-    builder
-        .build()
-        .map_err(|e| FormatError::invalid(path, format!("cannot build the BPE tokenizer: {e}")))
+    builder.build().map_err(|e| {
+        TokenizerLoadError::invalid(path, format!("cannot build the BPE tokenizer: {e}"))
+    })
 }
 
 /// Merges as the file gives them (`"left right"`), or derived from the vocabulary.
-fn merges(spec: &GgufTokenizerSpec, path: &Path) -> Result<Merges, FormatError> {
+fn merges(spec: &GgufTokenizerSpec, path: &Path) -> Result<Merges, TokenizerLoadError> {
     match &spec.merges {
         Some(merges) => merges
             .iter()
@@ -160,7 +171,7 @@ fn merges(spec: &GgufTokenizerSpec, path: &Path) -> Result<Merges, FormatError> 
                 let mut parts = merge.split(' ');
                 match (parts.next(), parts.next(), parts.next()) {
                     (Some(l), Some(r), None) => Ok((l.to_string(), r.to_string())),
-                    _ => Err(FormatError::invalid(
+                    _ => Err(TokenizerLoadError::invalid(
                         path,
                         format!("tokenizer.ggml.merges[{i}] = {merge:?} is not \"left right\""),
                     )),
@@ -169,13 +180,13 @@ fn merges(spec: &GgufTokenizerSpec, path: &Path) -> Result<Merges, FormatError> 
             .collect(),
         None => {
             let Some(scores) = &spec.scores else {
-                return Err(FormatError::invalid(
+                return Err(TokenizerLoadError::invalid(
                     path,
                     "the tokenizer has neither tokenizer.ggml.merges nor tokenizer.ggml.scores",
                 ));
             };
             if scores.len() != spec.tokens.len() {
-                return Err(FormatError::invalid(
+                return Err(TokenizerLoadError::invalid(
                     path,
                     format!(
                         "tokenizer.ggml.scores has {} entries but tokenizer.ggml.tokens has {}",
@@ -227,7 +238,7 @@ fn generate_merges(tokens: &[String], scores: &[f32]) -> Merges {
 }
 
 /// Byte-level BPE (`GPT2Tokenizer` plus transformers' `set_split_regex`).
-fn byte_level(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, FormatError> {
+fn byte_level(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, TokenizerLoadError> {
     let spelling = bytes_to_unicode();
     let alphabet: HashSet<char> = spelling.iter().copied().collect();
     // Tokens outside the byte alphabet are respelled from their UTF-8 bytes.
@@ -256,7 +267,10 @@ fn byte_level(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, Format
                 false,
             )
             .map_err(|e| {
-                FormatError::invalid(path, format!("pre-tokenizer {pre:?}: bad split regex: {e}"))
+                TokenizerLoadError::invalid(
+                    path,
+                    format!("pre-tokenizer {pre:?}: bad split regex: {e}"),
+                )
             })?;
             PreTokenizerSequence::new(vec![
                 split.into(),
@@ -281,7 +295,7 @@ fn byte_level(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, Format
 }
 
 /// SentencePiece-style BPE with byte fallback (transformers' `LlamaTokenizer`).
-fn sentencepiece(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, FormatError> {
+fn sentencepiece(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, TokenizerLoadError> {
     let vocab: Vocab = spec
         .tokens
         .iter()
@@ -298,7 +312,7 @@ fn sentencepiece(spec: &GgufTokenizerSpec, path: &Path) -> Result<Tokenizer, For
     };
     tokenizer.with_pre_tokenizer(Some(Metaspace::new('\u{2581}', prepend, false)));
     let replace = Replace::new("\u{2581}", " ")
-        .map_err(|e| FormatError::invalid(path, format!("cannot build the decoder: {e}")))?;
+        .map_err(|e| TokenizerLoadError::invalid(path, format!("cannot build the decoder: {e}")))?;
     let mut decoders: Vec<DecoderWrapper> = vec![
         replace.into(),
         ByteFallback::new().into(),
@@ -317,9 +331,9 @@ fn add_special_tokens(
     tokenizer: &mut Tokenizer,
     spec: &GgufTokenizerSpec,
     path: &Path,
-) -> Result<(), FormatError> {
+) -> Result<(), TokenizerLoadError> {
     let failed = |e: tokenizers::Error| {
-        FormatError::invalid(path, format!("cannot register the special tokens: {e}"))
+        TokenizerLoadError::invalid(path, format!("cannot register the special tokens: {e}"))
     };
     let byte_level = spec.model == "gpt2";
     let alphabet: HashSet<char> = bytes_to_unicode().iter().copied().collect();

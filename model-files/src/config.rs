@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
+use tessera_params::LengthDependentRope;
 
 use crate::FormatError;
 use crate::family::{ExpertNames, Family, FamilyKeys, Moe};
@@ -63,21 +64,6 @@ impl Architecture {
             _ => None,
         }
     }
-}
-
-/// How a sequence's length chooses its rotary frequencies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LengthDependentRope {
-    /// One set of frequencies up to `threshold` tokens, another past it (LongRoPE).
-    Switches {
-        /// The longest sequence that takes the first set.
-        threshold: usize,
-    },
-    /// Past `threshold` tokens, other frequencies for every length (dynamic NTK).
-    Grows {
-        /// The longest sequence that takes the base frequencies.
-        threshold: usize,
-    },
 }
 
 /// How rotary position frequencies are adjusted for long contexts.

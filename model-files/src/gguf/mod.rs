@@ -7,12 +7,12 @@
 //! q/k row permutation undone for the `llama` (and `mistral`) architectures.
 //!
 //! ```no_run
-//! use tessera_formats::{WeightSource, gguf::GgufFile};
+//! use tessera_model_files::{WeightSource, gguf::GgufFile};
 //! let file = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
 //! let config = file.model_config()?;
 //! let q = file.load_f32("model.layers.0.self_attn.q_proj.weight")?;
 //! assert_eq!(q.shape, [config.num_heads * config.head_dim, config.hidden_size]);
-//! # Ok::<(), tessera_formats::FormatError>(())
+//! # Ok::<(), tessera_model_files::FormatError>(())
 //! ```
 
 mod config;

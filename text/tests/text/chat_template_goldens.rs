@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use tessera_formats::{ChatMessage, ChatTemplate, ChatTemplateError, RenderOptions};
+use tessera_text::{ChatMessage, ChatTemplate, ChatTemplateError, RenderOptions};
 
 #[derive(Deserialize)]
 struct Goldens {

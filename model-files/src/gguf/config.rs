@@ -2,7 +2,9 @@
 
 use super::{GgufFile, MetadataValue};
 use crate::family::{ExpertNames, Family, FamilyKeys, Moe};
-use crate::{Architecture, DType, FormatError, GgufTokenizerSpec, ModelConfig, RopeScaling};
+use tessera_text::GgufTokenizerSpec;
+
+use crate::{Architecture, DType, FormatError, ModelConfig, RopeScaling};
 
 /// The attention head layout of a model, as [`GgufFile::attention_shape`] reads it.
 struct AttentionShape {

@@ -48,6 +48,10 @@ pub enum FormatError {
         /// What is wrong with it.
         message: String,
     },
+    /// The model's tokenizer files (or a GGUF's tokenizer metadata) cannot be built into a
+    /// tokenizer.
+    #[error(transparent)]
+    Tokenizer(#[from] tessera_text::TokenizerLoadError),
 }
 
 impl FormatError {

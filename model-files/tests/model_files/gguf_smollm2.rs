@@ -1,5 +1,5 @@
 //! The GGUF reader against a real model: SmolLM2-135M-Instruct quantized to Q4_1 by
-//! llama.cpp, compared with transformers' GGUF loader (`formats/tests/data/
+//! llama.cpp, compared with transformers' GGUF loader (`model-files/tests/data/
 //! smollm2_gguf_slices.json`, written by `scripts/make_quant_goldens.py --smollm2`).
 //!
 //! The model is read from `${TESSERA_CACHE:-$HOME/.cache/tessera}/SmolLM2-135M-Instruct.Q4_1.gguf`.
@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use tessera_formats::gguf::{GgmlType, GgufFile};
-use tessera_formats::{Architecture, WeightSource};
+use tessera_model_files::gguf::{GgmlType, GgufFile};
+use tessera_model_files::{Architecture, WeightSource};
 
 const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 

@@ -1,9 +1,0 @@
-//! The format readers' integration tests, one module per area, in one test binary (one link,
-//! not one per area, after a change).
-
-mod chat_template;
-mod chat_template_goldens;
-mod gguf_smollm2;
-mod smollm2_tokenizer;
-mod tokenizer_gguf;
-mod tokenizer_hf_dir;
