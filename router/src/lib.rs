@@ -38,7 +38,7 @@ mod server;
 mod sse;
 mod state;
 mod stop;
-pub mod telemetry;
+mod telemetry;
 mod validation;
 
 pub use crate::anthropic::AnthropicError;

@@ -11,7 +11,7 @@ use std::process::Command;
 
 /// The workspace's crates, bottom layer first.
 const LAYERS: &[&[&str]] = &[
-    &["tessera-blocks", "tessera-params"],
+    &["tessera-blocks", "tessera-params", "tessera-telemetry"],
     &["tessera-kernels", "tessera-formats", "tessera-proto"],
     &["tessera-shard", "tessera-router"],
     &["tessera-launcher", "tessera-bench", "tessera-e2e"],
