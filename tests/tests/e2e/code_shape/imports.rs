@@ -5,7 +5,10 @@
 //! in a `use` (`use crate::x::Y`, `use super::y::Z`, `use child::W` for a child module) or in
 //! code (`crate::x::f()`, also inside macro calls). A path resolves to the file of the deepest
 //! module it names, so `super::math::max` points at `math.rs`, not at the parent that only
-//! passes through. Declaring a child module (`mod x;`) is not an import. Test-only code
+//! passes through, and through the `use` bindings of the modules on its way, so `crate::Error`
+//! re-exported by `lib.rs` from `error.rs` points at `error.rs` (a path to another crate's
+//! item, even re-exported, points nowhere). Declaring a child module (`mod x;`) is not an
+//! import. Test-only code
 //! (`#[cfg(test)]` items and the files they declare) is left out: a test drives its module
 //! through the parent's API, which would put every tested file on a circle with its parent.
 //! The circles are the graph's strongly connected components of two or more files.
@@ -29,6 +32,9 @@ const ACYCLIC: &[&str] = &[
     "router/src/anthropic/",
     "router/src/openapi.rs",
     "router/src/deadline.rs",
+    // The shard's step: the engine, speculation, sampling.
+    "shard/src/core/",
+    "shard/src/speculative/",
     "shard/src/sampling/",
 ];
 
@@ -106,9 +112,14 @@ fn child_dir(file: &str) -> String {
 #[derive(Default)]
 struct ModuleTree {
     modules: BTreeMap<ModulePath, String>,
+    /// Each module's `use` bindings: the name it brings in and the path, as written there.
+    bindings: BTreeMap<ModulePath, BTreeMap<String, Vec<String>>>,
     /// The parsed files, with the module each one is.
     files: Vec<(String, ModulePath, syn::File)>,
 }
+
+/// How many `use` bindings one path is followed through (re-exports of re-exports).
+const MAX_REEXPORTS: usize = 16;
 
 impl ModuleTree {
     /// The tree under the crate root `root`, following `mod x;` declarations that are not
@@ -148,6 +159,9 @@ impl ModuleTree {
         items: &[syn::Item],
     ) -> Result<(), String> {
         for item in items {
+            if let syn::Item::Use(u) = item {
+                self.add_bindings(module, u);
+            }
             let syn::Item::Mod(m) = item else { continue };
             if is_test_only(&m.attrs) {
                 continue;
@@ -176,12 +190,66 @@ impl ModuleTree {
         Ok(())
     }
 
+    fn add_bindings(&mut self, module: &ModulePath, item: &syn::ItemUse) {
+        if item.leading_colon.is_some() || is_test_only(&item.attrs) {
+            return;
+        }
+        let mut paths = Vec::new();
+        use_paths(&item.tree, &mut Vec::new(), &mut paths);
+        let bindings = self.bindings.entry(module.clone()).or_default();
+        for (name, path) in paths {
+            if let Some(name) = name.filter(|n| n != "_") {
+                bindings.insert(name, path);
+            }
+        }
+    }
+
+    /// The file of the deepest module `segments`, written in `module`, names, following `use`
+    /// bindings; `None` for paths into other crates.
+    fn resolve(&self, module: &[String], segments: &[String], reexports: usize) -> Option<&String> {
+        let first = segments.first()?;
+        let (mut at, rest) = match first.as_str() {
+            "crate" | "$crate" => (Vec::new(), &segments[1..]),
+            "self" => (module.to_vec(), &segments[1..]),
+            "super" => {
+                let ups = segments.iter().take_while(|s| *s == "super").count();
+                let keep = module.len().checked_sub(ups)?;
+                (module[..keep].to_vec(), &segments[ups..])
+            }
+            name => {
+                let child = [module, &[name.to_owned()]].concat();
+                let bound = self
+                    .bindings
+                    .get(module)
+                    .is_some_and(|b| b.contains_key(name));
+                if !self.modules.contains_key(&child) && !bound {
+                    return None;
+                }
+                (module.to_vec(), segments)
+            }
+        };
+        for (i, segment) in rest.iter().enumerate() {
+            at.push(segment.clone());
+            if self.modules.contains_key(&at) {
+                continue;
+            }
+            at.pop();
+            let binding = self.bindings.get(&at).and_then(|b| b.get(segment));
+            if let Some(target) = binding.filter(|_| reexports > 0) {
+                let through = [target.as_slice(), &rest[i + 1..]].concat();
+                return self.resolve(&at, &through, reexports - 1);
+            }
+            break;
+        }
+        self.modules.get(&at)
+    }
+
     /// Each file's imports of other files of the tree.
     fn graph(&self) -> Graph {
         let mut graph = Graph::new();
         for (file, module, syntax) in &self.files {
             let mut collector = ImportCollector {
-                modules: &self.modules,
+                tree: self,
                 module: module.clone(),
                 targets: BTreeSet::new(),
             };
@@ -195,63 +263,38 @@ impl ModuleTree {
 
 /// The files one file imports, collected while walking its syntax.
 struct ImportCollector<'a> {
-    modules: &'a BTreeMap<ModulePath, String>,
+    tree: &'a ModuleTree,
     /// The module being walked (a file's module, or an inline module inside it).
     module: ModulePath,
     targets: BTreeSet<String>,
 }
 
 impl ImportCollector<'_> {
-    /// The file of the deepest module `segments` names, for paths that start at this crate
-    /// (`crate`, `self`, `super`, or a child module's name).
-    fn resolve(&self, segments: &[String]) -> Option<&String> {
-        let first = segments.first()?;
-        let (mut at, rest) = match first.as_str() {
-            "crate" | "$crate" => (Vec::new(), &segments[1..]),
-            "self" => (self.module.clone(), &segments[1..]),
-            "super" => {
-                let ups = segments.iter().take_while(|s| *s == "super").count();
-                let keep = self.module.len().checked_sub(ups)?;
-                (self.module[..keep].to_vec(), &segments[ups..])
-            }
-            child => {
-                let mut path = self.module.clone();
-                path.push(child.to_owned());
-                if !self.modules.contains_key(&path) {
-                    return None;
-                }
-                (self.module.clone(), segments)
-            }
-        };
-        for segment in rest {
-            at.push(segment.clone());
-            if !self.modules.contains_key(&at) {
-                at.pop();
-                break;
-            }
-        }
-        self.modules.get(&at)
-    }
-
     fn add(&mut self, segments: &[String]) {
-        if let Some(file) = self.resolve(segments) {
+        if let Some(file) = self.tree.resolve(&self.module, segments, MAX_REEXPORTS) {
             self.targets.insert(file.clone());
         }
     }
 }
 
-/// The paths a `use` tree imports, each as its segments (`self` in a group: the prefix).
-fn use_paths(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+/// The paths a `use` tree imports, each with the name it binds (`self` in a group: the
+/// prefix, bound by its last segment; a glob binds no one name).
+type UsePath = (Option<String>, Vec<String>);
+
+fn use_paths(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<UsePath>) {
+    let with = |prefix: &[String], ident: &syn::Ident| [prefix, &[ident.to_string()]].concat();
     match tree {
         syn::UseTree::Path(p) => {
             prefix.push(p.ident.to_string());
             use_paths(&p.tree, prefix, out);
             prefix.pop();
         }
-        syn::UseTree::Name(n) if n.ident == "self" => out.push(prefix.clone()),
-        syn::UseTree::Name(n) => out.push([prefix.as_slice(), &[n.ident.to_string()]].concat()),
-        syn::UseTree::Rename(r) => out.push([prefix.as_slice(), &[r.ident.to_string()]].concat()),
-        syn::UseTree::Glob(_) => out.push(prefix.clone()),
+        syn::UseTree::Name(n) if n.ident == "self" => {
+            out.push((prefix.last().cloned(), prefix.clone()))
+        }
+        syn::UseTree::Name(n) => out.push((Some(n.ident.to_string()), with(prefix, &n.ident))),
+        syn::UseTree::Rename(r) => out.push((Some(r.rename.to_string()), with(prefix, &r.ident))),
+        syn::UseTree::Glob(_) => out.push((None, prefix.clone())),
         syn::UseTree::Group(g) => g.items.iter().for_each(|t| use_paths(t, prefix, out)),
     }
 }
@@ -320,7 +363,7 @@ impl<'ast> Visit<'ast> for ImportCollector<'_> {
         if item.leading_colon.is_none() {
             let mut paths = Vec::new();
             use_paths(&item.tree, &mut Vec::new(), &mut paths);
-            paths.iter().for_each(|p| self.add(p));
+            paths.iter().for_each(|(_, p)| self.add(p));
         }
     }
 
@@ -564,5 +607,44 @@ fn a_child_that_imports_its_parent_closes_a_cycle() {
             folder: "x/src/p/".into(),
             files: vec!["x/src/p/child.rs".into(), "x/src/p/mod.rs".into()],
         }]
+    );
+}
+
+#[test]
+fn a_path_through_a_re_export_points_at_the_defining_file() {
+    let files = sources(&[
+        (
+            "x/src/lib.rs",
+            "mod core; mod error; pub use core::Engine; pub use error::Error as EngineError;\n\
+             pub use std::fmt::Debug;",
+        ),
+        (
+            "x/src/core/mod.rs",
+            "mod pass; pub use self::pass::Engine; use crate::Debug;\n\
+             fn f() -> Result<(), crate::EngineError> { Ok(()) }",
+        ),
+        (
+            "x/src/core/pass.rs",
+            "use super::super::EngineError as E; pub struct Engine;",
+        ),
+        ("x/src/error.rs", "pub struct Error;"),
+    ]);
+    let graph = ModuleTree::load(&files, "x/src/lib.rs")
+        .expect("loads")
+        .graph();
+    let edges = |f: &str| graph[f].iter().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        edges("x/src/lib.rs"),
+        ["x/src/core/pass.rs", "x/src/error.rs"]
+    );
+    assert_eq!(
+        edges("x/src/core/mod.rs"),
+        ["x/src/core/pass.rs", "x/src/error.rs"]
+    );
+    assert_eq!(edges("x/src/core/pass.rs"), ["x/src/error.rs"]);
+    assert!(
+        check_folders(&files, &["x/src/"])
+            .expect("loads")
+            .is_empty()
     );
 }
