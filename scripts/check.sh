@@ -28,7 +28,7 @@ packages=()
 e2e=0
 for folder in "${folders[@]}"; do
     case "$folder" in
-        blocks | kernels | text | model-files | proto | params | shard | router | launcher | bench)
+        blocks | kernels | text | model-files | proto | params | telemetry | shard | router | launcher | bench)
             packages+=(-p "tessera-$folder")
             ;;
         tests | e2e)

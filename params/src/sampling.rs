@@ -74,37 +74,19 @@ impl Default for SamplingParams {
 #[derive(Clone, Debug, PartialEq, Error)]
 #[non_exhaustive]
 pub enum SamplingError {
-    /// `temperature` is negative or not finite.
-    #[error("temperature must be finite and >= 0, got {0}")]
-    Temperature(f32),
-    /// `top_p` is outside `(0, 1]`.
-    #[error("top_p must be in (0, 1], got {0}")]
-    TopP(f32),
-    /// `typical_p` is outside `(0, 1]`.
-    #[error("typical_p must be in (0, 1], got {0}")]
-    TypicalP(f32),
-    /// `min_p` is outside `[0, 1]`.
-    #[error("min_p must be in [0, 1], got {0}")]
-    MinP(f32),
-    /// `repetition_penalty` is not a finite number above 0.
-    #[error("repetition_penalty must be finite and > 0, got {0}")]
-    RepetitionPenalty(f32),
-    /// `frequency_penalty` is outside `[-2, 2]`.
-    #[error("frequency_penalty must be in [-2, 2], got {0}")]
-    FrequencyPenalty(f32),
-    /// `presence_penalty` is outside `[-2, 2]`.
-    #[error("presence_penalty must be in [-2, 2], got {0}")]
-    PresencePenalty(f32),
-    /// A `logit_bias` value is outside `[-100, 100]`.
-    #[error("logit_bias for token {token} must be in [-100, 100], got {bias}")]
-    LogitBias {
-        /// The token the bias is for.
-        token: u32,
-        /// The offending bias.
-        bias: f32,
+    /// A floating-point parameter (a `logit_bias` value included) is not finite or outside
+    /// its range.
+    #[error("`{field}` must be {bound}. Given: {value}")]
+    OutOfRange {
+        /// The parameter, as requests name it.
+        field: &'static str,
+        /// Its range, in words.
+        bound: &'static str,
+        /// The offending value.
+        value: f32,
     },
     /// A `logit_bias` token id is not in the vocabulary.
-    #[error("logit_bias token {token} must be < vocabulary size {vocab_size}")]
+    #[error("`logit_bias` token {token} must be < vocabulary size {vocab_size}")]
     LogitBiasToken {
         /// The offending token id.
         token: u32,
@@ -112,46 +94,96 @@ pub enum SamplingError {
         vocab_size: usize,
     },
     /// `top_n_tokens` is above [`MAX_TOP_N_LOGPROBS`].
-    #[error("top_n_logprobs must be <= 20, got {0}")]
-    TopNLogprobs(u32),
+    #[error("`top_n_tokens` must be <= {MAX_TOP_N_LOGPROBS}. Given: {0}")]
+    TopNTokens(u32),
 }
 
+/// The range one floating-point parameter must lie in: finite, and accepted by `contains`.
+struct Range {
+    field: &'static str,
+    bound: &'static str,
+    contains: fn(f32) -> bool,
+}
+
+impl Range {
+    fn check(&self, value: f32) -> Result<(), SamplingError> {
+        if value.is_finite() && (self.contains)(value) {
+            return Ok(());
+        }
+        Err(SamplingError::OutOfRange {
+            field: self.field,
+            bound: self.bound,
+            value,
+        })
+    }
+}
+
+fn in_unit_interval(x: f32) -> bool {
+    x > 0.0 && x <= 1.0
+}
+
+fn within_frequency_presence(x: f32) -> bool {
+    x.abs() <= MAX_ABS_FREQUENCY_PRESENCE
+}
+
+const TEMPERATURE: Range = Range {
+    field: "temperature",
+    bound: ">= 0",
+    contains: |t| t >= 0.0,
+};
+const TOP_P: Range = Range {
+    field: "top_p",
+    bound: "in (0, 1]",
+    contains: in_unit_interval,
+};
+const TYPICAL_P: Range = Range {
+    field: "typical_p",
+    bound: "in (0, 1]",
+    contains: in_unit_interval,
+};
+const MIN_P: Range = Range {
+    field: "min_p",
+    bound: "in [0, 1]",
+    contains: |p| (0.0..=1.0).contains(&p),
+};
+const REPETITION_PENALTY: Range = Range {
+    field: "repetition_penalty",
+    bound: "strictly positive",
+    contains: |p| p > 0.0,
+};
+const FREQUENCY_PENALTY: Range = Range {
+    field: "frequency_penalty",
+    bound: "in [-2, 2]",
+    contains: within_frequency_presence,
+};
+const PRESENCE_PENALTY: Range = Range {
+    field: "presence_penalty",
+    bound: "in [-2, 2]",
+    contains: within_frequency_presence,
+};
+const LOGIT_BIAS: Range = Range {
+    field: "logit_bias",
+    bound: "in [-100, 100]",
+    contains: |b| b.abs() <= MAX_ABS_LOGIT_BIAS,
+};
+
 impl SamplingParams {
-    /// Checks every field against its allowed range. Token ids in `logit_bias` are not
-    /// checked here (see [`SamplingParams::validate_for_vocab`]).
+    /// Checks every field against its allowed range, in the order the fields are declared.
+    /// Token ids in `logit_bias` are not checked here (see
+    /// [`SamplingParams::validate_for_vocab`]).
     pub fn validate(&self) -> Result<(), SamplingError> {
-        let in_unit = |x: f32| x > 0.0 && x <= 1.0;
-        let penalty_ok = |x: f32| x.abs() <= MAX_ABS_FREQUENCY_PRESENCE;
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(SamplingError::Temperature(self.temperature));
-        }
-        if !in_unit(self.top_p) {
-            return Err(SamplingError::TopP(self.top_p));
-        }
-        if !in_unit(self.typical_p) {
-            return Err(SamplingError::TypicalP(self.typical_p));
-        }
-        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
-            return Err(SamplingError::MinP(self.min_p));
-        }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
-        }
-        if !penalty_ok(self.frequency_penalty) {
-            return Err(SamplingError::FrequencyPenalty(self.frequency_penalty));
-        }
-        if !penalty_ok(self.presence_penalty) {
-            return Err(SamplingError::PresencePenalty(self.presence_penalty));
-        }
-        if let Some(&(token, bias)) = self
-            .logit_bias
-            .iter()
-            .find(|(_, bias)| !bias.is_finite() || bias.abs() > MAX_ABS_LOGIT_BIAS)
-        {
-            return Err(SamplingError::LogitBias { token, bias });
+        TEMPERATURE.check(self.temperature)?;
+        TOP_P.check(self.top_p)?;
+        TYPICAL_P.check(self.typical_p)?;
+        MIN_P.check(self.min_p)?;
+        REPETITION_PENALTY.check(self.repetition_penalty)?;
+        FREQUENCY_PENALTY.check(self.frequency_penalty)?;
+        PRESENCE_PENALTY.check(self.presence_penalty)?;
+        for &(_, bias) in &self.logit_bias {
+            LOGIT_BIAS.check(bias)?;
         }
         if self.top_n_tokens > MAX_TOP_N_LOGPROBS {
-            return Err(SamplingError::TopNLogprobs(self.top_n_tokens));
+            return Err(SamplingError::TopNTokens(self.top_n_tokens));
         }
         Ok(())
     }
@@ -225,33 +257,42 @@ mod tests {
     #[test]
     fn rejections_name_field_and_range() {
         let cases: Vec<(SamplingError, &str)> = vec![
-            (err_of(|p| p.temperature = -0.1), "temperature"),
-            (err_of(|p| p.temperature = f32::NAN), "temperature"),
+            (
+                err_of(|p| p.temperature = -0.1),
+                "`temperature` must be >= 0. Given: -0.1",
+            ),
+            (
+                err_of(|p| p.temperature = f32::NAN),
+                "`temperature` must be >= 0. Given: NaN",
+            ),
             (err_of(|p| p.temperature = f32::INFINITY), "temperature"),
-            (err_of(|p| p.top_p = 0.0), "top_p must be in (0, 1]"),
+            (err_of(|p| p.top_p = 0.0), "`top_p` must be in (0, 1]"),
             (err_of(|p| p.top_p = 1.5), "top_p"),
             (
                 err_of(|p| p.typical_p = f32::NAN),
-                "typical_p must be in (0, 1]",
+                "`typical_p` must be in (0, 1]",
             ),
-            (err_of(|p| p.min_p = -0.5), "min_p must be in [0, 1]"),
+            (err_of(|p| p.min_p = -0.5), "`min_p` must be in [0, 1]"),
             (err_of(|p| p.min_p = 1.01), "min_p"),
-            (err_of(|p| p.repetition_penalty = 0.0), "repetition_penalty"),
+            (
+                err_of(|p| p.repetition_penalty = 0.0),
+                "`repetition_penalty` must be strictly positive. Given: 0",
+            ),
             (
                 err_of(|p| p.repetition_penalty = f32::INFINITY),
                 "repetition_penalty",
             ),
             (
                 err_of(|p| p.frequency_penalty = 2.5),
-                "frequency_penalty must be in [-2, 2]",
+                "`frequency_penalty` must be in [-2, 2]. Given: 2.5",
             ),
             (
                 err_of(|p| p.presence_penalty = -2.5),
-                "presence_penalty must be in [-2, 2]",
+                "`presence_penalty` must be in [-2, 2]",
             ),
             (
                 err_of(|p| p.logit_bias = vec![(3, 101.0)]),
-                "logit_bias for token 3",
+                "`logit_bias` must be in [-100, 100]. Given: 101",
             ),
             (
                 err_of(|p| p.logit_bias = vec![(3, f32::NAN)]),
@@ -259,7 +300,7 @@ mod tests {
             ),
             (
                 err_of(|p| p.top_n_tokens = 21),
-                "top_n_logprobs must be <= 20",
+                "`top_n_tokens` must be <= 20. Given: 21",
             ),
         ];
         for (err, needle) in cases {
@@ -282,7 +323,7 @@ mod tests {
                 vocab_size: 10
             }
         );
-        assert!(err.to_string().contains("logit_bias token 10"));
+        assert!(err.to_string().contains("`logit_bias` token 10"));
     }
 
     #[test]

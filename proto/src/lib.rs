@@ -1,7 +1,9 @@
 //! The router↔shard gRPC contract (`v1/generate.proto`, package `tessera.v1`), compiled at
 //! build time without a system `protoc`, and the conversions between its messages and the
-//! domain types they carry (`tokenizer.rs`: a `TokenizerSource` both ways).
+//! domain types they carry, both ways: the request parameters of `tessera-params`
+//! (`params.rs`, `From` impls) and a tokenizer's `TokenizerSource` (`tokenizer.rs`).
 
+mod params;
 mod tokenizer;
 
 pub use tokenizer::MissingTokenizerSource;

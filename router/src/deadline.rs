@@ -1,21 +1,17 @@
 //! Request deadlines: the server's `--request-timeout` and a request's `X-Request-Timeout`
 //! header (seconds; the shorter of the two applies), counted from the request's arrival.
 //!
-//! The middleware [`deadlines`] runs the handler with its deadline in a task-local, which
-//! [`crate::Infer`] reads when it queues the request, so no handler passes it along. A
-//! request past its deadline ends as a client disconnect does (its event stream closes and
-//! the batcher frees its KV blocks before the next step), with
+//! The server's middleware runs the handler [`within`] its deadline, a task-local that
+//! [`crate::Infer`] reads ([`current`]) when it queues the request, so no handler passes it
+//! along. A request past its deadline ends as a client disconnect does (its event stream
+//! closes and the batcher frees its KV blocks before the next step), with
 //! [`crate::InferError::DeadlineExceeded`]: 504, `error_type` `deadline_exceeded`.
 
+use std::future::Future;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
 use axum::http::HeaderMap;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
-
-use crate::error::{ApiError, OpenAiError};
 
 /// The header a client sets to bound its own request.
 pub const REQUEST_TIMEOUT_HEADER: &str = "x-request-timeout";
@@ -29,8 +25,32 @@ pub(crate) fn current() -> Option<Instant> {
     DEADLINE.try_with(|d| *d).ok()
 }
 
-/// The timeout a request's header asks for, or the error to answer with.
-fn header_timeout(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
+/// Runs `handler` with `deadline` as [`current`].
+pub(crate) async fn within<F: Future>(deadline: Instant, handler: F) -> F::Output {
+    DEADLINE.scope(deadline, handler).await
+}
+
+/// An `X-Request-Timeout` header that is not a positive number of seconds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the {REQUEST_TIMEOUT_HEADER} header must be a positive number of seconds, e.g. `30` or `2.5`"
+)]
+pub(crate) struct InvalidTimeoutHeader;
+
+/// How long a request that arrived with `headers` may take: the shorter of
+/// `server_timeout` and the request's header, if either is set.
+pub(crate) fn timeout(
+    headers: &HeaderMap,
+    server_timeout: Option<Duration>,
+) -> Result<Option<Duration>, InvalidTimeoutHeader> {
+    Ok(match (header_timeout(headers)?, server_timeout) {
+        (Some(asked), Some(server)) => Some(asked.min(server)),
+        (asked, server) => asked.or(server),
+    })
+}
+
+/// The timeout a request's header asks for.
+fn header_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidTimeoutHeader> {
     let Some(value) = headers.get(REQUEST_TIMEOUT_HEADER) else {
         return Ok(None);
     };
@@ -39,37 +59,10 @@ fn header_timeout(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
         .ok()
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s > 0.0);
-    match seconds.and_then(|s| Duration::try_from_secs_f64(s).ok()) {
-        Some(d) => Ok(Some(d)),
-        None => Err(ApiError::BadRequest(format!(
-            "the {REQUEST_TIMEOUT_HEADER} header must be a positive number of seconds, e.g. `30` or `2.5`"
-        ))),
-    }
-}
-
-/// Middleware: runs the request with its deadline (the shorter of `server_timeout` and the
-/// request's header) in scope.
-pub(crate) async fn deadlines(
-    State(server_timeout): State<Option<Duration>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let arrived = Instant::now();
-    let timeout = match header_timeout(req.headers()) {
-        Ok(asked) => match (asked, server_timeout) {
-            (Some(a), Some(s)) => Some(a.min(s)),
-            (a, s) => a.or(s),
-        },
-        Err(e) if crate::anthropic::is_anthropic_path(req.uri().path()) => {
-            return crate::anthropic::AnthropicError(e).into_response();
-        }
-        Err(e) if req.uri().path().starts_with("/v1/") => return OpenAiError(e).into_response(),
-        Err(e) => return e.into_response(),
-    };
-    match timeout {
-        Some(t) => DEADLINE.scope(arrived + t, next.run(req)).await,
-        None => next.run(req).await,
-    }
+    seconds
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .map(Some)
+        .ok_or(InvalidTimeoutHeader)
 }
 
 #[cfg(test)]
@@ -94,15 +87,34 @@ mod tests {
             Ok(Some(Duration::from_millis(2500)))
         );
         for bad in ["0", "-1", "soon", "inf", "NaN", "1e300"] {
-            let e = header_timeout(&headers(bad)).unwrap_err();
-            assert_eq!(e.error_type(), "bad_request", "{bad}");
+            assert_eq!(
+                header_timeout(&headers(bad)),
+                Err(InvalidTimeoutHeader),
+                "{bad}"
+            );
         }
+    }
+
+    #[test]
+    fn the_shorter_timeout_applies() {
+        let server = Some(Duration::from_secs(2));
+        assert_eq!(timeout(&HeaderMap::new(), None), Ok(None));
+        assert_eq!(timeout(&HeaderMap::new(), server), Ok(server));
+        assert_eq!(timeout(&headers("5"), server), Ok(server));
+        assert_eq!(
+            timeout(&headers("0.5"), server),
+            Ok(Some(Duration::from_millis(500)))
+        );
+        assert_eq!(
+            timeout(&headers("0.5"), None),
+            Ok(Some(Duration::from_millis(500)))
+        );
     }
 
     #[tokio::test]
     async fn the_deadline_is_in_scope_only_inside() {
         assert_eq!(current(), None);
         let at = Instant::now() + Duration::from_secs(1);
-        assert_eq!(DEADLINE.scope(at, async { current() }).await, Some(at));
+        assert_eq!(within(at, async { current() }).await, Some(at));
     }
 }

@@ -36,8 +36,9 @@ mod openai;
 mod openapi;
 mod server;
 mod sse;
+mod state;
 mod stop;
-pub mod telemetry;
+mod telemetry;
 mod validation;
 
 pub use crate::anthropic::AnthropicError;
@@ -53,9 +54,8 @@ pub use crate::metrics::{
     build_recorder, install_recorder, names as metric_names, set_speculator,
     vllm as vllm_metric_names,
 };
-pub use crate::server::{
-    AppState, AppStateBuilder, DEFAULT_PAYLOAD_LIMIT, HealthCheck, ModelInfo, app, serve,
-};
+pub use crate::server::{app, serve};
+pub use crate::state::{AppState, AppStateBuilder, DEFAULT_PAYLOAD_LIMIT, HealthCheck, ModelInfo};
 pub use crate::stop::{StopMatch, StopSequenceMatcher};
 pub use crate::validation::{
     GenerateInput, Prompt, RequestParameters, ValidGenerateRequest, Validation, ValidationConfig,

@@ -12,11 +12,11 @@ use tessera_params::LengthDependentRope;
 use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::WarmupRequest;
 use tessera_router::client::{ShardFacts, ShardedClient};
-use tessera_router::telemetry::TelemetryConfig;
 use tessera_router::{
     AppState, Infer, ModelInfo, ReasoningFormat, ToolCallFormat, ValidationConfig,
     install_recorder, serve, set_speculator,
 };
+use tessera_telemetry::{Process, TelemetryConfig};
 use tessera_text::ModelTokenizer;
 
 /// The router of a Tessera server.
@@ -318,11 +318,14 @@ async fn drain_on_signal(infer: Infer) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let _telemetry = tessera_router::telemetry::init(&TelemetryConfig {
-        json: args.json_output,
-        otlp_endpoint: args.otlp_endpoint.clone(),
-        service_name: args.otlp_service_name.clone(),
-    })?;
+    let _telemetry = tessera_telemetry::init(
+        &TelemetryConfig {
+            json: args.json_output,
+            otlp_endpoint: args.otlp_endpoint.clone(),
+            service_name: args.otlp_service_name.clone(),
+        },
+        Process::Router,
+    )?;
     let api_key = std::env::var("TESSERA_API_KEY")
         .ok()
         .filter(|k| !k.is_empty());

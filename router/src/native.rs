@@ -17,8 +17,8 @@ use crate::error::{ApiError, NativeJson};
 use crate::infer::{
     FinishReason, InferError, InferResponse, InferStreamResponse, PrefillToken, Token,
 };
-use crate::server::AppState;
 use crate::sse::{json_event, sse};
+use crate::state::AppState;
 use crate::validation::{ValidNativeRequest, ValidationError};
 
 /// `POST /generate` and `/generate_stream` body.

@@ -21,6 +21,7 @@ use crate::anthropic::{
     MessagesRequest, StopReason, TokenCount, is_anthropic_path,
 };
 use crate::error::{ErrorBody, OpenAiErrorBody, OpenAiErrorDetail};
+use crate::infer::{FinishReason, PrefillToken, Token};
 use crate::native::Status;
 use crate::native::{
     CompatGenerateRequest, Details, GenerateParameters, GenerateRequest, GenerateResponse, Grammar,
@@ -38,7 +39,6 @@ use crate::openai::{
     ToolCallDelta,
 };
 use crate::openai::{ModelCard, ModelList, OutputConstraints};
-use crate::{FinishReason, PrefillToken, Token};
 
 #[derive(OpenApi)]
 #[openapi(

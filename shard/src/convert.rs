@@ -1,7 +1,8 @@
-//! Wire ↔ engine: the step request into a [`StepPlan`], the engine's outputs into the step
-//! response. The only place on the shard that reads or builds `tessera.v1` step messages.
+//! Wire ↔ engine: the step request into a [`StepPlan`] (its requests' parameters through
+//! `tessera-proto`'s conversions), the engine's outputs into the step response. The only
+//! place on the shard that reads or builds `tessera.v1` step messages.
 
-use tessera_params::{OutputConstraint, SamplingParams};
+use tessera_params::OutputConstraint;
 use tessera_proto::v1 as pb;
 use tonic::Status;
 
@@ -39,45 +40,17 @@ fn new_sequence(r: pb::NewRequest) -> Result<NewSequence, Status> {
     Ok(NewSequence {
         id: r.id,
         input_ids: r.input_ids,
-        params: sampling_params(sampling),
-        constraint: r.constraint.and_then(|c| c.kind).map(constraint),
+        params: sampling.into(),
+        constraint: r
+            .constraint
+            .and_then(|c| c.kind)
+            .map(OutputConstraint::from),
         prefill_logprobs: r.prefill_logprobs,
         blocks: r.blocks,
         cache_len: r.cache_len as usize,
         chunk_len: (r.chunk_len > 0).then_some(r.chunk_len as usize),
         generated_len: r.generated_len as usize,
     })
-}
-
-fn sampling_params(p: pb::SamplingParameters) -> SamplingParams {
-    SamplingParams {
-        temperature: p.temperature,
-        top_k: p.top_k,
-        top_p: p.top_p,
-        typical_p: p.typical_p,
-        min_p: p.min_p,
-        repetition_penalty: p.repetition_penalty,
-        frequency_penalty: p.frequency_penalty,
-        presence_penalty: p.presence_penalty,
-        logit_bias: p
-            .logit_bias
-            .into_iter()
-            .map(|b| (b.token_id, b.bias))
-            .collect(),
-        seed: p.seed,
-        top_n_tokens: p.top_n_tokens,
-    }
-}
-
-fn constraint(kind: pb::output_constraint::Kind) -> OutputConstraint {
-    use pb::output_constraint::Kind;
-    match kind {
-        Kind::JsonObject(pb::JsonObject {}) => OutputConstraint::JsonObject,
-        Kind::OneOf(c) => OutputConstraint::OneOf(c.choices),
-        Kind::Pattern(p) => OutputConstraint::Pattern(p),
-        Kind::JsonSchema(s) => OutputConstraint::JsonSchema(s),
-        Kind::Lark(g) => OutputConstraint::Lark(g),
-    }
 }
 
 /// The response to a step.

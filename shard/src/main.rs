@@ -16,8 +16,9 @@ use tessera_shard::speculative::{
     DEFAULT_TREE_WIDTH, DraftModel, EagleDraft, EagleHead, MedusaDraft, MedusaHeads, Proposer,
     Speculation, Speculator,
 };
-use tessera_shard::telemetry::{self, TelemetryConfig};
+use tessera_shard::telemetry;
 use tessera_shard::{Engine, KvDtype, Model, WeightLayout};
+use tessera_telemetry::{Process, TelemetryConfig};
 use tessera_text::{ModelTokenizer, TokenizerSource};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -133,12 +134,14 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let _telemetry = telemetry::init(&TelemetryConfig {
-        json: args.json_output,
-        otlp_endpoint: args.otlp_endpoint.clone(),
-        service_name: args.otlp_service_name.clone(),
-        rank: args.rank,
-    })?;
+    let _telemetry = tessera_telemetry::init(
+        &TelemetryConfig {
+            json: args.json_output,
+            otlp_endpoint: args.otlp_endpoint.clone(),
+            service_name: args.otlp_service_name.clone(),
+        },
+        Process::Shard { rank: args.rank },
+    )?;
     let speculator = check_args(&args)?;
     let socket = format!("{}-{}", args.uds_path, args.rank);
     let loaded = load_engine(&args, speculator)?;

@@ -35,8 +35,8 @@ pub use self::stream::{BlockDelta, DeltaUsage, MessageDelta, MessageStreamEvent}
 use crate::assistant::OutputSplitter;
 use crate::error::ApiError;
 use crate::openai::{Launched, launch, run_all};
-use crate::server::AppState;
 use crate::sse::sse;
+use crate::state::AppState;
 
 /// `POST /v1/messages`.
 pub(crate) async fn messages(

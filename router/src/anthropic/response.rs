@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::assistant::{ParsedCall, Piece};
 use crate::infer::{FinishReason, GeneratedText};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::validation::random_u64;
 
 /// A content block of a message.

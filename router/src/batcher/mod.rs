@@ -27,7 +27,7 @@ use tracing::Instrument;
 use crate::client::{ClientError, Generation, NewRequest, ShardStep, ShardedClient, StepAnswer};
 use crate::infer::{Entry, InferError};
 use crate::metrics::names;
-use crate::server::HealthCheck;
+use crate::state::HealthCheck;
 pub use scheduler::SchedulerLimits;
 pub(crate) use scheduler::{NewWork, RunningWork};
 use scheduler::{Scheduler, StepPlan};

@@ -1,8 +1,7 @@
-//! Router ↔ wire: a step and its requests' parameters into `tessera.v1` messages, the shards'
-//! answers back into the router's types. The only place in the router that builds or reads
-//! step messages.
+//! Router ↔ wire: a step into `tessera.v1` messages (its requests' parameters through
+//! `tessera-proto`'s conversions), the shards' answers back into the router's types. The only
+//! place in the router that builds or reads step messages.
 
-use tessera_params::{OutputConstraint, SamplingParams};
 use tessera_proto::v1 as pb;
 
 use super::{Generation, NewRequest, SampledToken, ShardStep, StepAnswer, StepTimings};
@@ -29,48 +28,14 @@ fn new_request(r: &NewRequest<'_>) -> pb::NewRequest {
     pb::NewRequest {
         id: w.id,
         input_ids: w.input_ids.clone(),
-        sampling: Some(sampling(r.sampling)),
-        constraint: r.constraint.map(constraint),
+        sampling: Some(r.sampling.into()),
+        constraint: r.constraint.map(pb::OutputConstraint::from),
         prefill_logprobs: r.prefill_logprobs,
         blocks: w.blocks.clone(),
         cache_len: w.cache_len as u32,
         chunk_len: w.chunk_len as u32,
         generated_len: w.generated_len as u32,
     }
-}
-
-fn sampling(p: &SamplingParams) -> pb::SamplingParameters {
-    pb::SamplingParameters {
-        temperature: p.temperature,
-        top_k: p.top_k,
-        top_p: p.top_p,
-        typical_p: p.typical_p,
-        min_p: p.min_p,
-        repetition_penalty: p.repetition_penalty,
-        frequency_penalty: p.frequency_penalty,
-        presence_penalty: p.presence_penalty,
-        logit_bias: p
-            .logit_bias
-            .iter()
-            .map(|&(token_id, bias)| pb::LogitBias { token_id, bias })
-            .collect(),
-        seed: p.seed,
-        top_n_tokens: p.top_n_tokens,
-    }
-}
-
-fn constraint(c: &OutputConstraint) -> pb::OutputConstraint {
-    use pb::output_constraint::Kind;
-    let kind = match c {
-        OutputConstraint::JsonObject => Kind::JsonObject(pb::JsonObject {}),
-        OutputConstraint::OneOf(choices) => Kind::OneOf(pb::Choices {
-            choices: choices.clone(),
-        }),
-        OutputConstraint::Pattern(p) => Kind::Pattern(p.clone()),
-        OutputConstraint::JsonSchema(s) => Kind::JsonSchema(s.clone()),
-        OutputConstraint::Lark(g) => Kind::Lark(g.clone()),
-    };
-    pb::OutputConstraint { kind: Some(kind) }
 }
 
 pub(super) fn step_answer(r: pb::StepResponse) -> StepAnswer {

@@ -17,6 +17,7 @@ use metrics_exporter_prometheus::{
 };
 
 pub mod names;
+mod ratio;
 mod record;
 pub mod vllm;
 

@@ -1,7 +1,6 @@
 //! The recordings: what the HTTP layer and the batcher call. Every `tessera_*` metric that has
 //! vLLM twins is recorded through [`add`], [`set`] or [`observe`], which write the twins too.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use axum::extract::Request;
@@ -9,6 +8,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use metrics::{counter, gauge, histogram};
 
+use super::ratio::RunningRatio;
 use super::{names, vllm};
 use crate::error::ApiError;
 use crate::infer::{GeneratedText, InferError};
@@ -177,8 +177,8 @@ pub(crate) fn record_cache_config(block_size: usize, num_blocks: usize) {
     gauge!(vllm::CACHE_CONFIG_INFO, &labels).set(1.0);
 }
 
-/// Hit and queried tokens since start, for the hit ratio.
-static PREFIX_CACHE: (AtomicU64, AtomicU64) = (AtomicU64::new(0), AtomicU64::new(0));
+/// Hit over queried prompt tokens since start.
+static PREFIX_CACHE_HITS: RunningRatio = RunningRatio::new();
 
 /// Records one step's prefix-cache lookups (called by the batcher).
 pub(crate) fn record_prefix_cache(queried_tokens: usize, hit_tokens: usize) {
@@ -187,19 +187,13 @@ pub(crate) fn record_prefix_cache(queried_tokens: usize, hit_tokens: usize) {
     }
     add(names::PREFIX_CACHE_QUERIED_TOKENS, queried_tokens as u64);
     add(names::PREFIX_CACHE_HIT_TOKENS, hit_tokens as u64);
-    let hit = PREFIX_CACHE
-        .0
-        .fetch_add(hit_tokens as u64, Ordering::Relaxed)
-        + hit_tokens as u64;
-    let queried = PREFIX_CACHE
-        .1
-        .fetch_add(queried_tokens as u64, Ordering::Relaxed)
-        + queried_tokens as u64;
-    gauge!(names::PREFIX_CACHE_HIT_RATIO).set(hit as f64 / queried as f64);
+    if let Some(ratio) = PREFIX_CACHE_HITS.add(hit_tokens as u64, queried_tokens as u64) {
+        gauge!(names::PREFIX_CACHE_HIT_RATIO).set(ratio);
+    }
 }
 
-/// Proposed and accepted draft tokens since start, for the acceptance ratio.
-static SPECULATION: (AtomicU64, AtomicU64) = (AtomicU64::new(0), AtomicU64::new(0));
+/// Accepted over proposed draft tokens since start.
+static SPECULATIVE_ACCEPTANCE: RunningRatio = RunningRatio::new();
 
 /// The shards' proposer, as the speculation metrics label it (one of
 /// [`names::SPECULATORS`]).
@@ -227,16 +221,10 @@ pub(crate) fn record_speculation(proposed_tokens: usize, accepted_tokens: usize)
     };
     labelled(names::SPECULATIVE_PROPOSED_TOKENS, proposed_tokens);
     labelled(names::SPECULATIVE_ACCEPTED_TOKENS, accepted_tokens);
-    let proposed = SPECULATION
-        .0
-        .fetch_add(proposed_tokens as u64, Ordering::Relaxed)
-        + proposed_tokens as u64;
-    let accepted = SPECULATION
-        .1
-        .fetch_add(accepted_tokens as u64, Ordering::Relaxed)
-        + accepted_tokens as u64;
-    gauge!(names::SPECULATIVE_ACCEPTANCE, "speculator" => speculator)
-        .set(accepted as f64 / proposed as f64);
+    if let Some(ratio) = SPECULATIVE_ACCEPTANCE.add(accepted_tokens as u64, proposed_tokens as u64)
+    {
+        gauge!(names::SPECULATIVE_ACCEPTANCE, "speculator" => speculator).set(ratio);
+    }
 }
 
 /// Records the block pool's state (called by the batcher after every step).

@@ -15,8 +15,8 @@ use super::{launch, run_all};
 use crate::assistant::OutputReading;
 use crate::error::{OpenAiError, OpenAiJson};
 use crate::infer::InferResponse;
-use crate::server::AppState;
 use crate::sse::sse;
+use crate::state::AppState;
 use crate::validation::OpenAiReply;
 
 /// `POST /v1/chat/completions`.

@@ -14,8 +14,8 @@ use super::streaming::completion_stream;
 use super::{launch, run_all};
 use crate::error::{OpenAiError, OpenAiJson};
 use crate::infer::InferResponse;
-use crate::server::AppState;
 use crate::sse::sse;
+use crate::state::AppState;
 use crate::validation::{ChoiceLayout, OpenAiReply};
 
 /// `POST /v1/completions`.

@@ -23,7 +23,7 @@ use axum::extract::State;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::infer::{InferError, InferResponse, InferStream, collect};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::validation::{ValidChatRequest, ValidGenerateRequest, ValidationError};
 
 pub(crate) use self::chat::chat_completions;

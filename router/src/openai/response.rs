@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::logprobs::{ChatLogprobs, CompletionLogprobs};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::validation::random_u64;
 
 /// `usage`.

@@ -1,5 +1,7 @@
 //! Why a request is invalid: [`ValidationError`], whose messages name the field and the bound.
 
+use tessera_params::{MAX_TOP_N_LOGPROBS, SamplingError};
+
 /// Why a request is invalid. Messages name the field and the bound.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -129,6 +131,29 @@ impl ValidationError {
             param,
             bound,
             given: given.to_string(),
+        }
+    }
+}
+
+impl From<SamplingError> for ValidationError {
+    fn from(e: SamplingError) -> Self {
+        match e {
+            SamplingError::OutOfRange {
+                field,
+                bound,
+                value,
+            } => ValidationError::out_of_range(field, bound, value),
+            SamplingError::LogitBiasToken { token, vocab_size } => ValidationError::TokenId {
+                param: "logit_bias",
+                token: token.to_string(),
+                vocab_size,
+            },
+            SamplingError::TopNTokens(given) => ValidationError::TooMany {
+                param: "top_n_tokens",
+                max: MAX_TOP_N_LOGPROBS as usize,
+                given: given as usize,
+            },
+            other => ValidationError::Internal(other.to_string()),
         }
     }
 }

@@ -74,19 +74,6 @@ impl Default for RequestParameters {
     }
 }
 
-/// Checks `value` (when given) against `ok`; `bound` describes the range.
-fn check_f32(
-    param: &'static str,
-    value: Option<f32>,
-    bound: &'static str,
-    ok: impl Fn(f32) -> bool,
-) -> Result<(), ValidationError> {
-    match value {
-        Some(v) if !(v.is_finite() && ok(v)) => Err(ValidationError::out_of_range(param, bound, v)),
-        _ => Ok(()),
-    }
-}
-
 /// Most `stop_token_ids` of a request.
 const MAX_STOP_TOKEN_IDS: usize = 64;
 
@@ -155,13 +142,12 @@ impl Validation {
         })
     }
 
-    /// The sampling parameters checked against their ranges, defaults filled in, and a seed
-    /// drawn when sampling without one.
+    /// The sampling parameters with defaults filled in, checked against their ranges
+    /// ([`SamplingParams::validate`]), and a seed drawn when sampling without one.
     pub(super) fn validate_parameters(
         &self,
         p: RequestParameters,
     ) -> Result<SamplingParams, ValidationError> {
-        check_ranges(&p)?;
         let top_k = match p.top_k {
             None => 0,
             Some(k) => u32::try_from(k)
@@ -177,36 +163,34 @@ impl Validation {
                 given: top_n_tokens as usize,
             });
         }
-        let logit_bias = self.validate_logit_bias(&p.logit_bias)?;
-        let temperature = if p.do_sample {
-            p.temperature.unwrap_or(1.0)
-        } else {
-            0.0
-        };
-        let seed = match p.seed {
-            Some(seed) => Some(seed),
-            None if temperature > 0.0 => Some(random_u64()),
-            None => None,
-        };
-        Ok(SamplingParams {
-            temperature,
+        let off = SamplingParams::default();
+        let mut params = SamplingParams {
+            temperature: p.temperature.unwrap_or(SAMPLING_TEMPERATURE),
             top_k,
-            top_p: p.top_p.unwrap_or(1.0),
-            typical_p: p.typical_p.unwrap_or(1.0),
-            min_p: p.min_p.unwrap_or(0.0),
-            repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
-            frequency_penalty: p.frequency_penalty.unwrap_or(0.0),
-            presence_penalty: p.presence_penalty.unwrap_or(0.0),
-            logit_bias,
-            seed,
+            top_p: p.top_p.unwrap_or(off.top_p),
+            typical_p: p.typical_p.unwrap_or(off.typical_p),
+            min_p: p.min_p.unwrap_or(off.min_p),
+            repetition_penalty: p.repetition_penalty.unwrap_or(off.repetition_penalty),
+            frequency_penalty: p.frequency_penalty.unwrap_or(off.frequency_penalty),
+            presence_penalty: p.presence_penalty.unwrap_or(off.presence_penalty),
+            logit_bias: self.logit_bias_ids(&p.logit_bias)?,
+            seed: p.seed,
             top_n_tokens,
-        })
+        };
+        // A temperature sent without `do_sample` is checked too, then greedy decoding drops it.
+        params.validate()?;
+        if !p.do_sample {
+            params.temperature = 0.0;
+        }
+        if params.seed.is_none() && params.temperature > 0.0 {
+            params.seed = Some(random_u64());
+        }
+        Ok(params)
     }
 
-    fn validate_logit_bias(
-        &self,
-        bias: &[(String, f32)],
-    ) -> Result<Vec<(u32, f32)>, ValidationError> {
+    /// The `logit_bias` entries with their token ids (given as strings) parsed and checked
+    /// against the vocabulary; the biases are checked with the other ranges.
+    fn logit_bias_ids(&self, bias: &[(String, f32)]) -> Result<Vec<(u32, f32)>, ValidationError> {
         let vocab_size = self.tokenizer.vocab_size();
         bias.iter()
             .map(|(token, b)| {
@@ -220,9 +204,6 @@ impl Validation {
                         token: token.clone(),
                         vocab_size,
                     })?;
-                check_f32("logit_bias", Some(*b), "in [-100, 100]", |v| {
-                    (-100.0..=100.0).contains(&v)
-                })?;
                 Ok((id, *b))
             })
             .collect()
@@ -244,39 +225,17 @@ impl Validation {
     }
 }
 
-/// The floating-point parameters' ranges, in the order they are reported.
-fn check_ranges(p: &RequestParameters) -> Result<(), ValidationError> {
-    let unit = |v: f32| v > 0.0 && v <= 1.0;
-    let penalty = |v: f32| (-2.0..=2.0).contains(&v);
-    check_f32("temperature", p.temperature, ">= 0", |t| t >= 0.0)?;
-    check_f32("top_p", p.top_p, "in (0, 1]", unit)?;
-    check_f32("typical_p", p.typical_p, "in (0, 1]", unit)?;
-    check_f32("min_p", p.min_p, "in [0, 1]", |v| (0.0..=1.0).contains(&v))?;
-    check_f32(
-        "repetition_penalty",
-        p.repetition_penalty,
-        "strictly positive",
-        |v| v > 0.0,
-    )?;
-    check_f32(
-        "frequency_penalty",
-        p.frequency_penalty,
-        "in [-2, 2]",
-        penalty,
-    )?;
-    check_f32(
-        "presence_penalty",
-        p.presence_penalty,
-        "in [-2, 2]",
-        penalty,
-    )
-}
+/// The temperature of a request that samples without giving one.
+const SAMPLING_TEMPERATURE: f32 = 1.0;
 
 /// OpenAI's `temperature` range, narrower than the engine's.
 pub(crate) fn check_openai_temperature(temperature: Option<f32>) -> Result<(), ValidationError> {
-    check_f32("temperature", temperature, "in [0, 2]", |t| {
-        (0.0..=2.0).contains(&t)
-    })
+    match temperature {
+        Some(t) if !(0.0..=2.0).contains(&t) => {
+            Err(ValidationError::out_of_range("temperature", "in [0, 2]", t))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// How many alternatives per token an OpenAI request asks for, under its endpoint's field

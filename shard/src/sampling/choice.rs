@@ -1,6 +1,6 @@
 //! A byte-level recognizer of one string out of a list (vLLM's `guided_choice`).
 
-use super::constraint::ByteLanguage;
+use super::byte_language::ByteLanguage;
 
 /// Most choices: the live ones are a bit set in the state.
 pub const MAX_CHOICES: usize = 64;

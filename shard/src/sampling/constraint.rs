@@ -10,34 +10,16 @@
 //! A pattern caches its own sets by DFA state; a choice's walk only follows the choices' own
 //! bytes, so it is not cached.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use tessera_text::{GrammarCompiler, GrammarError, GrammarMatcher, GrammarSource};
 
+use super::byte_language::ByteLanguage;
 use super::choice::{ChoiceState, Choices};
 use super::json::JsonState;
 use super::pattern::Pattern;
+use super::set_cache::SetCache;
 use regex_automata::util::primitives::StateID;
-
-/// A language over bytes: where the output is, and whether it may end there.
-pub(crate) trait ByteLanguage {
-    type State: Copy;
-
-    /// Before the first byte.
-    fn start(&self) -> Self::State;
-
-    /// The state after byte `b`, or `None` if no string of the language continues with it.
-    fn advance(&self, s: Self::State, b: u8) -> Option<Self::State>;
-
-    /// Whether the bytes so far are a whole string of the language.
-    fn is_complete(&self, s: Self::State) -> bool;
-
-    /// The state after `bytes`, or `None` if they leave the language.
-    fn feed(&self, s: Self::State, bytes: &[u8]) -> Option<Self::State> {
-        bytes.iter().try_fold(s, |s, &b| self.advance(s, b))
-    }
-}
 
 /// One JSON object (the recognizer's state carries everything).
 struct Json;
@@ -210,38 +192,6 @@ impl TokenVocab {
 /// JSON sets cached per vocabulary (`vocab / 8` bytes each: 6 KiB for 49k tokens, 6 MiB in
 /// all).
 const CACHED_JSON_STATES: usize = 1024;
-
-/// Allowed sets by state, shared between threads; emptied when full (states repeat within a
-/// few tokens, so the recent ones come back at once).
-pub(crate) struct SetCache<K> {
-    capacity: usize,
-    sets: Mutex<HashMap<K, Arc<Vec<u64>>>>,
-}
-
-impl<K: std::hash::Hash + Eq + Copy> SetCache<K> {
-    pub(crate) fn new(capacity: usize) -> Self {
-        Self {
-            capacity,
-            sets: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// The set of `state`, or `walk`'s (then kept). The walk runs outside the lock, so
-    /// sequences missing at once may both walk; they compute the same set.
-    pub(crate) fn get_or_walk(&self, state: K, walk: impl FnOnce() -> Vec<u64>) -> Arc<Vec<u64>> {
-        let lock = || self.sets.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(hit) = lock().get(&state) {
-            return hit.clone();
-        }
-        let set = Arc::new(walk());
-        let mut sets = lock();
-        if sets.len() >= self.capacity {
-            sets.clear();
-        }
-        sets.insert(state, set.clone());
-        set
-    }
-}
 
 /// Where a constrained output is.
 #[derive(Clone, Debug)]

@@ -70,6 +70,7 @@
 //! assert!(token.id < 4);
 //! ```
 
+mod byte_language;
 mod choice;
 mod constraint;
 mod json;
@@ -79,6 +80,7 @@ mod pattern;
 mod pipeline;
 #[cfg(test)]
 mod schema_props;
+mod set_cache;
 
 use std::sync::Arc;
 

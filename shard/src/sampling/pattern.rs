@@ -3,7 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::constraint::{ByteLanguage, SetCache};
+use super::byte_language::ByteLanguage;
+use super::set_cache::SetCache;
 
 use regex_automata::Anchored;
 use regex_automata::dfa::{Automaton, dense};

@@ -1,11 +1,15 @@
 //! The project's code-shape rules, checked on every workspace crate's `src/`: no file over
 //! [`MAX_FILE_LINES`] lines, no function over [`MAX_FN_LINES`] lines (kernels' SIMD inner
-//! loops, named in [`INNER_LOOPS`], excepted).
+//! loops, named in [`INNER_LOOPS`], excepted); no import cycle among the files of the folders
+//! `imports` names; crates in layers that depend only downwards (`crates`).
 //!
 //! A function's length runs from the line of its `fn` keyword to the line of its closing
 //! brace (attributes and doc comments not counted). Free functions, methods, trait
 //! methods with a body and functions nested in other functions all count; closures are
 //! part of the function that holds them.
+
+mod crates;
+mod imports;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -18,7 +18,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
-use tessera_shard::telemetry::{self, TelemetryConfig};
+use tessera_shard::telemetry;
+use tessera_telemetry::{Process, TelemetryConfig};
 use tokio_stream::wrappers::TcpListenerStream;
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -162,7 +163,7 @@ async fn start_router(socket: &str, endpoint: &str) -> RouterProcess {
 /// The spans of the trace, once the router's and the shard's have all arrived.
 async fn wait_for_spans(
     receiver: &Receiver,
-    shard_telemetry: &telemetry::Telemetry,
+    shard_telemetry: &tessera_telemetry::Telemetry,
 ) -> Vec<Received> {
     let wanted_router = ["POST /generate", "validation", "infer", "queue", "prefill"];
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -199,12 +200,14 @@ async fn wait_for_spans(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_and_shard_spans_share_the_callers_trace() {
     let (receiver, endpoint) = start_receiver().await;
-    let shard_telemetry = telemetry::init(&TelemetryConfig {
-        json: false,
-        otlp_endpoint: Some(endpoint.clone()),
-        service_name: "tessera-shard".into(),
-        rank: 0,
-    })
+    let shard_telemetry = tessera_telemetry::init(
+        &TelemetryConfig {
+            json: false,
+            otlp_endpoint: Some(endpoint.clone()),
+            service_name: "tessera-shard".into(),
+        },
+        Process::Shard { rank: 0 },
+    )
     .expect("shard telemetry");
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = start_shard(&dir.path().join("shard"), Some(telemetry::grpc_span)).await;

@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 use crate::infer::{Entry, FinishReason, GeneratedText, Infer, InferStreamResponse, Token};
-use crate::server::{AppState, app};
+use crate::server::app;
+use crate::state::AppState;
 use crate::validation::ValidationConfig;
 
 const KEY: &str = "sk-test";

@@ -17,8 +17,8 @@ pub use self::stream::ResponsesStreamEvent;
 use super::{launch, run_all};
 use crate::assistant::{OutputSplitter, ParsedCall, Piece};
 use crate::error::{OpenAiError, OpenAiJson};
-use crate::server::AppState;
 use crate::sse::sse;
+use crate::state::AppState;
 use crate::validation::random_u64;
 
 /// `POST /v1/responses`.
