@@ -32,6 +32,7 @@ pub async fn start_shard(
     let socket = format!("{}-0", prefix.display());
     let files = ModelFiles::open(&fixture()).expect("fixture model");
     let model = Model::load(&files).expect("load fixture");
+    let tokenizer = files.tokenizer_source().map_err(|e| e.to_string());
     let engine = Engine::new(model, 2, 16).expect("a two-block cache");
     let info = ShardInfo {
         dtype: "float32".into(),
@@ -39,7 +40,7 @@ pub async fn start_shard(
         world_size: 1,
         socket_paths: vec![socket.clone()],
     };
-    let service = ShardService::new(engine, info, 64 << 20);
+    let service = ShardService::new(engine, info, 64 << 20).with_tokenizer_source(tokenizer);
     let listener = UnixListener::bind(&socket).expect("bind shard socket");
     let mut server = tonic::transport::Server::builder();
     if let Some(f) = trace_fn {
