@@ -9,7 +9,10 @@
 //! and when the last is dropped they park at once, so that between steps they leave the
 //! cores to the threads that serve the step's results (on a 2-core machine, a spinning
 //! helper there adds its spin to every token's latency). Without a guard (a caller making
-//! products of its own) they park after [`SPIN`] without a region.
+//! products of its own) they park after [`SPIN`] without a region. Between two looks at the
+//! clock a spinning helper yields its core, which costs a system call when no other thread
+//! waits for it and hands it over when one does (more processes than cores, as under a test
+//! runner, or a router sharing the machine).
 //!
 //! A region is `work(i)` for `i` in `0..items`. The calling thread is member 0: it publishes
 //! the region (the work and a new odd epoch), unparks helpers that sleep, and takes items
@@ -337,6 +340,7 @@ fn wait_for_change(s: &Shared, slot: usize, seen: usize) -> usize {
             }
             std::hint::spin_loop();
         }
+        std::thread::yield_now();
         let rested = s.rest.load(SeqCst) != rest;
         let window = if s.awake.load(SeqCst) > 0 {
             PASS_SPIN
