@@ -27,8 +27,10 @@ cargo_args=(--workspace --features tessera-kernels/cuda,tessera-shard/cuda --loc
 
 step cargo fmt --all -- --check
 step cargo clippy "${cargo_args[@]}" --all-targets -- -D warnings
-# The end-to-end tests start the real binaries, which `cargo test` alone does not build.
-step cargo build "${cargo_args[@]}" --bins
+# The end-to-end tests start the real binaries, which `cargo test` alone does not build. Binaries
+# and test binaries in one build: the tests' dev-dependencies turn on features of shared crates
+# (proptest: num-traits' `std`), so binaries built apart would compile the workspace twice.
+step cargo build "${cargo_args[@]}" --bins --tests
 # Every unit, golden and end-to-end test, the fuzz targets' corpora replayed
 # (tests/tests/e2e/fuzz_corpus.rs), and the doc tests. cargo-nextest (on these machines) runs the
 # test binaries side by side, so one binary's long test no longer holds up the others; it
