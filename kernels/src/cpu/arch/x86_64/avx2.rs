@@ -162,24 +162,66 @@ unsafe fn row_panel<const R: usize, const C: usize>(
     }
 }
 
+/// Bytes of `x` rows one pass over a `w` tile walks: a block that stays in L2 while each tile
+/// of `w` rows, loaded once from further away, is reused from L1 by every row pair.
+const X_BLOCK_BYTES: usize = 192 * 1024;
+
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemm_avx2(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
     let (m, n) = (x.len() / k, w.len() / k);
     let (xp, wp) = (x.as_ptr(), w.as_ptr());
-    // SAFETY: panels cover rows 0..m of x and 0..n of w, which the slices hold; `out` places
-    // are the caller's guarantee.
+    // SAFETY: blocks and panels cover rows 0..m of x and 0..n of w, which the slices hold;
+    // `out` places are the caller's guarantee.
     unsafe {
         if m == 1 {
             row_panel::<1, NR_GEMV>(xp, wp, n, k, out, ldo);
             return;
         }
-        let mut i = 0;
-        while i + MR <= m {
-            row_panel::<MR, NR>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo);
-            i += MR;
+        let paired = m - m % MR;
+        let block = (X_BLOCK_BYTES / (4 * k)).max(MR) / MR * MR;
+        let mut i0 = 0;
+        while i0 < paired {
+            let rows = block.min(paired - i0);
+            col_panel(xp.add(i0 * k), rows, wp, n, k, out.add(i0 * ldo), ldo);
+            i0 += rows;
         }
-        if i < m {
-            row_panel::<1, NR_GEMV>(xp.add(i * k), wp, n, k, out.add(i * ldo), ldo);
+        if paired < m {
+            row_panel::<1, NR_GEMV>(xp.add(paired * k), wp, n, k, out.add(paired * ldo), ldo);
+        }
+    }
+}
+
+/// `rows` (a multiple of `MR`) rows of `x` against all `n` rows of `w`: each tile of `NR`
+/// rows of `w` meets every row pair before the next tile. Every output is the same
+/// [`tile`] dot as in [`row_panel`].
+///
+/// # Safety
+/// As [`tile`], for `rows` rows of `x` and `n` rows of `w`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn col_panel(
+    x: *const f32,
+    rows: usize,
+    w: *const f32,
+    n: usize,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut j = 0;
+    // SAFETY: tiles stay within rows 0..rows of x, 0..n of w and the matching places of out.
+    unsafe {
+        while j + NR <= n {
+            for i in (0..rows).step_by(MR) {
+                tile::<MR, NR>(x.add(i * k), w.add(j * k), k, out.add(i * ldo + j), ldo);
+            }
+            j += NR;
+        }
+        while j < n {
+            for i in (0..rows).step_by(MR) {
+                tile::<MR, 1>(x.add(i * k), w.add(j * k), k, out.add(i * ldo + j), ldo);
+            }
+            j += 1;
         }
     }
 }
