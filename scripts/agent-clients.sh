@@ -41,6 +41,7 @@ if [[ ! -x "$venv/bin/python" || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; th
   timeout 300 "${pip[@]}" --no-deps "$instructor"
   echo "$want" >"$stamp"
 fi
+[[ "${TESSERA_INSTALL_ONLY:-}" == 1 ]] && exit 0
 
 model="$(TESSERA_CACHE="${TESSERA_CACHE:-$HOME/.cache/tessera}" "$root/scripts/fetch_smollm2.sh" | tail -n1)"
 work="$(mktemp -d "$cache/run-XXXXXX")"

@@ -20,6 +20,7 @@ if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import helm_python,
   "$venv/bin/pip" install --quiet --disable-pip-version-check \
     'helm-python-sdk==0.2.*' 'kubernetes-validate==1.*' 'pyyaml==6.*' 'jsonschema==4.*'
 fi
+[[ "${TESSERA_INSTALL_ONLY:-}" == 1 ]] && exit 0
 exec "$venv/bin/python" - "$root/deploy/helm/tessera" "$root/target/helm-check/rendered" "${1:-}" "$root/deploy/helm/crd-schemas" <<'PY'
 import json
 import pathlib

@@ -22,6 +22,7 @@ if ! "$venv/bin/schemathesis" --version >/dev/null 2>&1; then
   "$python" -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check 'schemathesis==4.*'
 fi
+[[ "${TESSERA_INSTALL_ONLY:-}" == 1 ]] && exit 0
 
 work="$(mktemp -d "$cache/run-XXXXXX")"
 # shellcheck source=lib/test-server.sh

@@ -14,6 +14,18 @@ step() {
 }
 
 step scripts/fetch_smollm2.sh >/dev/null
+
+# The Python tools of the last steps install from PyPI (into target/) while cargo compiles:
+# downloads and unpacking, little CPU. Their log is printed if they fail.
+mkdir -p target
+{
+    export TESSERA_INSTALL_ONLY=1
+    bash scripts/check-helm.sh && bash scripts/schemathesis.sh && bash scripts/agent-clients.sh
+} >target/python-tools.log 2>&1 &
+python_tools=$!
+python_tools_ready() {
+    wait "$python_tools" || { cat target/python-tools.log >&2; return 1; }
+}
 export TESSERA_REQUIRE_SMOLLM2=1
 # One cold build: incremental state would only add gigabytes to the target folder.
 export CARGO_INCREMENTAL=0
@@ -44,6 +56,7 @@ fi
 
 # The Helm chart renders with default and non-default values and validates against the
 # Kubernetes schemas (renderer and validator from PyPI).
+step python_tools_ready
 step bash scripts/check-helm.sh
 
 # Property-based API tests: Schemathesis (PyPI) against the router's own /openapi.json, on the
