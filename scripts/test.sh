@@ -47,8 +47,15 @@ step cargo build "${cargo_args[@]}" --bins --tests
 # (tests/tests/e2e/fuzz_corpus.rs), and the doc tests. cargo-nextest (on these machines) runs the
 # test binaries side by side, so one binary's long test no longer holds up the others; it
 # does not run doc tests, which `cargo test --doc` then does.
+# A rerun leaves out the test binaries that cannot have changed: those that passed before
+# with the same bytes and inputs (scripts/lib/test_record.py; TESSERA_TEST_ALL=1 runs all).
 if cargo nextest --version >/dev/null 2>&1; then
-    step cargo nextest run "${cargo_args[@]}" --no-fail-fast
+    binaries=target/test-record/binaries.json
+    mkdir -p "$(dirname "$binaries")"
+    cargo nextest list "${cargo_args[@]}" --list-type binaries-only --message-format json >"$binaries"
+    filter="$(python3 scripts/lib/test_record.py skip "$binaries")"
+    step cargo nextest run "${cargo_args[@]}" --no-fail-fast ${filter:+-E "$filter"}
+    python3 scripts/lib/test_record.py save "$binaries"
     step cargo test "${cargo_args[@]}" --doc
 else
     step cargo test "${cargo_args[@]}" --no-fail-fast
