@@ -192,8 +192,8 @@ unsafe fn gemm_avx2(x: &[f32], w: &[f32], k: usize, out: *mut f32, ldo: usize) {
 }
 
 /// `rows` (a multiple of `MR`) rows of `x` against all `n` rows of `w`: each tile of `NR`
-/// rows of `w` meets every row pair before the next tile. Every output is the same
-/// [`tile`] dot as in [`row_panel`].
+/// rows of `w` meets every row pair before the next tile, through [`row_panel`], so every
+/// output is the same [`tile`] dot.
 ///
 /// # Safety
 /// As [`tile`], for `rows` rows of `x` and `n` rows of `w`.
@@ -209,19 +209,21 @@ unsafe fn col_panel(
     ldo: usize,
 ) {
     let mut j = 0;
-    // SAFETY: tiles stay within rows 0..rows of x, 0..n of w and the matching places of out.
+    // SAFETY: panels stay within rows 0..rows of x, 0..n of w and the matching places of out.
     unsafe {
-        while j + NR <= n {
-            for i in (0..rows).step_by(MR) {
-                tile::<MR, NR>(x.add(i * k), w.add(j * k), k, out.add(i * ldo + j), ldo);
-            }
-            j += NR;
-        }
         while j < n {
+            let cols = NR.min(n - j);
             for i in (0..rows).step_by(MR) {
-                tile::<MR, 1>(x.add(i * k), w.add(j * k), k, out.add(i * ldo + j), ldo);
+                row_panel::<MR, NR>(
+                    x.add(i * k),
+                    w.add(j * k),
+                    cols,
+                    k,
+                    out.add(i * ldo + j),
+                    ldo,
+                );
             }
-            j += 1;
+            j += cols;
         }
     }
 }
