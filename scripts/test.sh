@@ -55,7 +55,7 @@ if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest list "${cargo_args[@]}" --list-type binaries-only --message-format json >"$binaries"
     filter="$(python3 scripts/lib/test_record.py skip "$binaries")"
     step cargo nextest run "${cargo_args[@]}" --no-fail-fast ${filter:+-E "$filter"}
-    python3 scripts/lib/test_record.py save "$binaries"
+    python3 scripts/lib/test_record.py save
     step cargo test "${cargo_args[@]}" --doc
 else
     step cargo test "${cargo_args[@]}" --no-fail-fast

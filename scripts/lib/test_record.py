@@ -12,8 +12,8 @@ whole tree) always runs, as does everything on a new machine, where there is no 
 
     test_record.py skip BINARIES_JSON    prints a nextest filterset that leaves out the binaries
                                          whose record matches (empty: run all), says which on
-                                         stderr
-    test_record.py save BINARIES_JSON    records every self-contained binary as passed
+                                         stderr, and keeps the keys of this run's inputs
+    test_record.py save                  records them as passed
 
 BINARIES_JSON is `cargo nextest list --list-type binaries-only --message-format json`.
 The record lives in target/test-record/; TESSERA_TEST_ALL=1 ignores it.
@@ -94,11 +94,17 @@ def record_path(binary_id):
     return RECORD / binary_id.replace("/", "_").replace("::", "__")
 
 
+PENDING = RECORD / "pending.json"
+
+
 def skip(binaries_json):
+    keys = recordable(binaries_json)
+    RECORD.mkdir(parents=True, exist_ok=True)
+    PENDING.write_text(json.dumps(keys))
     if os.environ.get("TESSERA_TEST_ALL") == "1":
         return
     unchanged = [
-        b for b, key in recordable(binaries_json)
+        b for b, key in keys
         if record_path(b).exists() and record_path(b).read_text() == key
     ]
     if unchanged:
@@ -110,11 +116,14 @@ def skip(binaries_json):
         print(" & ".join(f"not binary_id({b})" for b in sorted(unchanged)))
 
 
-def save(binaries_json):
-    RECORD.mkdir(parents=True, exist_ok=True)
-    for b, key in recordable(binaries_json):
+def save():
+    for b, key in json.loads(PENDING.read_text()):
         record_path(b).write_text(key)
+    PENDING.unlink()
 
 
 if __name__ == "__main__":
-    {"skip": skip, "save": save}[sys.argv[1]](sys.argv[2])
+    if sys.argv[1] == "skip":
+        skip(sys.argv[2])
+    else:
+        save()
