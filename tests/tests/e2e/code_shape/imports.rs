@@ -17,6 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
+use petgraph::algo::tarjan_scc;
+use petgraph::graphmap::DiGraphMap;
 use proc_macro2::{TokenStream, TokenTree};
 use syn::visit::{self, Visit};
 
@@ -383,62 +385,24 @@ impl<'ast> Visit<'ast> for ImportCollector<'_> {
     }
 }
 
-/// The strongly connected components of `graph` with two or more files (Tarjan's algorithm).
+/// The strongly connected components of `graph` with two or more files, each sorted.
 fn cycles(graph: &Graph) -> Vec<Vec<String>> {
-    struct Tarjan<'g> {
-        graph: &'g Graph,
-        index: BTreeMap<&'g str, usize>,
-        low: BTreeMap<&'g str, usize>,
-        stack: Vec<&'g str>,
-        on_stack: BTreeSet<&'g str>,
-        out: Vec<Vec<String>>,
-    }
-    impl<'g> Tarjan<'g> {
-        fn visit(&mut self, v: &'g str) {
-            let i = self.index.len();
-            self.index.insert(v, i);
-            self.low.insert(v, i);
-            self.stack.push(v);
-            self.on_stack.insert(v);
-            for w in self.graph.get(v).into_iter().flatten() {
-                let w = w.as_str();
-                if !self.index.contains_key(w) {
-                    self.visit(w);
-                    self.low.insert(v, self.low[v].min(self.low[w]));
-                } else if self.on_stack.contains(w) {
-                    self.low.insert(v, self.low[v].min(self.index[w]));
-                }
-            }
-            if self.low[v] == self.index[v] {
-                let mut component = Vec::new();
-                while let Some(w) = self.stack.pop() {
-                    self.on_stack.remove(w);
-                    component.push(w.to_owned());
-                    if w == v {
-                        break;
-                    }
-                }
-                if component.len() > 1 {
-                    component.sort();
-                    self.out.push(component);
-                }
-            }
+    let mut g = DiGraphMap::<&str, ()>::new();
+    for (from, imports) in graph {
+        g.add_node(from.as_str());
+        for to in imports {
+            g.add_edge(from.as_str(), to.as_str(), ());
         }
     }
-    let mut tarjan = Tarjan {
-        graph,
-        index: BTreeMap::new(),
-        low: BTreeMap::new(),
-        stack: Vec::new(),
-        on_stack: BTreeSet::new(),
-        out: Vec::new(),
-    };
-    for v in graph.keys() {
-        if !tarjan.index.contains_key(v.as_str()) {
-            tarjan.visit(v);
-        }
-    }
-    tarjan.out
+    tarjan_scc(&g)
+        .into_iter()
+        .filter(|component| component.len() > 1)
+        .map(|component| {
+            let mut files: Vec<String> = component.into_iter().map(str::to_owned).collect();
+            files.sort();
+            files
+        })
+        .collect()
 }
 
 /// The crate roots among `sources` under the crate folder `krate` (`router/`).
