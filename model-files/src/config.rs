@@ -7,6 +7,7 @@ use serde_json::Value;
 use tessera_params::LengthDependentRope;
 
 use crate::FormatError;
+pub use crate::config::quantization::Quantization;
 use crate::family::{ExpertNames, Family, FamilyKeys, Moe};
 
 /// Model families Tessera implements.
@@ -36,6 +37,9 @@ pub enum Architecture {
     /// Gemma 3 text (`Gemma3ForCausalLM`): Gemma 2's layers with q/k norms instead of
     /// soft-capping, and a separate RoPE base for the sliding layers.
     Gemma3,
+    /// SmolLM3: Llama's layers, some of them without RoPE (`no_rope_layers`; every fourth by
+    /// default, as llama.cpp's `smollm3` always has it).
+    SmolLM3,
 }
 
 impl Architecture {
@@ -46,7 +50,20 @@ impl Architecture {
         MixtralForCausalLM (mixtral; GGUF llama with experts), \
         Phi3ForCausalLM (phi3), \
         Gemma2ForCausalLM (gemma2), \
-        Gemma3ForCausalLM (gemma3_text; GGUF gemma3)";
+        Gemma3ForCausalLM (gemma3_text; GGUF gemma3), \
+        SmolLM3ForCausalLM (smollm3); and the language model of \
+        Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration and other \
+        checkpoints that nest one of these under text_config";
+
+    /// Parses a GGUF `general.architecture` value: the names [`Self::from_name`] knows, and
+    /// `mistral3`, which llama.cpp's converter writes for Mistral 3 checkpoints (a wrapper's
+    /// `model_type` in Hugging Face configs, so not one of those names).
+    pub fn from_gguf_name(name: &str) -> Option<Self> {
+        match name {
+            "mistral3" => Some(Self::Mistral),
+            _ => Self::from_name(name),
+        }
+    }
 
     /// Parses an HF `architectures[0]` / `model_type` or a GGUF `general.architecture` value.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -61,6 +78,7 @@ impl Architecture {
             "MixtralForCausalLM" | "mixtral" => Some(Self::Mixtral),
             "Gemma2ForCausalLM" | "gemma2" => Some(Self::Gemma2),
             "Gemma3ForCausalLM" | "gemma3_text" | "gemma3" => Some(Self::Gemma3),
+            "SmolLM3ForCausalLM" | "smollm3" => Some(Self::SmolLM3),
             _ => None,
         }
     }
@@ -147,6 +165,15 @@ impl DType {
     }
 }
 
+/// Why a well-formed `config.json` describes a model Tessera does not serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotServed {
+    /// The declared architecture, none of [`Architecture::SUPPORTED`].
+    Architecture(String),
+    /// Weights written by a quantization library.
+    Quantized(Quantization),
+}
+
 /// Everything about a model's shape that the forward pass depends on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -193,8 +220,6 @@ pub struct ModelConfig {
 
 #[derive(Deserialize)]
 struct RawConfig {
-    architectures: Option<Vec<String>>,
-    model_type: Option<String>,
     vocab_size: usize,
     hidden_size: usize,
     intermediate_size: usize,
@@ -234,6 +259,8 @@ struct RawConfig {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    no_rope_layers: Option<Vec<u8>>,
+    no_rope_layer_interval: Option<usize>,
 }
 
 /// Reads token ids given as a number, a list of numbers, or null.
@@ -307,35 +334,52 @@ impl ModelConfig {
         Self::from_hf_json(&text)
             .map_err(|message| FormatError::invalid(path, message))
             .and_then(|c| {
-                c.map_err(|found| FormatError::UnsupportedArchitecture {
-                    path: path.to_path_buf(),
-                    found,
-                    supported: Architecture::SUPPORTED.into(),
+                c.map_err(|not_served| match not_served {
+                    NotServed::Architecture(found) => FormatError::UnsupportedArchitecture {
+                        path: path.to_path_buf(),
+                        found,
+                        supported: Architecture::SUPPORTED.into(),
+                    },
+                    NotServed::Quantized(q) => FormatError::QuantizedCheckpoint {
+                        path: path.to_path_buf(),
+                        method: q.method,
+                        quant_method: q.quant_method,
+                    },
                 })
             })
     }
 
-    /// Parses `config.json` text. The outer error is malformed JSON or a bad value; the inner
-    /// one names an unsupported architecture.
-    pub fn from_hf_json(text: &str) -> Result<Result<Self, String>, String> {
-        let raw: RawConfig =
+    /// Parses `config.json` text, a decoder's own or a wrapper's that nests one under
+    /// `text_config`. The outer error is malformed JSON or a bad value; the inner one says
+    /// why a well-formed config is not served.
+    pub fn from_hf_json(text: &str) -> Result<Result<Self, NotServed>, String> {
+        let config: Value =
             serde_json::from_str(text).map_err(|e| format!("invalid config: {e}"))?;
-        let declared = raw
-            .architectures
-            .as_ref()
-            .and_then(|a| a.first().cloned())
-            .or_else(|| raw.model_type.clone())
-            .unwrap_or_else(|| "<none declared>".into());
-        let architecture = match raw
-            .architectures
-            .iter()
-            .flatten()
-            .find_map(|a| Architecture::from_name(a))
-            .or_else(|| raw.model_type.as_deref().and_then(Architecture::from_name))
-        {
-            Some(a) => a,
-            None => return Ok(Err(declared)),
+        if let Some(q) = quantization::declared(&config) {
+            return Ok(Err(NotServed::Quantized(q)));
+        }
+        // A wrapper's `model_type` can be its language model's GGUF name (`gemma3`), so the
+        // nested config decides unless `architectures` names a decoder.
+        let wrapped = match declared_architecture(&config, false) {
+            Ok(_) => None,
+            Err(_) => wrapped::language_model(&config),
         };
+        let (config, architecture) = match wrapped {
+            Some((wrapper, text)) => match declared_architecture(&text, true) {
+                Ok(a) => (text, a),
+                Err(inner) => {
+                    return Ok(Err(NotServed::Architecture(format!(
+                        "{wrapper} (language model {inner})"
+                    ))));
+                }
+            },
+            None => match declared_architecture(&config, true) {
+                Ok(a) => (config, a),
+                Err(declared) => return Ok(Err(NotServed::Architecture(declared))),
+            },
+        };
+        let raw: RawConfig = serde_json::from_value(class_defaults::filled(config))
+            .map_err(|e| format!("invalid config: {e}"))?;
         if raw.num_attention_heads == 0 || raw.hidden_size == 0 {
             return Err("num_attention_heads and hidden_size must be positive".into());
         }
@@ -395,6 +439,36 @@ impl ModelConfig {
     }
 }
 
+/// The architecture a config declares (its first known `architectures` entry, else, where
+/// `or_model_type`, its `model_type`), or what it declares when that is none Tessera
+/// implements.
+fn declared_architecture(config: &Value, or_model_type: bool) -> Result<Architecture, String> {
+    let names: Vec<&str> = config
+        .get("architectures")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let model_type = config.get("model_type").and_then(Value::as_str);
+    names
+        .iter()
+        .find_map(|a| Architecture::from_name(a))
+        .or_else(|| {
+            model_type
+                .filter(|_| or_model_type)
+                .and_then(Architecture::from_name)
+        })
+        .ok_or_else(|| {
+            names
+                .first()
+                .copied()
+                .or(model_type)
+                .unwrap_or("<none declared>")
+                .to_string()
+        })
+}
+
 /// What a config says about RoPE and the layers.
 struct Layers {
     rope_theta: f32,
@@ -441,6 +515,7 @@ fn layers(raw: &RawConfig, architecture: Architecture, head_dim: usize) -> Resul
                     | Architecture::Qwen3
                     | Architecture::Qwen3Moe
                     | Architecture::Qwen2Moe
+                    | Architecture::SmolLM3
             ) =>
         {
             None
@@ -458,6 +533,7 @@ fn layers(raw: &RawConfig, architecture: Architecture, head_dim: usize) -> Resul
         rotary_dim: Some(rotary_dim),
         moe: moe(raw, architecture)?,
         sparse_layers: sparse_layers(raw),
+        rope_layers: rope_layers(raw)?,
         ..FamilyKeys::default()
     };
     let family = Family::new(
@@ -519,6 +595,27 @@ impl<'a> RopeKeys<'a> {
             local_theta: gemma3.then(|| local.unwrap_or(10_000.0)),
         })
     }
+}
+
+/// Which layers rotate q and k, when the config lists them (SmolLM3's `no_rope_layers`: 1
+/// for a layer with RoPE, 0 for one without; or `no_rope_layer_interval`: every n-th layer
+/// without).
+fn rope_layers(raw: &RawConfig) -> Result<Option<Vec<bool>>, String> {
+    if let Some(listed) = &raw.no_rope_layers {
+        if listed.len() != raw.num_hidden_layers {
+            return Err(format!(
+                "no_rope_layers lists {} layers of {}",
+                listed.len(),
+                raw.num_hidden_layers
+            ));
+        }
+        return Ok(Some(listed.iter().map(|&r| r != 0).collect()));
+    }
+    Ok(raw.no_rope_layer_interval.filter(|&n| n > 0).map(|n| {
+        (0..raw.num_hidden_layers)
+            .map(|i| !(i + 1).is_multiple_of(n))
+            .collect()
+    }))
 }
 
 /// Which layers slide, from `layer_types` (transformers 5) or `sliding_window_pattern`.
@@ -747,6 +844,10 @@ pub(crate) fn longrope_attention_factor(factor: f64, original: usize) -> f64 {
         (1.0 + factor.ln() / (original as f64).ln()).sqrt()
     }
 }
+
+mod class_defaults;
+mod quantization;
+mod wrapped;
 
 #[cfg(test)]
 mod tests;

@@ -38,6 +38,22 @@ pub enum FormatError {
         /// The supported architectures, comma-separated.
         supported: String,
     },
+    /// The checkpoint's weights are quantized by a method Tessera does not read
+    /// (`quantization_config` in `config.json`).
+    #[error(
+        "{path}: a {method} checkpoint (quantization_config.quant_method {quant_method:?}); \
+         Tessera reads Hugging Face checkpoints in F32, F16 or BF16 and serves quantized \
+         models from GGUF files: serve a GGUF of this model (Q4_K_M, Q8_0, …) or its \
+         unquantized checkpoint"
+    )]
+    QuantizedCheckpoint {
+        /// The config that declared it.
+        path: PathBuf,
+        /// The method as people name it (GPTQ, AWQ, FP8, …).
+        method: String,
+        /// The method as the config names it.
+        quant_method: String,
+    },
     /// A tensor is missing or has the wrong shape or type.
     #[error("{path}: tensor {name:?}: {message}")]
     Tensor {

@@ -53,6 +53,8 @@ pub struct LayerSpec {
     pub local_rope: bool,
     /// Whether the layer's MLP is [`Family::moe`] (else the dense MLP).
     pub sparse: bool,
+    /// Whether the layer rotates q and k (SmolLM3 has layers without position encoding).
+    pub rope: bool,
 }
 
 /// The layer structure of a model, read from its config (see the module documentation).
@@ -103,6 +105,8 @@ pub(crate) struct FamilyKeys {
     pub(crate) moe: Option<Moe>,
     /// Which layers are sparse when not all are (`decoder_sparse_step`, `mlp_only_layers`).
     pub(crate) sparse_layers: Option<Vec<bool>>,
+    /// Which layers rotate q and k, when the config lists them (SmolLM3's `no_rope_layers`).
+    pub(crate) rope_layers: Option<Vec<bool>>,
 }
 
 impl Architecture {
@@ -119,6 +123,15 @@ impl Architecture {
         match self {
             Self::Gemma2 => !(i + 1).is_multiple_of(2),
             Self::Gemma3 => !(i + 1).is_multiple_of(6),
+            _ => true,
+        }
+    }
+
+    /// Whether layer `i` rotates q and k, when a config does not list its layers: every layer
+    /// but SmolLM3's every fourth.
+    fn rotates_by_default(self, i: usize) -> bool {
+        match self {
+            Self::SmolLM3 => !(i + 1).is_multiple_of(4),
             _ => true,
         }
     }
@@ -146,10 +159,15 @@ impl Family {
                     Some(listed) => listed.get(i).copied().unwrap_or(false),
                     None => true,
                 };
+                let rope = match &keys.rope_layers {
+                    Some(listed) => listed.get(i).copied().unwrap_or(true),
+                    None => arch.rotates_by_default(i),
+                };
                 LayerSpec {
                     window: window.filter(|_| slides),
                     local_rope: slides && keys.local_rope_theta.is_some(),
                     sparse: sparse && keys.moe.is_some(),
+                    rope,
                 }
             })
             .collect();

@@ -10,6 +10,8 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors, tensor::Metadata};
 use serde::Deserialize;
 
+mod wrapped;
+
 use crate::mmap::map_file;
 use crate::weights::{bad_slice, split_at_dim};
 use crate::{FormatError, HostTensor, WeightSource};
@@ -24,8 +26,16 @@ struct Shard {
 /// Safetensors weights of a model directory.
 pub(crate) struct SafetensorsWeights {
     shards: Vec<Shard>,
-    /// Tensor name → index into `shards`.
-    index: HashMap<String, usize>,
+    /// Tensor name (the decoder's own, in a wrapped checkpoint) → where it is stored.
+    index: HashMap<String, Stored>,
+    /// Tensors of a wrapped checkpoint's other towers, which are not loaded.
+    other_towers: usize,
+}
+
+/// Where a tensor is: which shard, under which name.
+struct Stored {
+    shard: usize,
+    name: String,
 }
 
 #[derive(Deserialize)]
@@ -70,15 +80,11 @@ impl SafetensorsWeights {
     /// Maps the safetensors files `files`, which hold distinct tensors.
     pub(crate) fn from_files(files: Vec<PathBuf>) -> Result<Self, FormatError> {
         let mut shards = Vec::with_capacity(files.len());
-        let mut index = HashMap::new();
-        for (i, path) in files.into_iter().enumerate() {
+        for path in files {
             let map = map_file(&path)?;
             let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|e| {
                 FormatError::invalid(&path, format!("truncated or corrupt safetensors file: {e}"))
             })?;
-            for name in metadata.offset_keys() {
-                index.insert(name, i);
-            }
             shards.push(Shard {
                 path,
                 map,
@@ -86,28 +92,62 @@ impl SafetensorsWeights {
                 metadata,
             });
         }
-        Ok(Self { shards, index })
+        let stored: Vec<(usize, String)> = shards
+            .iter()
+            .enumerate()
+            .flat_map(|(i, shard)| {
+                shard
+                    .metadata
+                    .offset_keys()
+                    .into_iter()
+                    .map(move |n| (i, n))
+            })
+            .collect();
+        let wrapped = wrapped::is_wrapped(stored.iter().map(|(_, n)| n.as_str()));
+        let mut index = HashMap::new();
+        let mut other_towers = 0;
+        for (shard, name) in stored {
+            let key = match wrapped {
+                false => name.clone(),
+                true => match wrapped::role(&name) {
+                    wrapped::Role::Decoder(decoder_name) => decoder_name,
+                    wrapped::Role::OtherTower => {
+                        other_towers += 1;
+                        continue;
+                    }
+                },
+            };
+            index.insert(key, Stored { shard, name });
+        }
+        Ok(Self {
+            shards,
+            index,
+            other_towers,
+        })
+    }
+
+    /// How many tensors of a wrapped checkpoint's other towers (vision, projector) are set
+    /// aside; 0 for a plain checkpoint.
+    pub(crate) fn other_tower_tensors(&self) -> usize {
+        self.other_towers
     }
 
     fn locate(
         &self,
         name: &str,
     ) -> Result<(&Shard, &safetensors::tensor::TensorInfo), FormatError> {
-        let shard = self
-            .index
-            .get(name)
-            .map(|&i| &self.shards[i])
-            .ok_or_else(|| {
-                let path = self
-                    .shards
-                    .first()
-                    .map(|s| s.path.clone())
-                    .unwrap_or_default();
-                FormatError::tensor(path, name, "not found in the checkpoint")
-            })?;
+        let stored = self.index.get(name).ok_or_else(|| {
+            let path = self
+                .shards
+                .first()
+                .map(|s| s.path.clone())
+                .unwrap_or_default();
+            FormatError::tensor(path, name, "not found in the checkpoint")
+        })?;
+        let shard = &self.shards[stored.shard];
         let info = shard
             .metadata
-            .info(name)
+            .info(&stored.name)
             .ok_or_else(|| FormatError::tensor(&shard.path, name, "not found in the shard"))?;
         Ok((shard, info))
     }

@@ -20,7 +20,7 @@ mod mmap;
 mod model_files;
 mod weights;
 
-pub use config::{Architecture, DType, ModelConfig, RopeScaling};
+pub use config::{Architecture, DType, ModelConfig, NotServed, Quantization, RopeScaling};
 pub use error::FormatError;
 pub use family::{Activation, ExpertNames, Family, LayerSpec, Moe};
 pub use model_files::ModelFiles;

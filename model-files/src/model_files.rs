@@ -11,7 +11,11 @@ use tessera_text::{HfTokenizerFiles, ModelTokenizer, TokenizerSource};
 use crate::{FormatError, ModelConfig, WeightSource};
 
 enum Source {
-    HfDir,
+    /// A Hugging Face directory; the count of its other towers' tensors (a wrapped
+    /// checkpoint's vision tower and projector), which are not loaded.
+    HfDir {
+        other_tower_tensors: usize,
+    },
     Gguf(Arc<GgufFile>),
 }
 
@@ -43,11 +47,14 @@ impl ModelFiles {
         if meta.is_dir() {
             let config = ModelConfig::from_hf_file(&path.join("config.json"))?;
             let weights = SafetensorsWeights::open(path)?;
+            let other_tower_tensors = weights.other_tower_tensors();
             Ok(Self {
                 path: path.to_path_buf(),
                 config,
                 weights: Arc::new(weights),
-                source: Source::HfDir,
+                source: Source::HfDir {
+                    other_tower_tensors,
+                },
             })
         } else {
             let gguf = Arc::new(GgufFile::open(path)?);
@@ -61,12 +68,23 @@ impl ModelFiles {
         }
     }
 
+    /// How many tensors of other towers than the language model (a wrapped checkpoint's
+    /// vision tower and projector) the files hold and Tessera leaves unread.
+    pub fn other_tower_tensors(&self) -> usize {
+        match self.source {
+            Source::HfDir {
+                other_tower_tensors,
+            } => other_tower_tensors,
+            Source::Gguf(_) => 0,
+        }
+    }
+
     /// What the model's tokenizer is built from: the directory's tokenizer files (with the
     /// end-of-generation ids of `config.json` and `generation_config.json`) or the GGUF file's
     /// tokenizer metadata.
     pub fn tokenizer_source(&self) -> Result<TokenizerSource, FormatError> {
         match &self.source {
-            Source::HfDir => {
+            Source::HfDir { .. } => {
                 let mut eos = self.config.eos_token_ids.clone();
                 eos.extend(generation_eos(&self.path.join("generation_config.json"))?);
                 eos.sort_unstable();

@@ -232,6 +232,13 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<LoadedEngi
     let dtype = args.dtype.trim();
     let files = ModelFiles::open(&args.model_id)?;
     tracing::info!(model = %args.model_id.display(), config = ?files.config, "loading weights");
+    if files.other_tower_tensors() > 0 {
+        tracing::info!(
+            tensors = files.other_tower_tensors(),
+            "the checkpoint's other towers (vision encoder, projector) are not loaded: \
+             its language model serves text input"
+        );
+    }
     let partition = Partition::new(args.rank as usize, args.world_size as usize);
     if let Err(e) = partition.check(&files.config) {
         bail!("--num-shard {}: {e}", args.world_size);

@@ -92,7 +92,10 @@ fn unknown_architecture_is_named() {
         "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2}"#,
     )
     .unwrap();
-    assert_eq!(r, Err("GPTNeoXForCausalLM".to_string()));
+    assert_eq!(
+        r,
+        Err(NotServed::Architecture("GPTNeoXForCausalLM".to_string()))
+    );
 }
 
 #[test]
@@ -149,4 +152,89 @@ fn family_descriptions_of_the_fixtures() {
             .iter()
             .all(|l| !l.sparse)
     );
+}
+
+#[test]
+fn wrapped_gemma3_reads_its_language_model_with_class_defaults() {
+    // Gemma 3 4B's config.json as the Hub has it: text_config written as a diff.
+    let c = parse(
+        r#"{"architectures":["Gemma3ForConditionalGeneration"],"model_type":"gemma3",
+        "boi_token_index":255999,"eos_token_id":[1,106],"torch_dtype":"bfloat16",
+        "text_config":{"hidden_size":2560,"intermediate_size":10240,"model_type":"gemma3_text",
+        "num_hidden_layers":34,"rope_scaling":{"factor":8.0,"rope_type":"linear"},
+        "sliding_window":1024},
+        "vision_config":{"hidden_size":1152,"model_type":"siglip_vision_model"}}"#,
+    );
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!(
+        (c.vocab_size, c.hidden_size, c.num_layers),
+        (262_208, 2560, 34)
+    );
+    assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim), (8, 4, 256));
+    assert_eq!(c.eos_token_ids, vec![1, 106]);
+    assert_eq!(c.dtype, Some(DType::BF16));
+    assert_eq!(c.sliding_window, Some(1024));
+    assert_eq!(c.rope_theta, 1_000_000.0);
+    assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+    assert_eq!(c.family.local_rope_theta, Some(10_000.0));
+    assert!(c.tie_word_embeddings);
+}
+
+#[test]
+fn wrapped_language_model_of_an_unknown_family_is_named() {
+    let r = ModelConfig::from_hf_json(
+        r#"{"architectures":["Qwen3VLForConditionalGeneration"],
+        "text_config":{"model_type":"qwen3_vl_text","vocab_size":10}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        r,
+        Err(NotServed::Architecture(
+            "Qwen3VLForConditionalGeneration (language model qwen3_vl_text)".into()
+        ))
+    );
+}
+
+#[test]
+fn quantized_checkpoints_are_refused_by_method() {
+    let r = ModelConfig::from_hf_json(
+        r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8,
+        "intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,
+        "quantization_config":{"quant_method":"awq","bits":4,"group_size":128}}"#,
+    )
+    .unwrap();
+    assert!(matches!(r, Err(NotServed::Quantized(q)) if q.method == "AWQ"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(
+        &path,
+        r#"{"architectures":["Qwen2ForCausalLM"],"quantization_config":{"quant_method":"gptq"}}"#,
+    )
+    .unwrap();
+    let message = ModelConfig::from_hf_file(&path).unwrap_err().to_string();
+    assert!(
+        message.contains("GPTQ") && message.contains("GGUF"),
+        "{message}"
+    );
+}
+
+#[test]
+fn smollm3_layers_without_rope() {
+    let c = parse(
+        r#"{"architectures":["SmolLM3ForCausalLM"],"model_type":"smollm3","vocab_size":10,
+        "hidden_size":8,"intermediate_size":16,"num_hidden_layers":8,"num_attention_heads":2,"num_key_value_heads":1,
+        "no_rope_layers":[1,1,1,0,1,1,1,0],"rope_theta":5000000.0}"#,
+    );
+    assert_eq!(c.architecture, Architecture::SmolLM3);
+    let rope: Vec<bool> = c.family.layers.iter().map(|l| l.rope).collect();
+    assert_eq!(rope, [true, true, true, false, true, true, true, false]);
+    assert_eq!(c.rope_theta, 5_000_000.0);
+    assert!(c.tie_word_embeddings, "SmolLM3's class default");
+    let c = parse(
+        r#"{"architectures":["SmolLM3ForCausalLM"],"model_type":"smollm3","vocab_size":10,
+        "hidden_size":8,"intermediate_size":16,"num_hidden_layers":4,"num_attention_heads":2,"num_key_value_heads":2,
+        "no_rope_layer_interval":2}"#,
+    );
+    let rope: Vec<bool> = c.family.layers.iter().map(|l| l.rope).collect();
+    assert_eq!(rope, [true, false, true, false]);
 }

@@ -120,13 +120,23 @@ impl GgufFile {
     /// The model's hyper-parameters from `general.architecture` and the `{arch}.*` keys.
     pub fn model_config(&self) -> Result<ModelConfig, FormatError> {
         let arch = self.architecture()?;
-        let architecture =
-            Architecture::from_name(arch).ok_or_else(|| FormatError::UnsupportedArchitecture {
+        let architecture = Architecture::from_gguf_name(arch).ok_or_else(|| {
+            FormatError::UnsupportedArchitecture {
                 path: self.path.clone(),
                 found: arch.to_owned(),
                 supported: Architecture::SUPPORTED.into(),
-            })?;
+            }
+        })?;
         let key = |k: &str| format!("{arch}.{k}");
+        // Ministral 3's attention temperature (llama.cpp's `mistral3` with this key) is not
+        // implemented; Mistral Small 3.x files do not have it.
+        if self.metadata(&key("attention.temperature_scale")).is_some() {
+            return Err(FormatError::UnsupportedArchitecture {
+                path: self.path.clone(),
+                found: format!("{arch} with attention.temperature_scale (Ministral 3)"),
+                supported: Architecture::SUPPORTED.into(),
+            });
+        }
         let AttentionShape {
             hidden_size,
             num_heads,

@@ -303,17 +303,21 @@ impl GgufFile {
     /// Whether the layers have Gemma's four norms (which moves `post_attention_layernorm`).
     fn sandwich_norms(&self) -> bool {
         matches!(
-            self.architecture().ok().and_then(Architecture::from_name),
+            self.architecture()
+                .ok()
+                .and_then(Architecture::from_gguf_name),
             Some(Architecture::Gemma2 | Architecture::Gemma3)
         )
     }
 
     /// Whether the converter permuted q/k rows (llama.cpp's `LlamaModel`, which also converts
-    /// Mistral checkpoints); Qwen2 is converted without permutation.
+    /// Mistral, Mistral 3 and SmolLM3 checkpoints); Qwen2 is converted without permutation.
     fn permutes_qk(&self) -> bool {
         matches!(
-            self.architecture().ok().and_then(Architecture::from_name),
-            Some(Architecture::Llama | Architecture::Mistral)
+            self.architecture()
+                .ok()
+                .and_then(Architecture::from_gguf_name),
+            Some(Architecture::Llama | Architecture::Mistral | Architecture::SmolLM3)
         )
     }
 }

@@ -75,7 +75,9 @@ impl CpuBackend {
             norm::rms_norm_heads(qkv, qkv_width, k_offset, d.kv_heads, k_norm, self.eps);
         }
         // Queries rotate in place; keys rotate as they are written into the cache.
-        rope_kernel::apply_rope(qkv, qkv_width, 0, d.heads, d.head_dim, cos, sin);
+        if spec.rope {
+            rope_kernel::apply_rope(qkv, qkv_width, 0, d.heads, d.head_dim, cos, sin);
+        }
         let step = AttentionStep {
             layout: KvLayout {
                 block_size: batch.flat.block_size,
@@ -88,7 +90,7 @@ impl CpuBackend {
                 k_offset: d.heads * d.head_dim,
                 v_offset: (d.heads + d.kv_heads) * d.head_dim,
                 slots: &batch.flat.slots,
-                rope: Some((cos, sin)),
+                rope: spec.rope.then_some((cos, sin)),
             },
             heads: d.heads,
             seqs: &batch.flat.seqs,

@@ -149,6 +149,7 @@ fn unsupported(cpu: &CpuBackend) -> Option<&'static str> {
             family.layers.iter().any(|l| l.local_rope),
             "a separate RoPE for sliding layers",
         ),
+        (family.layers.iter().any(|l| !l.rope), "layers without RoPE"),
     ]
     .into_iter()
     .find_map(|(has, what)| has.then_some(what))
