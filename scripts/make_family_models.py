@@ -138,17 +138,23 @@ def stack_experts(state) -> dict:
     return {k: torch.stack([v[e] for e in sorted(v)]) for k, v in groups.items()}
 
 
+# The architectures llama.cpp converts through its `LlamaModel`, which permutes q/k rows.
+PERMUTED_QK = ("llama", "mistral3", "smollm3")
+
+
 def llama_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """llama.cpp's `LlamaModel.permute`: rotate-half rows to interleaved pairs."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool, tensors=None,
-               per_expert=False, file="model.gguf") -> None:
+               per_expert=False, file="model.gguf", language_model=None) -> None:
     """`model`'s weights as f32 tensors in `out/file`, with the metadata llama.cpp reads; with
     `per_expert`, each expert's matrices as their own tensors (`blk.N.ffn_gate.E.weight`), as
-    llama.cpp wrote MoE files before it stacked them."""
-    cfg = model.config
+    llama.cpp wrote MoE files before it stacked them. For a wrapped checkpoint,
+    `language_model` maps a stored tensor name to its decoder name (None: another tower's),
+    as the converter keeps only the language model."""
+    cfg = model.config.get_text_config()
     tensors = tensors or {}
     w = gguf.GGUFWriter(str(out / file), arch)
     w.add_context_length(cfg.max_position_embeddings)
@@ -178,6 +184,8 @@ def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool, tensors=Non
     seen = set()
     # The tensors as written on disk (transformers fuses experts in memory, not on disk).
     state = {k: v.float() for k, v in safetensors.torch.load_file(str(out / "model.safetensors")).items()}
+    if language_model is not None:
+        state = {language_model(k): v for k, v in state.items() if language_model(k) is not None}
     if "lm_head.weight" not in state and not cfg.tie_word_embeddings:
         raise ValueError("untied model without lm_head.weight")
     for name, stacked in stack_experts(state).items():
@@ -200,7 +208,7 @@ def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool, tensors=Non
         data = p.detach().float()
         if gemma and name.endswith("norm.weight"):
             data = data + 1.0
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in PERMUTED_QK and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
             data = llama_permute(data, heads)
         w.add_tensor(target, data.numpy().astype(np.float32))

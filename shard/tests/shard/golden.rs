@@ -14,7 +14,7 @@ use tessera_shard::{Model, Op, OpTimes};
 
 /// GGUF files of the fixtures, written as llama.cpp writes each family (and, for Mixtral, as
 /// it wrote MoE files before it stacked experts), checked against the same goldens.
-const GGUF_FILES: [&str; 9] = [
+const GGUF_FILES: [&str; 12] = [
     "tiny-qwen3/model.gguf",
     "tiny-gemma2/model.gguf",
     "tiny-gemma3/model.gguf",
@@ -24,6 +24,9 @@ const GGUF_FILES: [&str; 9] = [
     "tiny-mixtral/model.gguf",
     "tiny-mixtral/model-per-expert.gguf",
     "tiny-qwen2-moe/model.gguf",
+    "tiny-gemma3-vision/model.gguf",
+    "tiny-mistral3/model.gguf",
+    "tiny-smollm3/model.gguf",
 ];
 
 #[test]

@@ -139,6 +139,11 @@ fn fixtures_match_the_single_shard_engine() {
         ("tiny-mixtral/model.gguf", &[2][..]),
         ("tiny-qwen2-moe", &[2, 4][..]),
         ("tiny-qwen2-moe/model.gguf", &[2][..]),
+        ("tiny-gemma3-vision", &[2][..]),
+        ("tiny-mistral3", &[2, 4][..]),
+        ("tiny-mistral3/model.gguf", &[2][..]),
+        ("tiny-smollm3", &[2][..]),
+        ("tiny-smollm3/model.gguf", &[2][..]),
     ] {
         let dir = fixture.split('/').next().unwrap_or(fixture);
         let golden = common::golden(dir);

@@ -87,6 +87,9 @@ async fn two_shards_match_one_shard_on_every_fixture() {
                 "tiny-qwen3-moe",
                 "tiny-mixtral",
                 "tiny-qwen2-moe",
+                "tiny-gemma3-vision",
+                "tiny-mistral3",
+                "tiny-smollm3",
             ] {
                 let prompts = prompts(model);
                 let (one, two) = tokio::join!(

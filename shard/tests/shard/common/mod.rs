@@ -14,8 +14,8 @@ use tessera_shard::{
 };
 
 /// Every tiny fixture the project generates (`scripts/make_test_models.py`,
-/// `scripts/make_family_models.py`).
-pub const FIXTURES: [&str; 12] = [
+/// `scripts/make_family_models.py`, `scripts/make_wrapped_models.py`).
+pub const FIXTURES: [&str; 15] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-mistral",
@@ -28,6 +28,9 @@ pub const FIXTURES: [&str; 12] = [
     "tiny-qwen3-moe",
     "tiny-mixtral",
     "tiny-qwen2-moe",
+    "tiny-gemma3-vision",
+    "tiny-mistral3",
+    "tiny-smollm3",
 ];
 
 /// The SmolLM2 GGUF's file name in `${TESSERA_CACHE:-~/.cache/tessera}`.
