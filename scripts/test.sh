@@ -38,13 +38,11 @@ export CARGO_INCREMENTAL=0
 cargo_args=(--workspace --features tessera-kernels/cuda,tessera-shard/cuda --locked)
 
 step cargo fmt --all -- --check
-# Clippy's lints come with the one build (scripts/lib/clippy-in-build.sh), so no crate is
-# compiled a second time for them.
-source scripts/lib/clippy-in-build.sh
-# The end-to-end tests start the real binaries, which `cargo test` alone does not build. Every
-# target in one build: the tests' dev-dependencies turn on features of shared crates
+step cargo clippy "${cargo_args[@]}" --all-targets -- -D warnings
+# The end-to-end tests start the real binaries, which `cargo test` alone does not build. Binaries
+# and test binaries in one build: the tests' dev-dependencies turn on features of shared crates
 # (proptest: num-traits' `std`), so binaries built apart would compile the workspace twice.
-step cargo build "${cargo_args[@]}" --all-targets
+step cargo build "${cargo_args[@]}" --bins --tests
 # Every unit, golden and end-to-end test, the fuzz targets' corpora replayed
 # (tests/tests/e2e/fuzz_corpus.rs), and the doc tests. cargo-nextest (on these machines) runs the
 # test binaries side by side, so one binary's long test no longer holds up the others; it
