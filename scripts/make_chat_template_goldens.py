@@ -125,6 +125,22 @@ CASES = [
         "enable_thinking",
     ),
     (
+        "no_think flag in the system prompt",
+        [msg("system", "Answer briefly. /no_think"), msg("user", "2 + 2?")],
+        None,
+        True,
+        {},
+        "/no_think",
+    ),
+    (
+        "think flag in the system prompt",
+        [msg("system", "Answer carefully. /think"), msg("user", "2 + 2?")],
+        None,
+        True,
+        {},
+        "/think",
+    ),
+    (
         "reasoning in history",
         [
             msg("user", "2 + 2?"),

@@ -41,7 +41,8 @@ pub struct HfTokenizerFiles {
 
 impl HfTokenizerFiles {
     /// Reads the tokenizer files of `dir`: `tokenizer.json` (required),
-    /// `tokenizer_config.json` and `chat_template.jinja` (optional), and the `eos_token_id`
+    /// `tokenizer_config.json` and `chat_template.jinja` (optional; where neither has a
+    /// template, a processor's `chat_template.json` stands in), and the `eos_token_id`
     /// of `generation_config.json` (optional) after `generation_eos` (e.g. the ids of the
     /// `config.json` the caller already read).
     pub fn read(dir: &Path, generation_eos: &[u32]) -> Result<Self, TokenizerLoadError> {
@@ -64,13 +65,44 @@ impl HfTokenizerFiles {
                 super::push_unique(&mut eos_token_ids, id);
             }
         }
+        let tokenizer_config_json = read_optional(&dir.join("tokenizer_config.json"))?;
+        let chat_template_jinja = match read_optional(&dir.join("chat_template.jinja"))? {
+            Some(text) => Some(text),
+            None if !has_template(tokenizer_config_json.as_deref()) => {
+                processor_template(&dir.join("chat_template.json"))?
+            }
+            None => None,
+        };
         Ok(Self {
             dir: dir.to_path_buf(),
             tokenizer_json,
-            tokenizer_config_json: read_optional(&dir.join("tokenizer_config.json"))?,
-            chat_template_jinja: read_optional(&dir.join("chat_template.jinja"))?,
+            tokenizer_config_json,
+            chat_template_jinja,
             eos_token_ids,
         })
+    }
+}
+
+/// Whether a `tokenizer_config.json` carries a chat template.
+fn has_template(tokenizer_config: Option<&str>) -> bool {
+    tokenizer_config
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+        .is_some_and(|c| c.get("chat_template").is_some_and(|t| !t.is_null()))
+}
+
+/// The template of a processor's `chat_template.json` (`{"chat_template": "…"}`), which
+/// multimodal checkpoints (Gemma 3, Mistral 3) carry where the tokenizer's config has none.
+fn processor_template(path: &Path) -> Result<Option<String>, TokenizerLoadError> {
+    let Some(text) = read_optional(path)? else {
+        return Ok(None);
+    };
+    let value = parse_json(&text, path)?;
+    match value.get("chat_template") {
+        Some(serde_json::Value::String(template)) => Ok(Some(template.clone())),
+        _ => Err(TokenizerLoadError::invalid(
+            path,
+            "chat_template.json must hold {\"chat_template\": \"…\"}",
+        )),
     }
 }
 
@@ -139,6 +171,34 @@ mod tests {
         assert_eq!(files.tokenizer_json, "{}");
         assert_eq!(files.tokenizer_config_json, None);
         assert_eq!(files.chat_template_jinja, None);
+    }
+
+    #[test]
+    fn a_processors_chat_template_stands_in_for_a_missing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), "{}").unwrap();
+        std::fs::write(
+            dir.path().join("chat_template.json"),
+            r#"{"chat_template": "{{ messages[0]['content'] }}"}"#,
+        )
+        .unwrap();
+        let read = || HfTokenizerFiles::read(dir.path(), &[]).unwrap();
+        assert_eq!(
+            read().chat_template_jinja.as_deref(),
+            Some("{{ messages[0]['content'] }}")
+        );
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"chat_template": "tokenizer's"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            read().chat_template_jinja,
+            None,
+            "the tokenizer's own template wins"
+        );
+        std::fs::write(dir.path().join("chat_template.jinja"), "jinja").unwrap();
+        assert_eq!(read().chat_template_jinja.as_deref(), Some("jinja"));
     }
 
     #[test]
