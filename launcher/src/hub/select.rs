@@ -1,0 +1,292 @@
+//! Which files of a repository serving needs: for a GGUF repository, the one file of the
+//! quantization asked for (llama.cpp's `-hf` picks the same way, Q4_K_M unless told); for a
+//! checkpoint, its config, tokenizer and chat template files and the safetensors its index
+//! names, nothing else (no other formats, no original/ or onnx/ folders).
+
+use super::HubError;
+
+/// What to fetch of a repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Selection {
+    /// A Hugging Face checkpoint: these files of the repository's root; the safetensors come
+    /// from `model.safetensors.index.json` once it is fetched ([`weights_of_index`]).
+    Checkpoint {
+        /// Config, tokenizer and template files, and the weights or their index.
+        files: Vec<String>,
+        /// Whether the weights are sharded (`model.safetensors.index.json`).
+        indexed: bool,
+    },
+    /// One GGUF file.
+    Gguf(String),
+}
+
+/// The quantization llama.cpp's `-hf` takes when none is named.
+const DEFAULT_QUANT: &str = "Q4_K_M";
+
+/// Files a checkpoint is served from beside its weights, when the repository has them.
+const CHECKPOINT_FILES: [&str; 8] = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "model.safetensors.index.json",
+];
+
+/// The files of `repo` (its listing `files`) that serving it needs.
+pub(crate) fn select(
+    repo: &str,
+    files: &[String],
+    quant: Option<&str>,
+) -> Result<Selection, HubError> {
+    let ggufs: Vec<&String> = files
+        .iter()
+        .filter(|f| f.to_ascii_lowercase().ends_with(".gguf") && !is_projector(f))
+        .collect();
+    let has = |name: &str| files.iter().any(|f| f == name);
+    if quant.is_none() && has("config.json") {
+        let indexed = has("model.safetensors.index.json");
+        if !indexed && !has("model.safetensors") {
+            return Err(HubError::NothingToServe {
+                repo: repo.into(),
+                why: "config.json without model.safetensors or model.safetensors.index.json \
+                      (Tessera reads safetensors checkpoints and GGUF files)"
+                    .into(),
+                files: listing(files),
+            });
+        }
+        let mut wanted: Vec<String> = CHECKPOINT_FILES
+            .iter()
+            .filter(|f| has(f))
+            .map(|f| f.to_string())
+            .collect();
+        if !indexed {
+            wanted.push("model.safetensors".into());
+        }
+        return Ok(Selection::Checkpoint {
+            files: wanted,
+            indexed,
+        });
+    }
+    if ggufs.is_empty() {
+        return Err(HubError::NothingToServe {
+            repo: repo.into(),
+            why: match quant {
+                Some(q) => format!("no GGUF file to pick :{q} from"),
+                None => "neither config.json with safetensors nor a GGUF file".into(),
+            },
+            files: listing(files),
+        });
+    }
+    let named = quant.unwrap_or(DEFAULT_QUANT);
+    let matching: Vec<&&String> = ggufs.iter().filter(|f| names_quant(f, named)).collect();
+    let chosen = match (matching.as_slice(), quant) {
+        ([one], _) => (**one).clone(),
+        ([], None) if ggufs.len() == 1 => ggufs[0].clone(),
+        ([], _) => {
+            return Err(HubError::NoSuchQuant {
+                repo: repo.into(),
+                quant: named.into(),
+                ggufs: listing(&ggufs.iter().map(|f| f.to_string()).collect::<Vec<_>>()),
+            });
+        }
+        (several, _) if several.iter().all(|f| is_split(f)) => {
+            return Err(HubError::SplitGguf {
+                repo: repo.into(),
+                file: several[0].to_string(),
+            });
+        }
+        (several, _) => {
+            return Err(HubError::NoSuchQuant {
+                repo: repo.into(),
+                quant: format!("{named} (several files match)"),
+                ggufs: listing(&several.iter().map(|f| f.to_string()).collect::<Vec<_>>()),
+            });
+        }
+    };
+    if is_split(&chosen) {
+        return Err(HubError::SplitGguf {
+            repo: repo.into(),
+            file: chosen,
+        });
+    }
+    Ok(Selection::Gguf(chosen))
+}
+
+/// The weight files a safetensors index names, each once, in order.
+pub(crate) fn weights_of_index(index_json: &str) -> Result<Vec<String>, String> {
+    let index: serde_json::Value =
+        serde_json::from_str(index_json).map_err(|e| format!("invalid safetensors index: {e}"))?;
+    let map = index
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or("the safetensors index has no weight_map")?;
+    let mut files: Vec<String> = Vec::new();
+    for file in map.values() {
+        let file = file
+            .as_str()
+            .ok_or("a weight_map value is not a file name")?;
+        if file.contains('/') || file.contains("..") || !file.ends_with(".safetensors") {
+            return Err(format!(
+                "weight_map names {file:?}, not a safetensors file beside it"
+            ));
+        }
+        if !files.iter().any(|f| f == file) {
+            files.push(file.to_string());
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Whether `file`'s name carries `quant` as a whole word (`Q4_K` is not in `Q4_K_M`).
+fn names_quant(file: &str, quant: &str) -> bool {
+    let name = file.rsplit('/').next().unwrap_or(file).to_ascii_uppercase();
+    let folder = file.to_ascii_uppercase();
+    let quant = quant.to_ascii_uppercase();
+    let whole = |text: &str| {
+        text.match_indices(&quant).any(|(i, _)| {
+            let before = text[..i].chars().next_back();
+            let after = text[i + quant.len()..].chars().next();
+            !before.is_some_and(|c| c.is_ascii_alphanumeric())
+                && !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+    };
+    whole(&name) || whole(&folder)
+}
+
+/// Whether `file` is one part of a split GGUF (`-00001-of-00003.gguf`).
+fn is_split(file: &str) -> bool {
+    let stem = file.to_ascii_lowercase();
+    let stem = stem.trim_end_matches(".gguf");
+    let parts: Vec<&str> = stem.rsplitn(4, '-').collect();
+    matches!(parts.as_slice(), [total, "of", index, _]
+        if total.len() == 5 && index.len() == 5
+            && total.chars().all(|c| c.is_ascii_digit())
+            && index.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// Multimodal projectors (`mmproj-*.gguf`) sit beside the language model in GGUF repositories.
+fn is_projector(file: &str) -> bool {
+    file.rsplit('/')
+        .next()
+        .is_some_and(|n| n.to_ascii_lowercase().starts_with("mmproj"))
+}
+
+fn listing(files: &[String]) -> String {
+    const MOST: usize = 40;
+    let mut shown: Vec<&str> = files.iter().take(MOST).map(String::as_str).collect();
+    if files.len() > MOST {
+        shown.push("…");
+    }
+    shown.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_checkpoint_fetches_only_what_serving_reads() {
+        let files = names(&[
+            ".gitattributes",
+            "README.md",
+            "config.json",
+            "generation_config.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "consolidated.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "original/params.json",
+            "onnx/model.onnx",
+        ]);
+        let s = select("org/m", &files, None).unwrap();
+        assert_eq!(
+            s,
+            Selection::Checkpoint {
+                files: names(&[
+                    "config.json",
+                    "generation_config.json",
+                    "tokenizer.json",
+                    "tokenizer_config.json",
+                    "model.safetensors.index.json",
+                ]),
+                indexed: true,
+            }
+        );
+        let index = r#"{"weight_map":{"a":"model-00002-of-00002.safetensors",
+            "b":"model-00001-of-00002.safetensors","c":"model-00001-of-00002.safetensors"}}"#;
+        assert_eq!(
+            weights_of_index(index).unwrap(),
+            names(&[
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors"
+            ])
+        );
+        assert!(weights_of_index(r#"{"weight_map":{"a":"../x.safetensors"}}"#).is_err());
+    }
+
+    #[test]
+    fn gguf_quant_picked_as_llama_cpp_does() {
+        let files = names(&[
+            "README.md",
+            "gemma-3-4b-it-Q4_K_M.gguf",
+            "gemma-3-4b-it-Q4_K_S.gguf",
+            "gemma-3-4b-it-Q8_0.gguf",
+            "mmproj-model-f16.gguf",
+        ]);
+        let pick = |q| select("org/m-GGUF", &files, q);
+        assert_eq!(
+            pick(None).unwrap(),
+            Selection::Gguf("gemma-3-4b-it-Q4_K_M.gguf".into())
+        );
+        assert_eq!(
+            pick(Some("q8_0")).unwrap(),
+            Selection::Gguf("gemma-3-4b-it-Q8_0.gguf".into())
+        );
+        let err = pick(Some("Q4_K")).unwrap_err().to_string();
+        assert!(
+            err.contains("Q4_K_S.gguf") && err.contains("Q8_0.gguf"),
+            "{err}"
+        );
+        let err = pick(Some("Q2_K")).unwrap_err().to_string();
+        assert!(err.contains("Q2_K") && !err.contains("mmproj"), "{err}");
+        let one = names(&["model-f16.gguf"]);
+        assert_eq!(
+            select("o/m", &one, None).unwrap(),
+            Selection::Gguf("model-f16.gguf".into())
+        );
+        let folders = names(&[
+            "Q4_K_M/m-Q4_K_M-00001-of-00002.gguf",
+            "Q4_K_M/m-Q4_K_M-00002-of-00002.gguf",
+        ]);
+        let err = select("o/m", &folders, Some("Q4_K_M"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("split"), "{err}");
+    }
+
+    #[test]
+    fn nothing_to_serve_lists_the_repository() {
+        let files = names(&["README.md", "model.onnx"]);
+        let err = select("o/m", &files, None).unwrap_err().to_string();
+        assert!(
+            err.contains("model.onnx") && err.contains("README.md"),
+            "{err}"
+        );
+        let files = names(&["config.json", "pytorch_model.bin"]);
+        let err = select("o/m", &files, None).unwrap_err().to_string();
+        assert!(
+            err.contains("safetensors") && err.contains("pytorch_model.bin"),
+            "{err}"
+        );
+    }
+}
