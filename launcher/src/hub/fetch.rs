@@ -362,10 +362,17 @@ impl CachedRepo {
         fs::rename(&tmp, &path).map_err(io_err("cannot write", &path))
     }
 
-    /// An exclusive lock on the repository's folder, held while its files are fetched.
+    /// An exclusive lock on the repository, held while its files are fetched; in the cache's
+    /// `.locks/` folder, where `huggingface_hub` keeps its own per-file locks.
     fn lock(&self) -> Result<Flock<fs::File>, HubError> {
-        fs::create_dir_all(&self.root).map_err(io_err("cannot create", &self.root))?;
-        let path = self.root.join(".tessera.lock");
+        let (Some(cache), Some(folder)) = (self.root.parent(), self.root.file_name()) else {
+            return Err(io_err("cannot lock", &self.root)(
+                std::io::ErrorKind::InvalidInput.into(),
+            ));
+        };
+        let dir = cache.join(".locks").join(folder);
+        fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
+        let path = dir.join("tessera.lock");
         let file = fs::File::create(&path).map_err(io_err("cannot create", &path))?;
         Flock::lock(file, FlockArg::LockExclusive)
             .map_err(|(_, errno)| io_err("cannot lock", &path)(errno.into()))
