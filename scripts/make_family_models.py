@@ -148,15 +148,18 @@ def llama_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def write_gguf(out: Path, model, arch: str, tok, extra, gemma: bool, tensors=None,
-               per_expert=False, file="model.gguf", language_model=None) -> None:
+               per_expert=False, file="model.gguf", language_model=None,
+               split_max_tensors=0) -> None:
     """`model`'s weights as f32 tensors in `out/file`, with the metadata llama.cpp reads; with
     `per_expert`, each expert's matrices as their own tensors (`blk.N.ffn_gate.E.weight`), as
     llama.cpp wrote MoE files before it stacked them. For a wrapped checkpoint,
     `language_model` maps a stored tensor name to its decoder name (None: another tower's),
-    as the converter keeps only the language model."""
+    as the converter keeps only the language model. With `split_max_tensors`, the file is
+    split into parts of that many tensors (`…-00001-of-0000N.gguf`), as `llama-gguf-split`
+    and the converter's `--split-max-tensors` write them."""
     cfg = model.config.get_text_config()
     tensors = tensors or {}
-    w = gguf.GGUFWriter(str(out / file), arch)
+    w = gguf.GGUFWriter(str(out / file), arch, split_max_tensors=split_max_tensors)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)

@@ -16,6 +16,8 @@ Dev-only, with make_test_models.py's requirements:
       `mistral3` (q/k rows permuted, as llama.cpp's `LlamaModel` converts it).
   * tiny-smollm3: SmolLM3ForCausalLM, four layers, the fourth without RoPE (the default
       `no_rope_layer_interval` 4, which llama.cpp's `smollm3` assumes). GGUF `smollm3`.
+  * tiny-qwen3-split: tiny-qwen3's GGUF split into parts of 8 tensors, in tiny-qwen3/split/
+      (`model-0000N-of-00004.gguf`, as gguf-py's writer splits).
 
 The goldens are the wrapper's own forward on text input (no image), which is what serving its
 language model must reproduce.
@@ -191,10 +193,23 @@ def make_smollm3(tok) -> None:
               check=check)
 
 
+def make_qwen3_split(tok) -> None:
+    """tiny-qwen3's GGUF again, split into parts of 8 tensors (tiny-qwen3/split/)."""
+    out = base.FIXTURES / "tiny-qwen3"
+    (out / "split").mkdir(exist_ok=True)
+    for old in (out / "split").glob("*.gguf"):
+        old.unlink()
+    cfg = json.loads((out / "config.json").read_text())
+    theta = cfg["rope_parameters"]["rope_theta"]
+    fam.write_gguf(out, base.reload(out), "qwen3", tok, lambda w: w.add_rope_freq_base(theta),
+                   False, file="split/model.gguf", split_max_tensors=8)
+
+
 FIXTURES = {
     "tiny-gemma3-vision": make_gemma3_vision,
     "tiny-mistral3": make_mistral3,
     "tiny-smollm3": make_smollm3,
+    "tiny-qwen3-split": make_qwen3_split,
 }
 
 

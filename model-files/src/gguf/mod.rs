@@ -19,6 +19,7 @@ mod config;
 mod metadata;
 mod names;
 mod reader;
+mod split;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -38,10 +39,12 @@ pub use types::GgmlType;
 use crate::weights::{NativeTensor, bad_slice, split_at_dim};
 use crate::{Architecture, FormatError, HostTensor, WeightSource};
 
-/// An open GGUF file: parsed metadata and tensor infos over a memory map of the data.
+/// An open GGUF file: parsed metadata and tensor infos over a memory map of the data (of
+/// every part, for a split file).
 pub struct GgufFile {
     path: PathBuf,
-    mmap: Mmap,
+    /// The file opened, then the other parts of a split file in order.
+    parts: Vec<Mmap>,
     version: u32,
     metadata: Vec<(String, MetadataValue)>,
     metadata_index: HashMap<String, usize>,
@@ -64,14 +67,16 @@ impl std::fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Maps and parses a GGUF file. Truncated or corrupt files, version 1 files and tensors
-    /// of unknown type are errors naming the file and the problem.
+    /// Maps and parses a GGUF file; for the first part of a split file
+    /// (`…-00001-of-00003.gguf`), the other parts beside it too. Truncated or corrupt files,
+    /// version 1 files, tensors of unknown type and missing or misnumbered parts are errors
+    /// naming the file and the problem.
     pub fn open(path: &Path) -> Result<Self, FormatError> {
         let mmap = crate::mmap::map_file(path)?;
         let parsed = reader::parse(&mmap, path)?;
-        Ok(Self {
+        let mut file = Self {
             path: path.to_path_buf(),
-            mmap,
+            parts: vec![mmap],
             version: parsed.version,
             metadata: parsed.metadata,
             metadata_index: parsed.metadata_index,
@@ -79,7 +84,80 @@ impl GgufFile {
             tensor_index: parsed.tensor_index,
             alignment: parsed.alignment,
             data_offset: parsed.data_offset,
-        })
+        };
+        file.open_other_parts()?;
+        Ok(file)
+    }
+
+    /// Adds the tensors of a split file's other parts (the metadata is the first part's).
+    fn open_other_parts(&mut self) -> Result<(), FormatError> {
+        let count = self.split_key("split.count")?.unwrap_or(1);
+        if count <= 1 {
+            return Ok(());
+        }
+        if self.split_key("split.no")? != Some(0) {
+            return Err(FormatError::invalid(
+                &self.path,
+                "one part of a split GGUF but not the first: open the -00001-of- file",
+            ));
+        }
+        let paths = split::part_paths(&self.path, count).ok_or_else(|| {
+            FormatError::invalid(
+                &self.path,
+                format!(
+                    "split.count is {count} but the name is not NAME-00001-of-{count:05}.gguf, \
+                     so the other parts cannot be found"
+                ),
+            )
+        })?;
+        for (no, part_path) in paths.iter().enumerate().skip(1) {
+            let mmap = crate::mmap::map_file(part_path)?;
+            let parsed = reader::parse(&mmap, part_path)?;
+            let part_no = parsed
+                .metadata_index
+                .get("split.no")
+                .and_then(|&i| parsed.metadata[i].1.as_u64());
+            if part_no != Some(no as u64) {
+                return Err(FormatError::invalid(
+                    part_path,
+                    format!(
+                        "expected part {} of the split, found split.no {part_no:?}",
+                        no + 1
+                    ),
+                ));
+            }
+            for mut info in parsed.tensors {
+                info.part = self.parts.len();
+                if self.tensor_index.contains_key(&info.name) {
+                    return Err(FormatError::tensor(part_path, &info.name, "in two parts"));
+                }
+                self.tensor_index
+                    .insert(info.name.clone(), self.tensors.len());
+                self.tensors.push(info);
+            }
+            self.parts.push(mmap);
+        }
+        if let Some(expected) = self.split_key("split.tensors.count")?
+            && expected != self.tensors.len()
+        {
+            return Err(FormatError::invalid(
+                &self.path,
+                format!(
+                    "split.tensors.count is {expected} but the parts hold {}",
+                    self.tensors.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn split_key(&self, key: &str) -> Result<Option<usize>, FormatError> {
+        match self.metadata(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+                FormatError::invalid(&self.path, format!("{key} must be an integer"))
+            }),
+        }
     }
 
     /// The file's path.
@@ -124,8 +202,9 @@ impl GgufFile {
 
     /// A tensor's raw bytes in the file (bounds were checked at open).
     pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
-        self.mmap
-            .get(info.start..info.start + info.n_bytes)
+        self.parts
+            .get(info.part)
+            .and_then(|m| m.get(info.start..info.start + info.n_bytes))
             .unwrap_or_default()
     }
 
@@ -282,6 +361,7 @@ impl GgufFile {
             ggml_type: info.ggml_type,
             start: info.start,
             n_bytes: 0,
+            part: info.part,
         };
         let bytes = Self::row_bytes(&matrix)
             .map(|b| b * rows)

@@ -30,6 +30,8 @@ pub struct TensorInfo {
     pub start: usize,
     /// Size of the data in bytes.
     pub n_bytes: usize,
+    /// Which file of a split GGUF holds the data (0: the first, or the only one).
+    pub part: usize,
 }
 
 impl TensorInfo {
@@ -362,6 +364,7 @@ fn locate_tensors(
             ggml_type,
             start: start as usize,
             n_bytes,
+            part: 0,
         });
     }
     Ok(tensors)

@@ -13,8 +13,9 @@ use tessera_model_files::ModelFiles;
 use tessera_shard::{Model, Op, OpTimes};
 
 /// GGUF files of the fixtures, written as llama.cpp writes each family (and, for Mixtral, as
-/// it wrote MoE files before it stacked experts), checked against the same goldens.
-const GGUF_FILES: [&str; 12] = [
+/// it wrote MoE files before it stacked experts; for Qwen3 also split into parts), checked
+/// against the same goldens.
+const GGUF_FILES: [&str; 13] = [
     "tiny-qwen3/model.gguf",
     "tiny-gemma2/model.gguf",
     "tiny-gemma3/model.gguf",
@@ -27,6 +28,7 @@ const GGUF_FILES: [&str; 12] = [
     "tiny-gemma3-vision/model.gguf",
     "tiny-mistral3/model.gguf",
     "tiny-smollm3/model.gguf",
+    "tiny-qwen3/split/model-00001-of-00004.gguf",
 ];
 
 #[test]
@@ -43,7 +45,7 @@ fn gguf_files_match_transformers() {
         let path = repo_root().join("fixtures").join(file);
         let name = file.split('/').next().unwrap_or(file);
         let files = ModelFiles::open(&path).unwrap();
-        let hf = ModelFiles::open(&path.with_file_name("")).unwrap();
+        let hf = ModelFiles::open(&repo_root().join("fixtures").join(name)).unwrap();
         // The converter stores Gemma's norms as `1 + w`: the one difference there may be.
         let hf_family = tessera_model_files::Family {
             norm_weight_offset: files.config.family.norm_weight_offset,
