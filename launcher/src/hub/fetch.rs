@@ -100,7 +100,12 @@ pub(crate) fn resolve(
         endpoint: &settings.endpoint,
     };
     let path = match &selection {
-        Selection::Gguf(file) => fetcher.file(file)?,
+        Selection::Gguf(parts) => {
+            for part in parts {
+                fetcher.file(part)?;
+            }
+            cached.snapshot(&listing.sha).join(&parts[0])
+        }
         Selection::Checkpoint { files, indexed } => {
             for file in files {
                 fetcher.file(file)?;
@@ -289,7 +294,10 @@ fn from_cache(model: &HubModel, revision: &str, cached: &CachedRepo) -> Result<P
         .map_err(|e| format!(" (the cached copy: {e})"))?;
     let have = |name: &str| snapshot.join(name).exists();
     match selection {
-        Selection::Gguf(file) => Ok(snapshot.join(file)),
+        Selection::Gguf(parts) => match parts.iter().find(|f| !have(f)) {
+            Some(missing) => Err(format!(" ({missing} is missing from the cached copy)")),
+            None => Ok(snapshot.join(&parts[0])),
+        },
         Selection::Checkpoint { files, indexed } => {
             let mut needed = files;
             if indexed {

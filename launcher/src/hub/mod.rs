@@ -100,17 +100,20 @@ pub(crate) enum HubError {
         /// The GGUF files it has.
         ggufs: String,
     },
-    /// The quantization is split over several files.
+    /// Parts of a split GGUF are missing from the repository.
     #[error(
-        "{repo}: {file} is one part of a split GGUF, which Tessera does not read yet: merge \
-         the parts into one file with llama.cpp's `llama-gguf-split --merge` and serve that, or \
-         name another quantization"
+        "{repo}: {file} is the first of {count} parts of a split GGUF, and the repository has \
+         {found} of its {count} parts"
     )]
-    SplitGguf {
+    IncompleteSplit {
         /// The repository.
         repo: String,
-        /// The first part.
+        /// The first part found.
         file: String,
+        /// Parts the split has.
+        count: usize,
+        /// Parts the repository has.
+        found: usize,
     },
     /// A transfer or listing failed.
     #[error("{repo}: fetching {what} from {endpoint} failed: {message}")]

@@ -16,8 +16,8 @@ pub(crate) enum Selection {
         /// Whether the weights are sharded (`model.safetensors.index.json`).
         indexed: bool,
     },
-    /// One GGUF file.
-    Gguf(String),
+    /// One GGUF file, or the parts of a split one, first part first.
+    Gguf(Vec<String>),
 }
 
 /// The quantization llama.cpp's `-hf` takes when none is named.
@@ -82,9 +82,8 @@ pub(crate) fn select(
     }
     let named = quant.unwrap_or(DEFAULT_QUANT);
     let matching: Vec<&&String> = ggufs.iter().filter(|f| names_quant(f, named)).collect();
-    let chosen = match (matching.as_slice(), quant) {
-        ([one], _) => (**one).clone(),
-        ([], None) if ggufs.len() == 1 => ggufs[0].clone(),
+    let chosen: Vec<String> = match (matching.as_slice(), quant) {
+        ([], None) if ggufs.len() == 1 => vec![ggufs[0].clone()],
         ([], _) => {
             return Err(HubError::NoSuchQuant {
                 repo: repo.into(),
@@ -92,27 +91,39 @@ pub(crate) fn select(
                 ggufs: listing(&ggufs.iter().map(|f| f.to_string()).collect::<Vec<_>>()),
             });
         }
-        (several, _) if several.iter().all(|f| is_split(f)) => {
-            return Err(HubError::SplitGguf {
-                repo: repo.into(),
-                file: several[0].to_string(),
-            });
-        }
-        (several, _) => {
-            return Err(HubError::NoSuchQuant {
-                repo: repo.into(),
-                quant: format!("{named} (several files match)"),
-                ggufs: listing(&several.iter().map(|f| f.to_string()).collect::<Vec<_>>()),
-            });
-        }
+        (several, _) => several.iter().map(|f| f.to_string()).collect(),
     };
-    if is_split(&chosen) {
-        return Err(HubError::SplitGguf {
+    match chosen.as_slice() {
+        [one] if split_part(one).is_none() => Ok(Selection::Gguf(chosen)),
+        parts => split_set(repo, named, parts).map(Selection::Gguf),
+    }
+}
+
+/// The parts of one split GGUF in order, if `files` are exactly that (`…-00001-of-0000N`
+/// through `…-0000N-of-0000N`).
+fn split_set(repo: &str, quant: &str, files: &[String]) -> Result<Vec<String>, HubError> {
+    let parts: Option<Vec<(String, usize, usize)>> = files.iter().map(|f| split_part(f)).collect();
+    let several = || HubError::NoSuchQuant {
+        repo: repo.into(),
+        quant: format!("{quant} (several files match)"),
+        ggufs: listing(files),
+    };
+    let parts = parts.ok_or_else(several)?;
+    let (prefix, _, count) = parts[0].clone();
+    if parts.iter().any(|(p, _, c)| *p != prefix || *c != count) {
+        return Err(several());
+    }
+    let mut ordered: Vec<(usize, &String)> = parts.iter().map(|(_, i, _)| *i).zip(files).collect();
+    ordered.sort();
+    if ordered.iter().map(|(i, _)| *i).ne(1..=count) {
+        return Err(HubError::IncompleteSplit {
             repo: repo.into(),
-            file: chosen,
+            file: ordered[0].1.clone(),
+            count,
+            found: ordered.len(),
         });
     }
-    Ok(Selection::Gguf(chosen))
+    Ok(ordered.into_iter().map(|(_, f)| f.clone()).collect())
 }
 
 /// The weight files a safetensors index names, each once, in order.
@@ -157,15 +168,17 @@ fn names_quant(file: &str, quant: &str) -> bool {
     whole(&name) || whole(&folder)
 }
 
-/// Whether `file` is one part of a split GGUF (`-00001-of-00003.gguf`).
-fn is_split(file: &str) -> bool {
-    let stem = file.to_ascii_lowercase();
-    let stem = stem.trim_end_matches(".gguf");
-    let parts: Vec<&str> = stem.rsplitn(4, '-').collect();
-    matches!(parts.as_slice(), [total, "of", index, _]
-        if total.len() == 5 && index.len() == 5
-            && total.chars().all(|c| c.is_ascii_digit())
-            && index.chars().all(|c| c.is_ascii_digit()))
+/// `(prefix, part, parts)` of a split GGUF's part (`PREFIX-00002-of-00003.gguf`).
+fn split_part(file: &str) -> Option<(String, usize, usize)> {
+    let stem = file
+        .strip_suffix(".gguf")
+        .or_else(|| file.strip_suffix(".GGUF"))?;
+    let (rest, total) = stem.rsplit_once("-of-")?;
+    let (prefix, index) = rest.rsplit_once('-')?;
+    let number = |s: &str| {
+        (s.len() == 5 && s.chars().all(|c| c.is_ascii_digit())).then(|| s.parse().ok())?
+    };
+    Some((prefix.to_string(), number(index)?, number(total)?))
 }
 
 /// Multimodal projectors (`mmproj-*.gguf`) sit beside the language model in GGUF repositories.
@@ -244,14 +257,9 @@ mod tests {
             "mmproj-model-f16.gguf",
         ]);
         let pick = |q| select("org/m-GGUF", &files, q);
-        assert_eq!(
-            pick(None).unwrap(),
-            Selection::Gguf("gemma-3-4b-it-Q4_K_M.gguf".into())
-        );
-        assert_eq!(
-            pick(Some("q8_0")).unwrap(),
-            Selection::Gguf("gemma-3-4b-it-Q8_0.gguf".into())
-        );
+        let one = |f: &str| Selection::Gguf(vec![f.to_string()]);
+        assert_eq!(pick(None).unwrap(), one("gemma-3-4b-it-Q4_K_M.gguf"));
+        assert_eq!(pick(Some("q8_0")).unwrap(), one("gemma-3-4b-it-Q8_0.gguf"));
         let err = pick(Some("Q4_K")).unwrap_err().to_string();
         assert!(
             err.contains("Q4_K_S.gguf") && err.contains("Q8_0.gguf"),
@@ -259,19 +267,29 @@ mod tests {
         );
         let err = pick(Some("Q2_K")).unwrap_err().to_string();
         assert!(err.contains("Q2_K") && !err.contains("mmproj"), "{err}");
-        let one = names(&["model-f16.gguf"]);
-        assert_eq!(
-            select("o/m", &one, None).unwrap(),
-            Selection::Gguf("model-f16.gguf".into())
-        );
-        let folders = names(&[
-            "Q4_K_M/m-Q4_K_M-00001-of-00002.gguf",
-            "Q4_K_M/m-Q4_K_M-00002-of-00002.gguf",
+        let f16 = names(&["model-f16.gguf"]);
+        assert_eq!(select("o/m", &f16, None).unwrap(), one("model-f16.gguf"));
+    }
+
+    #[test]
+    fn a_split_quantization_is_every_part_in_order() {
+        let files = names(&[
+            "Q8_0/m-Q8_0-00002-of-00002.gguf",
+            "Q8_0/m-Q8_0-00001-of-00002.gguf",
+            "m-Q4_K_M.gguf",
         ]);
-        let err = select("o/m", &folders, Some("Q4_K_M"))
+        assert_eq!(
+            select("o/m", &files, Some("Q8_0")).unwrap(),
+            Selection::Gguf(names(&[
+                "Q8_0/m-Q8_0-00001-of-00002.gguf",
+                "Q8_0/m-Q8_0-00002-of-00002.gguf"
+            ]))
+        );
+        let missing = names(&["m-Q8_0-00001-of-00003.gguf", "m-Q8_0-00003-of-00003.gguf"]);
+        let err = select("o/m", &missing, Some("Q8_0"))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("split"), "{err}");
+        assert!(err.contains("has 2 of its 3 parts"), "{err}");
     }
 
     #[test]

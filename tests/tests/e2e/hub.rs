@@ -1,7 +1,7 @@
 //! `--model-id ORG/NAME[:QUANT]` against a Hub-shaped server on 127.0.0.1 (`hub/fake_hub.rs`)
 //! serving fixture files: a sharded safetensors checkpoint and a GGUF repository download what
 //! serving needs and nothing else, into the `huggingface_hub` cache layout, and serve the
-//! goldens; a second start with the Hub gone serves from the cache, and so does
+//! goldens, as does a split GGUF; a second start with the Hub gone serves from the cache, and so does
 //! `HF_HUB_OFFLINE=1`; offline with an empty cache, a gated repository without a token, an
 //! unknown one and a corrupt download each stop the launcher with a message that says what
 //! to do.
@@ -46,6 +46,20 @@ fn gguf_repo(id: &str, name: &str) -> HubRepo {
             HubFile::new("mmproj-f16.gguf", b"not a language model".to_vec()),
         ],
     )
+}
+
+/// A GGUF repository whose Q8_0 is fixture `tiny-qwen3`'s split GGUF, in a folder as large
+/// repositories keep split quantizations.
+fn split_gguf_repo(id: &str) -> HubRepo {
+    let dir = fixture("tiny-qwen3").join("split");
+    let files = (1..=4)
+        .map(|i| {
+            let bytes = std::fs::read(dir.join(format!("model-{i:05}-of-00004.gguf")))
+                .expect("read split part");
+            HubFile::new(&format!("Q8_0/tiny-qwen3-Q8_0-{i:05}-of-00004.gguf"), bytes)
+        })
+        .collect();
+    HubRepo::new(id, files)
 }
 
 async fn start(model_id: &str, env: &[(&str, &str)]) -> Result<Server, String> {
@@ -98,6 +112,7 @@ async fn models_by_hub_id_download_once_and_serve_from_the_cache() {
             gguf_repo("tessera-test/tiny-qwen3-GGUF", "tiny-qwen3"),
             gated,
             corrupt,
+            split_gguf_repo("tessera-test/tiny-qwen3-split-GGUF"),
         ])
         .await;
         let endpoint = hub.endpoint();
@@ -150,6 +165,13 @@ async fn models_by_hub_id_download_once_and_serve_from_the_cache() {
             hub.downloads()[before..],
             ["tessera-test/tiny-qwen3-GGUF/tiny-qwen3-Q8_0.gguf".to_string()]
         );
+
+        // A split quantization: every part, opened from the first.
+        let server = start("tessera-test/tiny-qwen3-split-GGUF:Q8_0", &online)
+            .await
+            .expect("start split GGUF");
+        assert_serves_goldens(&server, "tiny-qwen3").await;
+        drop(server);
 
         // Refusals that say what to do.
         let err = start("tessera-test/gated-GGUF", &online)
