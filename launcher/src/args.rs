@@ -156,8 +156,9 @@ pub(crate) struct Args {
     #[arg(long, env = "SPECULATOR")]
     pub(crate) speculator: Option<String>,
 
-    /// Speculative decoding: the draft model (a local directory or `.gguf` file), or the
-    /// directory of the model's Medusa heads or EAGLE head.
+    /// Speculative decoding: the draft model (a local directory or `.gguf` file, or a Hub id
+    /// as for `--model-id`, at its main revision), or the local directory of the model's
+    /// Medusa heads or EAGLE head.
     #[arg(long, env = "DRAFT_MODEL_ID")]
     pub(crate) draft_model_id: Option<PathBuf>,
 

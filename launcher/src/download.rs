@@ -30,9 +30,9 @@ const DEFAULT_MODEL_SHA256: &str =
 pub(crate) enum DownloadError {
     /// `--model-id` names nothing on disk and is not shaped like a Hub id.
     #[error(
-        "model `{}` not found: --model-id must be a local Hugging Face directory, a .gguf \
-         file, or a Hugging Face Hub id (ORG/NAME, or ORG/NAME-GGUF:QUANT); omit --model-id \
-         to use the default SmolLM2-135M-Instruct",
+        "model `{}` not found: a model must be a local Hugging Face directory, a .gguf \
+         file, or a Hugging Face Hub id (ORG/NAME, or ORG/NAME-GGUF:QUANT); without \
+         --model-id the default SmolLM2-135M-Instruct is served",
         .0.display()
     )]
     NotFound(PathBuf),

@@ -86,7 +86,7 @@ fn prepare(args: &Args) -> anyhow::Result<LaunchPlan> {
     let draft_model = args
         .draft_model_id
         .as_deref()
-        .map(download::resolve_local)
+        .map(|draft| download::resolve_model(Some(draft), None).map(|d| d.path))
         .transpose()
         .context("--draft-model-id")?;
     let resolved = download::resolve_model(args.model_id.as_deref(), args.revision.as_deref())?;

@@ -154,6 +154,23 @@ async fn models_by_hub_id_download_once_and_serve_from_the_cache() {
                 == 3
         );
 
+        // The same repository as its own draft model: from the cache, nothing downloaded.
+        let before = hub.downloads().len();
+        let draft = [
+            "--speculator",
+            "draft",
+            "--draft-model-id",
+            "tessera-test/tiny-qwen2",
+            "--speculate",
+            "2",
+        ];
+        let server = Server::try_start_with(OsStr::new("tessera-test/tiny-qwen2"), &online, &draft)
+            .await
+            .expect("start with a Hub draft model");
+        assert_serves_goldens(&server, "tiny-qwen2").await;
+        drop(server);
+        assert_eq!(hub.downloads().len(), before, "{:?}", hub.downloads());
+
         // A GGUF repository: the quantization named, nothing else.
         let before = hub.downloads().len();
         let server = start("tessera-test/tiny-qwen3-GGUF:Q8_0", &online)
