@@ -298,7 +298,9 @@ def make_gemma2(tok) -> None:
     build("tiny-gemma2", cfg, Gemma2ForCausalLM, base.SEED + 7, tok, "gemma2", extra, True, check)
 
 
-def make_gemma3(tok) -> None:
+def gemma3_text():
+    """tiny-gemma3's language model config, and its GGUF keys (`extra`) as the converter
+    writes them."""
     pattern = 2  # llama.cpp's swa pattern: layer i slides unless (i + 1) % pattern == 0
     layers = 3
     cfg = Gemma3TextConfig(
@@ -323,6 +325,11 @@ def make_gemma3(tok) -> None:
         w.add_sliding_window_pattern(pattern)
         w.add_float32("gemma3.attention.scale", cfg.query_pre_attn_scalar ** -0.5)
 
+    return cfg, extra
+
+
+def make_gemma3(tok) -> None:
+    cfg, extra = gemma3_text()
     build("tiny-gemma3", cfg, Gemma3ForCausalLM, base.SEED + 6, tok, "gemma3", extra, True)
 
 
@@ -490,18 +497,24 @@ FIXTURES = {
 }
 
 
-def main() -> None:
+def run(fixtures: dict) -> None:
+    """Builds the fixtures the command line names (default: all of `fixtures`), seeded and
+    single-threaded so that a rerun writes the same bytes."""
     torch.manual_seed(base.SEED)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     tok = base.build_tokenizer()
-    wanted = sys.argv[1:] or list(FIXTURES)
-    unknown = [n for n in wanted if n not in FIXTURES]
+    wanted = sys.argv[1:] or list(fixtures)
+    unknown = [n for n in wanted if n not in fixtures]
     if unknown:
-        raise SystemExit(f"unknown fixtures {unknown}; known: {', '.join(FIXTURES)}")
+        raise SystemExit(f"unknown fixtures {unknown}; known: {', '.join(fixtures)}")
     for name in wanted:
-        FIXTURES[name](tok)
+        fixtures[name](tok)
     print("done")
+
+
+def main() -> None:
+    run(FIXTURES)
 
 
 if __name__ == "__main__":

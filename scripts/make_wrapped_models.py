@@ -105,25 +105,8 @@ def golden_with(out: Path, name: str, tok, reload) -> None:
     check_same_logits(out, reload(out))
 
 
-def text_gemma3():
-    pattern = 2
-    layers = 3
-    return Gemma3TextConfig(
-        **fam.gemma_common(),
-        num_hidden_layers=layers,
-        layer_types=["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                     for i in range(layers)],
-        rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
-        },
-        attn_logit_softcapping=None,
-        final_logit_softcapping=None,
-    ), pattern
-
-
 def make_gemma3_vision(tok) -> None:
-    text, pattern = text_gemma3()
+    text, extra = fam.gemma3_text()
     vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                 num_attention_heads=2, image_size=28, patch_size=14)
     cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
@@ -138,15 +121,6 @@ def make_gemma3_vision(tok) -> None:
     out = save_wrapped("tiny-gemma3-vision", model, tok, old_layout=False)
     reload = reload_wrapped(Gemma3ForConditionalGeneration)
     golden_with(out, "tiny-gemma3-vision", tok, reload)
-
-    def extra(w):
-        w.add_rope_freq_base(1e6)
-        w.add_float32("gemma3.rope.freq_base_swa", 10000.0)
-        w.add_rope_scaling_type(fam.gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(2.0)
-        w.add_sliding_window(text.sliding_window)
-        w.add_sliding_window_pattern(pattern)
-        w.add_float32("gemma3.attention.scale", text.query_pre_attn_scalar ** -0.5)
 
     fam.write_gguf(out, reload(out), "gemma3", tok, extra, True, language_model=decoder_name)
 
@@ -214,17 +188,7 @@ FIXTURES = {
 
 
 def main() -> None:
-    torch.manual_seed(base.SEED)
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    tok = base.build_tokenizer()
-    wanted = sys.argv[1:] or list(FIXTURES)
-    unknown = [n for n in wanted if n not in FIXTURES]
-    if unknown:
-        raise SystemExit(f"unknown fixtures {unknown}; known: {', '.join(FIXTURES)}")
-    for name in wanted:
-        FIXTURES[name](tok)
-    print("done")
+    fam.run(FIXTURES)
 
 
 if __name__ == "__main__":
