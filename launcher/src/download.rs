@@ -139,7 +139,7 @@ pub(crate) fn resolve_model(
 
 /// Checks that a user-given model path exists and is a directory or a `.gguf` file, and makes
 /// it absolute (children may not share the launcher's working directory forever).
-pub(crate) fn resolve_local(path: &Path) -> Result<PathBuf, DownloadError> {
+fn resolve_local(path: &Path) -> Result<PathBuf, DownloadError> {
     let meta = fs::metadata(path).map_err(|_| DownloadError::NotFound(path.to_path_buf()))?;
     if meta.is_file() && !is_gguf(path) {
         return Err(DownloadError::UnsupportedFile(path.to_path_buf()));

@@ -360,12 +360,10 @@ impl ModelConfig {
         }
         // A wrapper's `model_type` can be its language model's GGUF name (`gemma3`), so the
         // nested config decides unless `architectures` names a decoder.
-        let wrapped = match declared_architecture(&config, false) {
-            Ok(_) => None,
-            Err(_) => wrapped::language_model(&config),
-        };
-        let (config, architecture) = match wrapped {
-            Some((wrapper, text)) => match declared_architecture(&text, true) {
+        let by_name = declared_architecture(&config, false);
+        let (config, architecture) = match (by_name, wrapped::language_model(&config)) {
+            (Ok(a), _) => (config, a),
+            (Err(_), Some((wrapper, text))) => match declared_architecture(&text, true) {
                 Ok(a) => (text, a),
                 Err(inner) => {
                     return Ok(Err(NotServed::Architecture(format!(
@@ -373,7 +371,7 @@ impl ModelConfig {
                     ))));
                 }
             },
-            None => match declared_architecture(&config, true) {
+            (Err(_), None) => match declared_architecture(&config, true) {
                 Ok(a) => (config, a),
                 Err(declared) => return Ok(Err(NotServed::Architecture(declared))),
             },

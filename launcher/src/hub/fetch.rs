@@ -290,6 +290,7 @@ fn from_cache(model: &HubModel, revision: &str, cached: &CachedRepo) -> Result<P
     let snapshot = cached.snapshot(&commit);
     let mut names = Vec::new();
     files_under(&snapshot, "", &mut names);
+    names.sort();
     let selection = select::select(&model.repo, &names, model.quant.as_deref())
         .map_err(|e| format!(" (the cached copy: {e})"))?;
     let have = |name: &str| snapshot.join(name).exists();
@@ -332,7 +333,6 @@ fn files_under(dir: &Path, prefix: &str, out: &mut Vec<String>) {
             out.push(relative);
         }
     }
-    out.sort();
 }
 
 /// One repository in the cache (`models--ORG--NAME`: `refs/`, `snapshots/`, `blobs/`).

@@ -152,20 +152,17 @@ pub(crate) fn weights_of_index(index_json: &str) -> Result<Vec<String>, String> 
     Ok(files)
 }
 
-/// Whether `file`'s name carries `quant` as a whole word (`Q4_K` is not in `Q4_K_M`).
+/// Whether `file`'s path (its folder or its name) carries `quant` as a whole word (`Q4_K` is
+/// not in `Q4_K_M`).
 fn names_quant(file: &str, quant: &str) -> bool {
-    let name = file.rsplit('/').next().unwrap_or(file).to_ascii_uppercase();
-    let folder = file.to_ascii_uppercase();
+    let path = file.to_ascii_uppercase();
     let quant = quant.to_ascii_uppercase();
-    let whole = |text: &str| {
-        text.match_indices(&quant).any(|(i, _)| {
-            let before = text[..i].chars().next_back();
-            let after = text[i + quant.len()..].chars().next();
-            !before.is_some_and(|c| c.is_ascii_alphanumeric())
-                && !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-        })
-    };
-    whole(&name) || whole(&folder)
+    path.match_indices(&quant).any(|(i, _)| {
+        let before = path[..i].chars().next_back();
+        let after = path[i + quant.len()..].chars().next();
+        !before.is_some_and(|c| c.is_ascii_alphanumeric())
+            && !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
 }
 
 /// `(prefix, part, parts)` of a split GGUF's part (`PREFIX-00002-of-00003.gguf`).

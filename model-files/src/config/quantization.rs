@@ -33,14 +33,13 @@ pub(crate) fn declared(config: &Value) -> Option<Quantization> {
         "fp8" | "fbgemm_fp8" => "FP8".to_string(),
         "compressed-tensors" | "compressed_tensors" => "compressed-tensors".to_string(),
         "bitsandbytes" => {
-            let bits = if q.get("load_in_4bit").and_then(Value::as_bool) == Some(true) {
-                "4-bit"
-            } else if q.get("load_in_8bit").and_then(Value::as_bool) == Some(true) {
-                "8-bit"
-            } else {
-                ""
-            };
-            format!("bitsandbytes {bits}").trim_end().to_string()
+            let set = |key| q.get(key).and_then(Value::as_bool) == Some(true);
+            match (set("load_in_4bit"), set("load_in_8bit")) {
+                (true, _) => "bitsandbytes 4-bit",
+                (_, true) => "bitsandbytes 8-bit",
+                _ => "bitsandbytes",
+            }
+            .to_string()
         }
         "mxfp4" => "MXFP4".to_string(),
         "hqq" => "HQQ".to_string(),
