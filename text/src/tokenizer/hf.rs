@@ -157,10 +157,10 @@ fn apply_add_token_flags(
     bos_token: Option<&(String, u32)>,
     eos_token: Option<&(String, u32)>,
 ) -> Result<(), TokenizerLoadError> {
-    // transformers 5 rebuilds the post-processor when the config states add_bos/eos_token, or
-    // when tokenizer.json has none.
-    let explicit = config.get("add_bos_token").is_some() || config.get("add_eos_token").is_some();
-    if explicit || tokenizer.get_post_processor().is_none() {
+    // transformers 5 rebuilds the post-processor only when tokenizer.json has none: beside a
+    // tokenizer.json it drops the config's add_bos/eos_token, so a post-processor that
+    // appends EOS (Qwen3-Embedding's) stays whatever the flags say.
+    if tokenizer.get_post_processor().is_none() {
         let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
         set_post_processor(
             tokenizer,

@@ -187,6 +187,22 @@ impl ModelTokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Token ids of the pair `(first, second)`, as transformers' `tokenizer(first, second)`
+    /// gives them: each part encoded, then joined by the post-processor's pair template (with
+    /// `add_special_tokens`), or simply one after the other.
+    pub fn encode_pair(
+        &self,
+        first: &str,
+        second: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let encoding = self
+            .tokenizer
+            .encode_fast((first, second), add_special_tokens)
+            .map_err(|e| TokenizeError::new("cannot encode the pair of texts", e))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// The text of `ids`, optionally without special tokens. Ids outside the vocabulary are an
     /// error.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizeError> {

@@ -76,20 +76,28 @@ fn loads_tokenizer_config_and_template() {
 }
 
 #[test]
-fn add_bos_token_in_config_rebuilds_the_post_processor() {
+fn the_post_processor_of_tokenizer_json_wins_over_the_config_flags() {
+    // As transformers 5 loads them: beside a tokenizer.json, the config's add_bos_token and
+    // add_eos_token are dropped (Qwen3-Embedding's post-processor appends EOS whatever they say).
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "tokenizer.json", &tokenizer_json(false));
-    write(
-        dir.path(),
-        "tokenizer_config.json",
-        r#"{"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": true}"#,
-    );
-    let tok = ModelTokenizer::from_hf_dir(dir.path(), &[]).unwrap();
-    assert!(tok.add_bos);
-    assert_eq!(tok.encode("hi", true).unwrap(), vec![1, 6]);
-    assert_eq!(tok.encode("hi", false).unwrap(), vec![6]);
-    assert_eq!(tok.eos_token_ids, vec![2]);
-    assert!(tok.chat_template.is_none());
+    for (file_adds_bos, config) in [
+        (false, r#""add_bos_token": true"#),
+        (true, r#""add_bos_token": false, "add_eos_token": false"#),
+    ] {
+        write(dir.path(), "tokenizer.json", &tokenizer_json(file_adds_bos));
+        write(
+            dir.path(),
+            "tokenizer_config.json",
+            &format!(r#"{{"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", {config}}}"#),
+        );
+        let tok = ModelTokenizer::from_hf_dir(dir.path(), &[]).unwrap();
+        assert_eq!(tok.add_bos, file_adds_bos, "{config}");
+        let want: &[u32] = if file_adds_bos { &[1, 6] } else { &[6] };
+        assert_eq!(tok.encode("hi", true).unwrap(), want, "{config}");
+        assert_eq!(tok.encode("hi", false).unwrap(), vec![6]);
+        assert_eq!(tok.eos_token_ids, vec![2]);
+        assert!(tok.chat_template.is_none());
+    }
 }
 
 #[test]
