@@ -188,6 +188,18 @@ pub(crate) struct Args {
     #[arg(long, env = "REASONING_PARSER")]
     pub(crate) reasoning_parser: Option<String>,
 
+    /// What the server does: `generate`, `embed` (`/v1/embeddings`) or `score` (`/v1/rerank`,
+    /// `/v1/score`); default: what the model declares (a classification head scores, a
+    /// sentence-transformers pooling config embeds, anything else generates).
+    #[arg(long, env = "TASK")]
+    pub(crate) task: Option<String>,
+
+    /// With `--task score` on a model without a classification head (Qwen3-Reranker): the
+    /// tokens whose logits are the labels, comma-separated, the last one's probability the
+    /// score (default `no,yes`).
+    #[arg(long, env = "SCORE_LABELS")]
+    pub(crate) score_labels: Option<String>,
+
     /// Longest a request may take, in seconds from its arrival (504 `deadline_exceeded` past
     /// it); a request's `X-Request-Timeout` header can shorten it. None: no limit.
     #[arg(long, env = "REQUEST_TIMEOUT")]
@@ -274,6 +286,8 @@ impl Args {
             },
             request_timeout: self.request_timeout,
             cors_allow_origin: self.cors_allow_origin.clone(),
+            task: self.task.clone(),
+            score_labels: self.score_labels.clone(),
         }
     }
 }

@@ -69,6 +69,10 @@ pub(crate) struct RouterConfig {
     pub(crate) cors_allow_origin: Vec<String>,
     /// How conversations are rendered and answers read.
     pub(crate) chat: ChatOptions,
+    /// `--task`.
+    pub(crate) task: Option<String>,
+    /// `--score-labels`.
+    pub(crate) score_labels: Option<String>,
 }
 
 /// The chat template and the parsers of the model's output.
@@ -142,6 +146,8 @@ impl RouterConfig {
             .opt_flag("--chat-template", self.chat.chat_template.as_deref())
             .opt_flag("--tool-call-parser", self.chat.tool_call_parser.as_deref())
             .opt_flag("--reasoning-parser", self.chat.reasoning_parser.as_deref())
+            .opt_flag("--task", self.task.as_deref())
+            .opt_flag("--score-labels", self.score_labels.as_deref())
             .opt_flag(
                 "--request-timeout",
                 self.request_timeout.map(|s| s.to_string()),
@@ -193,6 +199,8 @@ mod tests {
             otlp_endpoint: None,
             otlp_service_name: None,
             chat: ChatOptions::default(),
+            task: None,
+            score_labels: None,
             request_timeout: None,
             cors_allow_origin: Vec::new(),
         }

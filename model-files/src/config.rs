@@ -216,6 +216,9 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// How the family's layers are made (norms, attention options, activation).
     pub family: Family,
+    /// Labels of a sequence-classification head (`*ForSequenceClassification`: `score.weight`
+    /// over the last token's final hidden state) in place of the LM head; `None`: none.
+    pub score_labels: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -261,6 +264,8 @@ struct RawConfig {
     mlp_only_layers: Option<Vec<usize>>,
     no_rope_layers: Option<Vec<u8>>,
     no_rope_layer_interval: Option<usize>,
+    num_labels: Option<usize>,
+    id2label: Option<serde_json::Map<String, Value>>,
 }
 
 /// Reads token ids given as a number, a list of numbers, or null.
@@ -376,6 +381,13 @@ impl ModelConfig {
                 Err(declared) => return Ok(Err(NotServed::Architecture(declared))),
             },
         };
+        let classifies = config
+            .get("architectures")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .any(|a| a.ends_with("ForSequenceClassification"));
         let raw: RawConfig = serde_json::from_value(class_defaults::filled(config))
             .map_err(|e| format!("invalid config: {e}"))?;
         if raw.num_attention_heads == 0 || raw.hidden_size == 0 {
@@ -433,6 +445,12 @@ impl ModelConfig {
             bos_token_id: token_ids(raw.bos_token_id.as_ref()).first().copied(),
             eos_token_ids: token_ids(raw.eos_token_id.as_ref()),
             family,
+            // transformers' default is two labels.
+            score_labels: classifies.then(|| {
+                raw.num_labels
+                    .or(raw.id2label.as_ref().map(|m| m.len()))
+                    .unwrap_or(2)
+            }),
         }))
     }
 }

@@ -10,6 +10,7 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors, tensor::Metadata};
 use serde::Deserialize;
 
+mod bare;
 mod wrapped;
 
 use crate::mmap::map_file;
@@ -26,7 +27,8 @@ struct Shard {
 /// Safetensors weights of a model directory.
 pub(crate) struct SafetensorsWeights {
     shards: Vec<Shard>,
-    /// Tensor name (the decoder's own, in a wrapped checkpoint) → where it is stored.
+    /// Tensor name (the decoder's own `*ForCausalLM` name, in a wrapped checkpoint or a bare
+    /// base model) → where it is stored.
     index: HashMap<String, Stored>,
     /// Tensors of a wrapped checkpoint's other towers, which are not loaded.
     other_towers: usize,
@@ -103,19 +105,24 @@ impl SafetensorsWeights {
                     .map(move |n| (i, n))
             })
             .collect();
-        let wrapped = wrapped::is_wrapped(stored.iter().map(|(_, n)| n.as_str()));
+        let names: Vec<&str> = stored.iter().map(|(_, n)| n.as_str()).collect();
+        let wrapped = wrapped::is_wrapped(names.iter().copied());
+        let bare = bare::is_bare(&names);
         let mut index = HashMap::new();
         let mut other_towers = 0;
         for (shard, name) in stored {
-            let key = match wrapped {
-                false => name.clone(),
-                true => match wrapped::role(&name) {
+            let key = if wrapped {
+                match wrapped::role(&name) {
                     wrapped::Role::Decoder(decoder_name) => decoder_name,
                     wrapped::Role::OtherTower => {
                         other_towers += 1;
                         continue;
                     }
-                },
+                }
+            } else if bare {
+                bare::decoder_name(&name)
+            } else {
+                name.clone()
             };
             index.insert(key, Stored { shard, name });
         }

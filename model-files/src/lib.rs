@@ -18,12 +18,14 @@ pub mod gguf;
 mod hf_dir;
 mod mmap;
 mod model_files;
+mod pooling;
 mod weights;
 
 pub use config::{Architecture, DType, ModelConfig, NotServed, Quantization, RopeScaling};
 pub use error::FormatError;
 pub use family::{Activation, ExpertNames, Family, LayerSpec, Moe};
 pub use model_files::ModelFiles;
+pub use pooling::{Pooler, Pooling};
 pub use weights::{HostTensor, NativeTensor, WeightSource};
 
 /// The tensors of one safetensors file (memory-mapped, converted to f32 on request), for

@@ -8,7 +8,7 @@ use crate::gguf::GgufFile;
 use crate::hf_dir::SafetensorsWeights;
 use tessera_text::{HfTokenizerFiles, ModelTokenizer, TokenizerSource};
 
-use crate::{FormatError, ModelConfig, WeightSource};
+use crate::{FormatError, ModelConfig, Pooler, WeightSource};
 
 enum Source {
     /// A Hugging Face directory; the count of its other towers' tensors (a wrapped
@@ -103,6 +103,15 @@ impl ModelFiles {
     /// Builds the tokenizer (and chat template) that ships with the model.
     pub fn tokenizer(&self) -> Result<ModelTokenizer, FormatError> {
         Ok(ModelTokenizer::from_source(&self.tokenizer_source()?)?)
+    }
+
+    /// How the model pools its hidden states into embeddings, when it says (a
+    /// sentence-transformers directory, a GGUF file with a pooling type); `None`: it does not.
+    pub fn pooler(&self) -> Result<Option<Pooler>, FormatError> {
+        match &self.source {
+            Source::HfDir { .. } => crate::pooling::from_hf_dir(&self.path),
+            Source::Gguf(gguf) => crate::pooling::from_gguf(gguf),
+        }
     }
 
     /// Whether the model is a GGUF file (rather than a Hugging Face directory).

@@ -66,6 +66,15 @@ pub enum InferStreamResponse {
         /// When its prefill started.
         start: Instant,
     },
+    /// A pooling request's result (it generates nothing; see [`Infer::pool`]).
+    Pooled {
+        /// The pooled vector, or the label logits, as the shards computed them.
+        values: Vec<f32>,
+        /// When the request was queued.
+        queued: Instant,
+        /// When its prefill started.
+        start: Instant,
+    },
 }
 
 /// A generated token.
@@ -314,6 +323,20 @@ impl Infer {
         })
     }
 
+    /// Runs pooling requests (one per input of a client's request, under one permit) and
+    /// returns their results in order; the first failure fails them all.
+    pub(crate) async fn pool(
+        &self,
+        requests: Vec<ValidGenerateRequest>,
+    ) -> Result<Vec<Vec<f32>>, InferError> {
+        let _permit = self.try_acquire()?;
+        let mut streams = Vec::with_capacity(requests.len());
+        for request in requests {
+            streams.push(self.enqueue(request).await?);
+        }
+        futures::future::try_join_all(streams.into_iter().map(pooled)).await
+    }
+
     /// Runs a request to the end and collects its output.
     pub async fn generate(
         &self,
@@ -345,6 +368,7 @@ pub(crate) async fn collect(mut stream: InferStream) -> Result<InferResponse, In
     while let Some(event) = stream.next().await {
         match event? {
             InferStreamResponse::Prefill(p) => prefill = p,
+            InferStreamResponse::Pooled { .. } => break,
             InferStreamResponse::Intermediate { token, top_tokens } => {
                 tokens.push(token);
                 top.push(top_tokens);
@@ -370,6 +394,16 @@ pub(crate) async fn collect(mut stream: InferStream) -> Result<InferResponse, In
         }
     }
     Err(InferError::IncompleteGeneration)
+}
+
+/// A pooling request's result.
+async fn pooled(mut stream: InferStream) -> Result<Vec<f32>, InferError> {
+    use futures::StreamExt;
+    match stream.next().await {
+        Some(Ok(InferStreamResponse::Pooled { values, .. })) => Ok(values),
+        Some(Err(e)) => Err(e),
+        Some(Ok(_)) | None => Err(InferError::IncompleteGeneration),
+    }
 }
 
 /// The events of one request. Ends after [`InferStreamResponse::End`] or an error; yields
@@ -428,6 +462,10 @@ impl Stream for InferStream {
                 self.done = true;
                 m::record_success(generated_text, *queued, *start);
             }
+            Ok(InferStreamResponse::Pooled { queued, start, .. }) => {
+                self.done = true;
+                m::record_pooled(*queued, *start);
+            }
             Err(e) => {
                 self.done = true;
                 m::record_failure(e.error_type());
@@ -463,6 +501,7 @@ mod tests {
             constraint: None,
             decoder_input_details: false,
             skip_special_tokens: true,
+            pooling: None,
         }
     }
 

@@ -34,6 +34,7 @@ mod metrics;
 mod native;
 mod openai;
 mod openapi;
+mod pooling;
 mod server;
 mod sse;
 mod state;
@@ -54,6 +55,7 @@ pub use crate::metrics::{
     build_recorder, install_recorder, names as metric_names, set_speculator,
     vllm as vllm_metric_names,
 };
+pub use crate::pooling::{EmbedSpec, ModelFacts, PoolingModel, ScoreSpec, Task, TaskError};
 pub use crate::server::{app, serve};
 pub use crate::state::{AppState, AppStateBuilder, DEFAULT_PAYLOAD_LIMIT, HealthCheck, ModelInfo};
 pub use crate::stop::{StopMatch, StopSequenceMatcher};
@@ -78,6 +80,11 @@ pub mod openai_api {
         ChatLogprob, ChatLogprobs, ChunkChoice, Completion, CompletionChoice, CompletionLogprobs,
         CompletionRequest, ContentPart, Delta, MessageContent, ModelCard, ModelList, PromptInput,
         RequestMessage, ResponseFormat, SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
+    };
+    pub use crate::openai::{
+        Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
+        EmbeddingVector, RerankDocument, RerankRequest, RerankResponse, RerankResult, RerankText,
+        RerankUsage, ScoreData, ScoreRequest, ScoreResponse, ScoreTexts,
     };
     pub use crate::openai::{
         FunctionCall, FunctionCallDelta, JsonSchemaFormat, OutputConstraints, ResponseObject,

@@ -13,8 +13,8 @@ use tessera_router::batcher::{self, BatcherConfig, SchedulerLimits};
 use tessera_router::client::WarmupRequest;
 use tessera_router::client::{ShardFacts, ShardedClient};
 use tessera_router::{
-    AppState, Infer, ModelInfo, ReasoningFormat, ToolCallFormat, ValidationConfig,
-    install_recorder, serve, set_speculator,
+    AppState, Infer, ModelFacts, ModelInfo, PoolingModel, ReasoningFormat, Task, ToolCallFormat,
+    ValidationConfig, install_recorder, serve, set_speculator,
 };
 use tessera_telemetry::{Process, TelemetryConfig};
 use tessera_text::ModelTokenizer;
@@ -108,6 +108,16 @@ struct Args {
     /// Read the model's reasoning into `reasoning` (and `reasoning_content`): qwen3 or deepseek_r1.
     #[arg(long, value_parser = parse_reasoning_format)]
     reasoning_parser: Option<ReasoningFormat>,
+    /// What the server does: `generate`, `embed` (`/v1/embeddings`) or `score` (`/v1/rerank`,
+    /// `/v1/score`); `auto`: what the model declares (a classification head scores, a
+    /// sentence-transformers pooling config embeds, anything else generates).
+    #[arg(long, default_value = "auto", value_parser = parse_task)]
+    task: TaskChoice,
+    /// With `--task score` on a model without a classification head: the tokens whose logits
+    /// are the labels, the last one's probability among them the score (Qwen3-Reranker's
+    /// `no,yes`).
+    #[arg(long, value_delimiter = ',', default_value = "no,yes")]
+    score_labels: Vec<String>,
 }
 
 fn parse_tool_call_format(name: &str) -> Result<ToolCallFormat, String> {
@@ -117,6 +127,24 @@ fn parse_tool_call_format(name: &str) -> Result<ToolCallFormat, String> {
             ToolCallFormat::NAMES
         )
     })
+}
+
+/// `--task`: one task, or `auto` (`None`).
+#[derive(Debug, Clone, Copy)]
+struct TaskChoice(Option<Task>);
+
+fn parse_task(name: &str) -> Result<TaskChoice, String> {
+    Ok(TaskChoice(match name {
+        "auto" => None,
+        "generate" => Some(Task::Generate),
+        "embed" | "embedding" => Some(Task::Embed),
+        "score" | "rerank" | "classify" => Some(Task::Score),
+        other => {
+            return Err(format!(
+                "unknown task {other:?}; use auto, generate, embed or score"
+            ));
+        }
+    }))
 }
 
 fn parse_reasoning_format(name: &str) -> Result<ReasoningFormat, String> {
@@ -170,6 +198,23 @@ async fn load_tokenizer(client: &ShardedClient, args: &Args) -> anyhow::Result<M
             .with_context(|| format!("--chat-template {}", path.display()))?;
     }
     Ok(tokenizer)
+}
+
+/// The task `--task` chooses (or the model declares) and what its routes need.
+fn pooling_model(
+    args: &Args,
+    info: &ShardFacts,
+    tokenizer: &ModelTokenizer,
+) -> anyhow::Result<PoolingModel> {
+    let facts = ModelFacts {
+        pooling: &info.pooling,
+        normalize: info.normalize,
+        score_labels: info.score_labels,
+        hidden_size: info.hidden_size,
+    };
+    let pooling = PoolingModel::resolve(args.task.0, &facts, &args.score_labels, tokenizer)?;
+    tracing::info!(task = pooling.task.name(), "serving");
+    Ok(pooling)
 }
 
 /// How the model's rotary frequencies depend on a prompt's length, as the shards report it.
@@ -353,6 +398,7 @@ async fn main() -> anyhow::Result<()> {
         .max(1);
     let kv = warm_up(&client, &args, &limits, max_batch_size).await?;
 
+    let pooling = pooling_model(&args, &info, &tokenizer)?;
     set_speculator(&info.speculator);
     let (queue, health) = batcher::spawn(BatcherConfig {
         client,
@@ -388,6 +434,7 @@ async fn main() -> anyhow::Result<()> {
             max_batch_prefill_tokens: limits.max_batch_prefill_tokens as u32,
             ..Default::default()
         })
+        .pooling(pooling)
         .api_key(api_key)
         .payload_limit(args.payload_limit)
         .health_check(health)

@@ -269,7 +269,8 @@ pub(crate) async fn generate_stream(
         let mut index = 0;
         while let Some(event) = events.next().await {
             let response = match event {
-                Ok(InferStreamResponse::Prefill(_)) => continue,
+                // A generation request never pools.
+                Ok(InferStreamResponse::Prefill(_) | InferStreamResponse::Pooled { .. }) => continue,
                 Ok(InferStreamResponse::Intermediate { token, top_tokens }) => {
                     index += 1;
                     StreamResponse { index, token, top_tokens, generated_text: None, details: None }

@@ -34,6 +34,11 @@ use crate::openai::{
     ResponseFormat, SamplingFields, StopSpec, StreamOptions, TopLogprob, Usage,
 };
 use crate::openai::{
+    Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
+    EmbeddingVector, RerankDocument, RerankRequest, RerankResponse, RerankResult, RerankText,
+    RerankUsage, ScoreData, ScoreRequest, ScoreResponse, ScoreTexts,
+};
+use crate::openai::{
     FunctionCall, FunctionCallDelta, JsonSchemaFormat, ResponseObject, ResponsesInput,
     ResponsesRequest, ResponsesStreamEvent, StructuredOutputs, TextFormat, TextOptions, ToolCall,
     ToolCallDelta,
@@ -103,6 +108,22 @@ use crate::openai::{ModelCard, ModelList, OutputConstraints};
         ResponsesStreamEvent,
         ModelList,
         ModelCard,
+        EmbeddingRequest,
+        EmbeddingInput,
+        EmbeddingResponse,
+        Embedding,
+        EmbeddingVector,
+        EmbeddingUsage,
+        RerankRequest,
+        RerankDocument,
+        RerankResponse,
+        RerankResult,
+        RerankText,
+        RerankUsage,
+        ScoreRequest,
+        ScoreTexts,
+        ScoreResponse,
+        ScoreData,
         MessagesRequest,
         CountTokensRequest,
         InputMessage,
@@ -156,6 +177,9 @@ pub(crate) struct Route {
 
 /// Statuses a generation request can fail with (see `crate::error`).
 const GENERATION_ERRORS: &[u16] = &[400, 401, 404, 413, 415, 422, 429, 500, 503, 504];
+
+/// Statuses a pooling request can fail with.
+const POOLING_ERRORS: &[u16] = &[400, 401, 413, 415, 422, 429, 500, 503, 504];
 
 const fn post(path: &'static str, summary: &'static str, body: &'static str) -> Route {
     Route {
@@ -259,6 +283,34 @@ pub(crate) const ROUTES: &[Route] = &[
     Route {
         errors: &[401],
         ..get("/v1/models", "The served model", Answer::Json("ModelList"))
+    },
+    Route {
+        answer: Answer::Json("EmbeddingResponse"),
+        errors: POOLING_ERRORS,
+        ..post(
+            "/v1/embeddings",
+            "OpenAI embeddings of texts or token ids (a server started with `--task embed`)",
+            "EmbeddingRequest",
+        )
+    },
+    Route {
+        answer: Answer::Json("RerankResponse"),
+        errors: POOLING_ERRORS,
+        ..post(
+            "/v1/rerank",
+            "Documents ranked by relevance to a query, Jina's and Cohere's shape (a server \
+             started with `--task score`)",
+            "RerankRequest",
+        )
+    },
+    Route {
+        answer: Answer::Json("ScoreResponse"),
+        errors: POOLING_ERRORS,
+        ..post(
+            "/v1/score",
+            "Relevance scores of text pairs, vLLM's shape (a server started with `--task score`)",
+            "ScoreRequest",
+        )
     },
     Route {
         errors: &[503],

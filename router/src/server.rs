@@ -32,6 +32,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/responses", post(openai::responses))
         .route("/v1/models", get(openai::models))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/rerank", post(openai::rerank))
+        .route("/v1/score", post(openai::score_route))
         .route_layer(middleware::from_fn_with_state(state.clone(), openai_auth));
     let messages = Router::new()
         .route("/v1/messages", post(anthropic::messages))

@@ -10,6 +10,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tessera_text::ModelTokenizer;
 
 use crate::infer::Infer;
+use crate::pooling::PoolingModel;
 use crate::validation::{Validation, ValidationConfig};
 
 /// Answers whether the inference engine is healthy (the batcher provides it).
@@ -48,6 +49,7 @@ struct Shared {
     request_timeout: Option<Duration>,
     cors_allow_origin: Vec<HeaderValue>,
     created: u64,
+    pooling: PoolingModel,
 }
 
 /// Everything the handlers share. Cheap to clone; build it with [`AppState::builder`].
@@ -79,6 +81,7 @@ pub struct AppStateBuilder {
     prometheus: Option<PrometheusHandle>,
     request_timeout: Option<Duration>,
     cors_allow_origin: Vec<HeaderValue>,
+    pooling: PoolingModel,
 }
 
 /// Default payload limit: 2 MB, as TGI.
@@ -104,6 +107,7 @@ impl AppState {
             prometheus: None,
             request_timeout: None,
             cors_allow_origin: Vec::new(),
+            pooling: PoolingModel::default(),
         }
     }
 
@@ -161,12 +165,22 @@ impl AppState {
     pub(crate) fn cors_allow_origin(&self) -> &[HeaderValue] {
         &self.0.cors_allow_origin
     }
+
+    pub(crate) fn pooling(&self) -> &PoolingModel {
+        &self.0.pooling
+    }
 }
 
 impl AppStateBuilder {
     /// Validation limits.
     pub fn validation(mut self, config: ValidationConfig) -> Self {
         self.validation = config;
+        self
+    }
+
+    /// The task the server runs and what its pooling routes need (default: generation).
+    pub fn pooling(mut self, pooling: PoolingModel) -> Self {
+        self.pooling = pooling;
         self
     }
 
@@ -233,6 +247,7 @@ impl AppStateBuilder {
             request_timeout: self.request_timeout,
             cors_allow_origin: self.cors_allow_origin,
             created,
+            pooling: self.pooling,
         }))
     }
 }

@@ -2,10 +2,12 @@
 //! `tessera-proto`'s conversions), the engine's outputs into the step response. The only
 //! place on the shard that reads or builds `tessera.v1` step messages.
 
+use tessera_model_files::Pooling;
 use tessera_params::OutputConstraint;
 use tessera_proto::v1 as pb;
 use tonic::Status;
 
+use crate::PoolingTask;
 use crate::core::{NewSequence, RunningUpdate, StepOutput, StepPlan, StepResult};
 
 /// The plan of a step request. A request without sampling parameters is malformed.
@@ -50,7 +52,24 @@ fn new_sequence(r: pb::NewRequest) -> Result<NewSequence, Status> {
         cache_len: r.cache_len as usize,
         chunk_len: (r.chunk_len > 0).then_some(r.chunk_len as usize),
         generated_len: r.generated_len as usize,
+        pooling: r.pooling.map(|p| pooling_task(r.id, p)).transpose()?,
     })
+}
+
+fn pooling_task(id: u64, p: pb::Pooling) -> Result<PoolingTask, Status> {
+    match p.kind {
+        Some(pb::pooling::Kind::Embed(name)) => Pooling::from_name(&name)
+            .map(PoolingTask::Embed)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!("request {id}: unknown pooling {name:?}"))
+            }),
+        Some(pb::pooling::Kind::Classify(c)) => Ok(PoolingTask::Classify {
+            label_tokens: c.label_tokens,
+        }),
+        None => Err(Status::invalid_argument(format!(
+            "request {id}: pooling without a kind"
+        ))),
+    }
 }
 
 /// The response to a step.
@@ -83,5 +102,6 @@ fn generation(o: StepOutput) -> pb::Generation {
         tokens: Some(tokens(o.tokens.iter().map(|t| (t.id, t.logprob)))),
         top_tokens,
         proposed: o.proposed as u32,
+        pooled: o.pooled.unwrap_or_default(),
     }
 }

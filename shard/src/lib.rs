@@ -25,6 +25,7 @@ mod core;
 mod error;
 mod kv_cache;
 mod model;
+mod pooling;
 pub mod sampling;
 mod sequence;
 pub mod service;
@@ -40,3 +41,4 @@ pub use model::{
     ForwardOutput, HiddenStates, LogitsWanted, Model, Op, OpTimes, OpTimesSnapshot, SequenceChunk,
     TreeMask, WeightLayout,
 };
+pub use pooling::PoolingTask;

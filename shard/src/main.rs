@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_kernels::cpu::ActivationDtype;
 use tessera_kernels::cpu::bf16_dot::hardware_bf16;
-use tessera_model_files::ModelFiles;
+use tessera_model_files::{ModelFiles, Pooler};
 use tessera_proto::v1::text_generation_service_server::TextGenerationServiceServer;
 use tessera_shard::comm::{Communicator, LocalComm, Partition, ShmComm, ShmConfig};
 use tessera_shard::sampling::TokenVocab;
@@ -149,6 +149,7 @@ async fn main() -> anyhow::Result<()> {
         dtype: loaded.weights_dtype.into(),
         rank: args.rank,
         world_size: args.world_size,
+        pooler: loaded.pooler,
         socket_paths: (0..args.world_size)
             .map(|r| format!("{}-{r}", args.uds_path))
             .collect(),
@@ -224,6 +225,8 @@ struct LoadedEngine {
     weights_dtype: &'static str,
     /// What the model's tokenizer is built from, or why it could not be read.
     tokenizer: Result<TokenizerSource, String>,
+    /// How the model pools embeddings, when it says.
+    pooler: Option<Pooler>,
 }
 
 /// Joins the shard group, loads this rank's slices of the model (and the draft model) on
@@ -271,6 +274,7 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<LoadedEngi
     let weights_dtype = model.weights_dtype();
     let tokenizer = files.tokenizer_source().map_err(|e| e.to_string());
     let vocab = token_vocab(&tokenizer);
+    let pooler = files.pooler()?;
     // Unmap the model files: this rank keeps only its slices.
     drop(files);
     tracing::info!(device = %model.device(), "model loaded");
@@ -292,6 +296,7 @@ fn load_engine(args: &Args, speculator: Speculator) -> anyhow::Result<LoadedEngi
         engine,
         weights_dtype,
         tokenizer,
+        pooler,
     })
 }
 

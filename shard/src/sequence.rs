@@ -1,6 +1,7 @@
 //! A live sequence as the shard holds it: its tokens, how many are in the cache, its blocks,
 //! its sampler, and what its proposer keeps for it.
 
+use crate::pooling::PoolState;
 use crate::sampling::Sampler;
 use crate::speculative::state::ProposerState;
 
@@ -17,6 +18,8 @@ pub(crate) struct Sequence {
     pub(crate) prompt_len: usize,
     /// What the engine's proposer keeps for this sequence.
     pub(crate) proposer: ProposerState,
+    /// A sequence that pools its prompt instead of generating: what it gathers.
+    pub(crate) pool: Option<PoolState>,
 }
 
 impl Sequence {

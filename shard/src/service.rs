@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use tessera_model_files::Pooler;
 use tessera_params::LengthDependentRope;
 use tessera_proto::v1 as pb;
 use tessera_proto::v1::text_generation_service_server::TextGenerationService;
@@ -24,6 +25,8 @@ pub struct ShardInfo {
     pub rank: u32,
     /// Number of shards.
     pub world_size: u32,
+    /// How the model pools embeddings, when it says.
+    pub pooler: Option<Pooler>,
     /// Socket paths of every shard, by rank.
     pub socket_paths: Vec<String>,
 }
@@ -122,6 +125,12 @@ impl TextGenerationService for ShardService {
                 .unwrap_or_default(),
             rope_length_threshold,
             rope_grows_with_length,
+            pooling: (self.info.pooler)
+                .map(|p| p.pooling.name().to_owned())
+                .unwrap_or_default(),
+            normalize: self.info.pooler.is_some_and(|p| p.normalize),
+            score_labels: c.score_labels.unwrap_or(0) as u32,
+            hidden_size: c.hidden_size as u32,
         }))
     }
 

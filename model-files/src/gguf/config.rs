@@ -204,6 +204,7 @@ impl GgufFile {
             bos_token_id: self.optional_u32("tokenizer.ggml.bos_token_id")?,
             eos_token_ids,
             family,
+            score_labels: None,
         })
     }
 

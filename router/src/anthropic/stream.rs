@@ -240,7 +240,8 @@ where
         yield MessageStreamEvent::Ping;
         while let Some(event) = output.next().await {
             let (text, end) = match event {
-                Ok(InferStreamResponse::Prefill(_)) => continue,
+                // A generation request never pools.
+                Ok(InferStreamResponse::Prefill(_) | InferStreamResponse::Pooled { .. }) => continue,
                 Ok(InferStreamResponse::Intermediate { token, .. }) => (token.text, None),
                 Ok(InferStreamResponse::End { token, generated_text, .. }) => {
                     (token.text, Some(generated_text))

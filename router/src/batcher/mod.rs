@@ -25,8 +25,9 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::client::{ClientError, Generation, NewRequest, ShardStep, ShardedClient, StepAnswer};
-use crate::infer::{Entry, InferError};
+use crate::infer::{Entry, InferError, InferStreamResponse};
 use crate::metrics::names;
+use crate::pooling::PoolingAsk;
 use crate::state::HealthCheck;
 pub use scheduler::SchedulerLimits;
 pub(crate) use scheduler::{NewWork, RunningWork};
@@ -183,8 +184,16 @@ impl Batcher {
         let id = self.next_request_id;
         self.next_request_id += 1;
         let wants_prefill_logprobs = entry.request.decoder_input_details;
-        self.scheduler
-            .add(id, entry.request.input_ids.clone(), !wants_prefill_logprobs);
+        // Mean and CLS pooling read every prompt token's hidden state: none may be cached.
+        let pools_every_token = matches!(
+            entry.request.pooling,
+            Some(PoolingAsk::Embed(pooling)) if pooling != "last"
+        );
+        self.scheduler.add(
+            id,
+            entry.request.input_ids.clone(),
+            !wants_prefill_logprobs && !pools_every_token,
+        );
         let output = OutputStream::new(
             &entry.request,
             self.tokenizer.clone(),
@@ -331,6 +340,7 @@ impl Batcher {
                         sampling: &request.parameters,
                         constraint: request.constraint.as_ref(),
                         prefill_logprobs,
+                        pooling: request.pooling.as_ref(),
                     })
                 })
                 .collect(),
@@ -348,6 +358,16 @@ impl Batcher {
             let Some(live) = self.live.get_mut(&id) else {
                 continue;
             };
+            if let Some(values) = g.pooled {
+                let event = InferStreamResponse::Pooled {
+                    values,
+                    queued: live.entry.queued,
+                    start: live.output.started().unwrap_or(live.entry.queued),
+                };
+                let _ = live.entry.response_tx.send(Ok(event));
+                self.finish(id);
+                continue;
+            }
             let mut done = false;
             if let Some(prefill) = &g.prefill {
                 let event = live.output.prefill_event(prefill);

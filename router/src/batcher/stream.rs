@@ -94,6 +94,11 @@ impl OutputStream {
             .push(u32::try_from(accepted).unwrap_or(u32::MAX));
     }
 
+    /// When the request's first prefill started, if it has.
+    pub(crate) fn started(&self) -> Option<Instant> {
+        self.start
+    }
+
     /// Marks the start of the request's first prefill; true the first time only.
     pub(crate) fn first_prefill(&mut self) -> bool {
         let first = self.start.is_none();
@@ -238,6 +243,7 @@ mod tests {
             constraint: None,
             decoder_input_details: false,
             skip_special_tokens: true,
+            pooling: None,
         };
         let tokenizer = byte_level();
         let special = Arc::new(SpecialTokens::of(&tokenizer));

@@ -4,6 +4,8 @@
 
 use tessera_proto::v1 as pb;
 
+use crate::pooling::PoolingAsk;
+
 use super::{Generation, NewRequest, SampledToken, ShardStep, StepAnswer, StepTimings};
 
 pub(super) fn step_request(step: &ShardStep<'_>) -> pb::StepRequest {
@@ -35,7 +37,18 @@ fn new_request(r: &NewRequest<'_>) -> pb::NewRequest {
         cache_len: w.cache_len as u32,
         chunk_len: w.chunk_len as u32,
         generated_len: w.generated_len as u32,
+        pooling: r.pooling.map(pooling),
     }
+}
+
+fn pooling(p: &PoolingAsk) -> pb::Pooling {
+    let kind = match p {
+        PoolingAsk::Embed(name) => pb::pooling::Kind::Embed((*name).to_owned()),
+        PoolingAsk::Classify { label_tokens } => pb::pooling::Kind::Classify(pb::Classify {
+            label_tokens: label_tokens.clone(),
+        }),
+    };
+    pb::Pooling { kind: Some(kind) }
 }
 
 pub(super) fn step_answer(r: pb::StepResponse) -> StepAnswer {
@@ -70,5 +83,6 @@ fn generation(g: pb::Generation) -> Generation {
             })
             .collect(),
         proposed: g.proposed as usize,
+        pooled: (!g.pooled.is_empty()).then_some(g.pooled),
     }
 }

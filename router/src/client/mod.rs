@@ -14,6 +14,7 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::batcher::{NewWork, RunningWork};
+use crate::pooling::PoolingAsk;
 pub use pb::{InfoResponse as ShardFacts, WarmupRequest, WarmupResponse};
 
 /// One scheduler step as the shards receive it.
@@ -37,6 +38,8 @@ pub(crate) struct NewRequest<'a> {
     pub(crate) constraint: Option<&'a OutputConstraint>,
     /// Report the prompt tokens' logprobs (only on a request's first computation).
     pub(crate) prefill_logprobs: bool,
+    /// Pool the prompt instead of generating.
+    pub(crate) pooling: Option<&'a PoolingAsk>,
 }
 
 /// What the shards answered to a step.
@@ -63,6 +66,9 @@ pub(crate) struct Generation {
     pub(crate) tokens: Vec<SampledToken>,
     /// Tokens the speculator proposed (the accepted ones are `tokens` minus one).
     pub(crate) proposed: usize,
+    /// A pooling request's result (its vector, or its label logits), once its prompt is
+    /// computed.
+    pub(crate) pooled: Option<Vec<f32>>,
 }
 
 /// A generated token as the shards report it.

@@ -140,6 +140,21 @@ pub(crate) fn record_success(generated: &GeneratedText, queued: Instant, start: 
     );
 }
 
+/// Records a pooling request (an embedding, a score) that got its result.
+pub(crate) fn record_pooled(queued: Instant, start: Instant) {
+    let now = Instant::now();
+    counter!(names::REQUEST_SUCCESS).increment(1);
+    counter!(vllm::REQUEST_SUCCESS, "finished_reason" => "stop").increment(1);
+    observe(
+        names::REQUEST_DURATION,
+        now.saturating_duration_since(queued).as_secs_f64(),
+    );
+    observe(
+        names::REQUEST_INFERENCE_DURATION,
+        now.saturating_duration_since(start).as_secs_f64(),
+    );
+}
+
 /// Records a failed request under its error class (one of [`names::FAILURE_CLASSES`]).
 pub(crate) fn record_failure(error_type: &'static str) {
     debug_assert!(names::FAILURE_CLASSES.contains(&error_type), "{error_type}");

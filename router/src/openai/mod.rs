@@ -12,8 +12,10 @@
 mod assistant_reply;
 mod chat;
 mod completions;
+mod embeddings;
 mod logprobs;
 mod request;
+mod rerank;
 mod response;
 mod responses;
 mod streaming;
@@ -28,12 +30,21 @@ use crate::validation::{ValidChatRequest, ValidGenerateRequest, ValidationError}
 
 pub(crate) use self::chat::chat_completions;
 pub(crate) use self::completions::completions;
+pub(crate) use self::embeddings::embeddings;
+pub use self::embeddings::{
+    Embedding, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage, EmbeddingVector,
+};
 pub use self::logprobs::{ChatLogprob, ChatLogprobs, CompletionLogprobs, TopLogprob};
 pub use self::request::{
     ChatCompletionRequest, CompletionRequest, ContentPart, JsonSchemaFormat, MessageContent,
     OutputConstraints, PromptInput, RequestMessage, ResponseFormat, SamplingFields, StopSpec,
     StreamOptions, StructuredOutputs,
 };
+pub use self::rerank::{
+    RerankDocument, RerankRequest, RerankResponse, RerankResult, RerankText, RerankUsage,
+    ScoreData, ScoreRequest, ScoreResponse, ScoreTexts,
+};
+pub(crate) use self::rerank::{rerank, score_route};
 pub use self::response::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChunkChoice, Completion,
     CompletionChoice, Delta, FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, Usage,

@@ -63,7 +63,8 @@ pub(super) fn chat_stream(
         let mut completion_tokens = 0;
         while let Some(ChoiceEvent { index, event }) = events.next().await {
             let (token, top, end) = match event {
-                Ok(InferStreamResponse::Prefill(_)) => continue,
+                // A generation request never pools.
+                Ok(InferStreamResponse::Prefill(_) | InferStreamResponse::Pooled { .. }) => continue,
                 Ok(InferStreamResponse::Intermediate { token, top_tokens }) => (token, top_tokens, None),
                 Ok(InferStreamResponse::End { token, top_tokens, generated_text, .. }) => {
                     completion_tokens += generated_text.generated_tokens;
@@ -128,6 +129,8 @@ pub(super) fn completion_stream(
                     echoed[index] = true;
                     (echo.to_owned(), None)
                 }
+                // A generation request never pools.
+                Ok(InferStreamResponse::Pooled { .. }) => continue,
                 Ok(InferStreamResponse::Intermediate { token, top_tokens }) => {
                     lp.push(&token.text, Some(token.logprob), Some(&top_tokens), &mut offsets[index]);
                     (token.text, None)

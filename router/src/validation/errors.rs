@@ -92,6 +92,18 @@ pub enum ValidationError {
     /// The chat template rejected the conversation.
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// The route needs the server to run another task (`--task`).
+    #[error(
+        "this server runs the `{running}` task; {route} needs a server started with `--task {needed}` on a model that supports it"
+    )]
+    Task {
+        /// The route asked.
+        route: &'static str,
+        /// The task it needs.
+        needed: &'static str,
+        /// The task the server runs.
+        running: &'static str,
+    },
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -117,7 +129,9 @@ impl ValidationError {
             ValidationError::Message { .. }
             | ValidationError::NoChatTemplate
             | ValidationError::ChatTemplate(_) => Some("messages"),
-            ValidationError::Tokenizer(_) | ValidationError::Internal(_) => None,
+            ValidationError::Tokenizer(_)
+            | ValidationError::Internal(_)
+            | ValidationError::Task { .. } => None,
         }
     }
 

@@ -148,6 +148,7 @@ impl Validation {
             constraint,
             decoder_input_details,
             skip_special_tokens,
+            pooling: None,
         })
     }
 }

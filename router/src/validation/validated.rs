@@ -4,6 +4,7 @@
 use tessera_params::{OutputConstraint, SamplingParams, StoppingParams};
 
 use super::parameters::random_u64;
+use crate::pooling::PoolingAsk;
 
 /// A request that passed validation; everything the batcher needs to run it.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,9 +24,30 @@ pub struct ValidGenerateRequest {
     pub decoder_input_details: bool,
     /// Whether special tokens are left out of the generated text.
     pub skip_special_tokens: bool,
+    /// Pool the prompt instead of generating (embeddings, scores).
+    pub(crate) pooling: Option<PoolingAsk>,
 }
 
 impl ValidGenerateRequest {
+    /// A request that pools `input_ids` as `ask` says and generates nothing.
+    pub(crate) fn pooled(input_ids: Vec<u32>, ask: PoolingAsk) -> Self {
+        Self {
+            inputs: String::new(),
+            input_ids,
+            parameters: SamplingParams::default(),
+            stopping: StoppingParams {
+                max_new_tokens: 0,
+                stop_sequences: Vec::new(),
+                ignore_eos: false,
+                stop_token_ids: Vec::new(),
+            },
+            constraint: None,
+            decoder_input_details: false,
+            skip_special_tokens: true,
+            pooling: Some(ask),
+        }
+    }
+
     /// `n` copies of the request, each with its own seed (`seed + i` when the client gave
     /// one, a random one otherwise) when sampling.
     pub(crate) fn samples(self, n: usize, client_seed: Option<u64>) -> Vec<Self> {

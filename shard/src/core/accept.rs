@@ -31,6 +31,29 @@ impl Engine {
                 continue;
             };
             seq.computed = chunk.start + chunk.len();
+            if let Some(pool) = &mut seq.pool {
+                let completes = seq.computed == seq.tokens.len();
+                let head = self.model.score_head();
+                let pooled = pool.take_chunk(
+                    |i| out.token_hidden(ci, i),
+                    (chunk.start, chunk.len(), completes),
+                    out.last(ci),
+                    |h| match head {
+                        Some(head) => head.logits(h),
+                        None => Err(EngineError::InvalidBatch(
+                            "the model has no classification head".into(),
+                        )),
+                    },
+                )?;
+                outputs.push(StepOutput {
+                    request_id: chunk.id,
+                    prefill: None,
+                    tokens: Vec::new(),
+                    proposed: 0,
+                    pooled,
+                });
+                continue;
+            }
             let prefill = match chunk.logits {
                 LogitsWanted::All => prompt_logprobs(seq, &chunk, out, ci),
                 _ => None,
@@ -78,6 +101,7 @@ impl Engine {
                 prefill,
                 tokens,
                 proposed: chunk.proposed,
+                pooled: None,
             });
         }
         Ok((outputs, catch_up))
@@ -92,10 +116,9 @@ impl Engine {
             .filter(|(ci, c)| {
                 c.proposed == 0
                     && out.last(*ci).is_some()
-                    && self
-                        .sequences
-                        .get(&c.id)
-                        .is_some_and(|seq| c.start + c.input.len() == seq.tokens.len())
+                    && self.sequences.get(&c.id).is_some_and(|seq| {
+                        seq.pool.is_none() && c.start + c.input.len() == seq.tokens.len()
+                    })
             })
             .map(|(ci, c)| (c.id, ci))
             .collect();

@@ -7,10 +7,11 @@ use tessera_params::OutputConstraint;
 use tessera_text::GrammarSource;
 
 use super::{Engine, NewSequence};
-use crate::EngineError;
+use crate::pooling::PoolState;
 use crate::sampling::{Choices, Pattern, Sampler};
 use crate::sequence::Sequence;
 use crate::speculative::state::ProposerState;
+use crate::{EngineError, PoolingTask};
 
 /// Compiled output patterns an engine keeps.
 const CACHED_PATTERNS: usize = 16;
@@ -41,6 +42,9 @@ impl Engine {
                 "prompt logprobs need the whole prompt computed (cache_len must be 0)".into(),
             ));
         }
+        if let Some(task) = &seq.pooling {
+            self.check_pooling(task, &seq).map_err(refuse)?;
+        }
         let prompt_len = seq.input_ids.len() - seq.generated_len.min(seq.input_ids.len());
         let sampler = Sampler::new(seq.params.clone(), &seq.input_ids[..prompt_len]);
         let mut sampler = self
@@ -63,8 +67,36 @@ impl Engine {
                 prefill: seq.prefill_logprobs.then(Vec::new),
                 prompt_len,
                 proposer,
+                pool: seq.pooling.map(PoolState::new),
             },
         );
+        Ok(())
+    }
+
+    /// Why a pooling sequence cannot run as asked, if it cannot.
+    fn check_pooling(&self, task: &PoolingTask, seq: &NewSequence) -> Result<(), String> {
+        if seq.prefill_logprobs || seq.generated_len > 0 {
+            return Err("a pooling request neither reports logprobs nor generates".into());
+        }
+        if seq.cache_len > 0 && !task.reads_last_token_only() {
+            return Err("mean and CLS pooling need the whole prompt computed (cache_len 0)".into());
+        }
+        match task {
+            PoolingTask::Classify { label_tokens } if label_tokens.is_empty() => {
+                if self.model.score_head().is_none() {
+                    return Err("the model has no classification head; name label tokens".into());
+                }
+            }
+            PoolingTask::Classify { label_tokens } => {
+                let vocab = self.model.config().vocab_size;
+                if let Some(t) = label_tokens.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(format!(
+                        "label token {t} is outside the vocabulary of {vocab}"
+                    ));
+                }
+            }
+            PoolingTask::Embed(_) => {}
+        }
         Ok(())
     }
 

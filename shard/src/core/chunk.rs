@@ -93,10 +93,11 @@ impl Engine {
             };
             let proposed = input.len() - len;
             let completes = seq.computed + len == seq.tokens.len();
-            let logits = match (completes, seq.prefill.is_some() || proposed > 0) {
-                (_, true) => LogitsWanted::All,
-                (true, false) => LogitsWanted::Last,
-                (false, false) => LogitsWanted::None,
+            let logits = match (&seq.pool, completes, seq.prefill.is_some() || proposed > 0) {
+                (Some(pool), _, _) => pool.logits(completes),
+                (None, _, true) => LogitsWanted::All,
+                (None, true, false) => LogitsWanted::Last,
+                (None, false, false) => LogitsWanted::None,
             };
             chunks.push(Chunk {
                 id,

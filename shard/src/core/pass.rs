@@ -56,10 +56,17 @@ impl Engine {
                 }
             })
             .collect();
-        let hidden = self
-            .speculation
-            .as_ref()
-            .map_or(HiddenStates::None, |s| s.hidden_states());
+        let pooled = chunks.iter().any(|c| {
+            self.sequences[&c.id]
+                .pool
+                .as_ref()
+                .is_some_and(|p| p.needs_hidden())
+        });
+        let hidden = match &self.speculation {
+            _ if pooled => HiddenStates::All,
+            Some(s) => s.hidden_states(),
+            None => HiddenStates::None,
+        };
         self.model.forward(&views, &mut self.cache, hidden)
     }
 }

@@ -4,6 +4,7 @@
 
 use tessera_params::{OutputConstraint, SamplingParams};
 
+use crate::PoolingTask;
 use crate::sampling::SampledToken;
 
 /// One scheduler step.
@@ -49,6 +50,8 @@ pub struct NewSequence {
     pub chunk_len: Option<usize>,
     /// Trailing tokens of `input_ids` generated before a preemption.
     pub generated_len: usize,
+    /// Pool the prompt instead of generating (`None`: generate).
+    pub pooling: Option<PoolingTask>,
 }
 
 /// What changed for a running request.
@@ -85,6 +88,8 @@ pub struct StepOutput {
     pub tokens: Vec<SampledToken>,
     /// Proposals the speculator made for this step.
     pub proposed: usize,
+    /// A pooling sequence's result, in the step that computes the end of its prompt.
+    pub pooled: Option<Vec<f32>>,
 }
 
 /// Time spent in one step.

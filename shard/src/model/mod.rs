@@ -45,6 +45,8 @@ pub use cuda::CudaOptions;
 pub(crate) use draft_support::EmbeddedBatch;
 pub use op_times::{Op, OpTimes, OpTimesSnapshot};
 use weights::ModelWeights;
+
+use crate::pooling::ScoreHead;
 pub use weights::WeightLayout;
 
 /// Which positions of a chunk need logits.
@@ -153,6 +155,8 @@ pub struct Model {
     /// The storage format of most weight bytes, as loaded from the files.
     weights_dtype: &'static str,
     compute: Compute,
+    /// A sequence-classification head, when the model has one instead of its LM head.
+    score_head: Option<ScoreHead>,
 }
 
 /// Where the forward pass runs.
@@ -207,6 +211,10 @@ impl Model {
             layout,
         )?;
         let cfg = &files.config;
+        let score_head = cfg
+            .score_labels
+            .map(|labels| ScoreHead::load(files.weights.as_ref(), labels, cfg.hidden_size, &name))
+            .transpose()?;
         let dims = Dims {
             sandwich_norms: cfg.family.sandwich_norms,
             activation: cfg.family.activation,
@@ -239,6 +247,7 @@ impl Model {
             partition,
             heads,
             kv_dtype: KvDtype::Float32,
+            score_head,
         })
     }
 
@@ -455,6 +464,12 @@ impl Model {
             #[cfg(feature = "cuda")]
             Compute::Cuda(_) => None,
         }
+    }
+
+    /// The logits of the model's sequence-classification head for one final hidden state
+    /// (`None`: the model has no such head).
+    pub(crate) fn score_head(&self) -> Option<&ScoreHead> {
+        self.score_head.as_ref()
     }
 
     /// Runs one pass over all chunks, writing their K/V into `cache` and returning the logits

@@ -634,6 +634,7 @@ mod tests {
             bos_token_id: None,
             eos_token_ids: Vec::new(),
             family: tessera_model_files::Family::llama(1, 16, None),
+            score_labels: None,
         }
     }
 

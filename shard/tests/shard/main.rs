@@ -9,6 +9,7 @@ mod draft_heads;
 mod eagle_head;
 mod golden;
 mod kv_bf16;
+mod pooling;
 mod sampling_props;
 mod smollm2;
 mod smollm2_draft_heads;

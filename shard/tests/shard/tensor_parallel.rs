@@ -253,6 +253,7 @@ fn sequence(id: u64, prompt: &[u32], blocks: Vec<u32>) -> NewSequence {
         cache_len: 0,
         chunk_len: None,
         generated_len: 0,
+        pooling: None,
         constraint: None,
     }
 }

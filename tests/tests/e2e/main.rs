@@ -17,6 +17,7 @@ mod metrics_dashboard;
 mod metrics_scrape;
 mod metrics_support;
 mod metrics_tracing;
+mod pooling;
 mod scheduling;
 mod soak;
 mod tensor_parallel;

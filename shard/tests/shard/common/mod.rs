@@ -398,6 +398,7 @@ pub fn sequence(
         cache_len: 0,
         chunk_len: None,
         generated_len: 0,
+        pooling: None,
         constraint: None,
     }
 }

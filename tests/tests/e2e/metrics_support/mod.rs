@@ -38,6 +38,7 @@ pub async fn start_shard(
         dtype: "float32".into(),
         rank: 0,
         world_size: 1,
+        pooler: None,
         socket_paths: vec![socket.clone()],
     };
     let service = ShardService::new(engine, info, 64 << 20).with_tokenizer_source(tokenizer);

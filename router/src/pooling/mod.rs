@@ -1,0 +1,232 @@
+//! What the served model does besides generating, decided once at start-up from the shards'
+//! facts and `--task` (vLLM's pooling runner): embeddings (a pooled final hidden state) or
+//! scores (a classifier over the last token); and the arithmetic that turns the shards' raw
+//! results into what clients get.
+
+pub(crate) mod embeddings;
+pub(crate) mod score;
+
+use tessera_text::ModelTokenizer;
+
+use crate::validation::ValidationError;
+
+/// What the server is started to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Task {
+    /// Text generation (the chat, completions, responses and messages APIs).
+    #[default]
+    Generate,
+    /// Embeddings (`/v1/embeddings`).
+    Embed,
+    /// Relevance scores of text pairs (`/v1/rerank`, `/v1/score`).
+    Score,
+}
+
+impl Task {
+    /// The name `--task` takes and errors use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Generate => "generate",
+            Task::Embed => "embed",
+            Task::Score => "score",
+        }
+    }
+}
+
+/// How the router asks the shards to pool one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PoolingAsk {
+    /// The pooled final hidden state (`"last"`, `"mean"` or `"cls"`).
+    Embed(&'static str),
+    /// The last token's classifier logits: the model's score head (`label_tokens` empty), or
+    /// these tokens' LM-head logits.
+    Classify { label_tokens: Vec<u32> },
+}
+
+/// What the served model offers beside generation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PoolingModel {
+    /// The task the server runs.
+    pub task: Task,
+    /// How embeddings are made (with [`Task::Embed`]).
+    pub embed: Option<EmbedSpec>,
+    /// How pairs are scored (with [`Task::Score`]).
+    pub score: Option<ScoreSpec>,
+}
+
+/// An embedding model's pooling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbedSpec {
+    /// `"last"`, `"mean"` or `"cls"`.
+    pub pooling: &'static str,
+    /// Whether vectors are scaled to unit length (after `dimensions` truncates them).
+    pub normalize: bool,
+    /// Width of a full embedding.
+    pub dimensions: usize,
+}
+
+/// A scoring model's classifier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScoreSpec {
+    /// Tokens whose logits are the labels (a causal LM asked "no" or "yes"); empty: the
+    /// model's sequence-classification head.
+    pub label_tokens: Vec<u32>,
+}
+
+/// The facts the shards report that decide the task (`tessera.v1.InfoResponse`'s).
+#[derive(Debug, Clone, Default)]
+pub struct ModelFacts<'a> {
+    /// `"last"`, `"mean"`, `"cls"`, or empty (the model declares no pooling).
+    pub pooling: &'a str,
+    /// Whether the model normalises its embeddings.
+    pub normalize: bool,
+    /// Labels of its classification head (0: none).
+    pub score_labels: u32,
+    /// Width of a hidden state.
+    pub hidden_size: u32,
+}
+
+/// Why the requested task cannot run on the model.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TaskError(String);
+
+impl PoolingModel {
+    /// The task `task` asks for (`None`: what the model declares: a classification head
+    /// scores, a pooling config embeds, anything else generates), with what it needs.
+    /// `score_labels` names the label tokens of a causal LM asked to score (the last one's
+    /// probability among them is the score), e.g. `["no", "yes"]` for Qwen3-Reranker.
+    pub fn resolve(
+        task: Option<Task>,
+        facts: &ModelFacts<'_>,
+        score_labels: &[String],
+        tokenizer: &ModelTokenizer,
+    ) -> Result<Self, TaskError> {
+        let task = task.unwrap_or(if facts.score_labels > 0 {
+            Task::Score
+        } else if !facts.pooling.is_empty() {
+            Task::Embed
+        } else {
+            Task::Generate
+        });
+        let mut model = PoolingModel {
+            task,
+            ..Default::default()
+        };
+        match task {
+            Task::Generate => {}
+            Task::Embed => {
+                // A decoder the model files do not describe pools as vLLM pools one: by its
+                // last token, normalised.
+                let (pooling, normalize) = match facts.pooling {
+                    "" => ("last", true),
+                    "mean" => ("mean", facts.normalize),
+                    "cls" => ("cls", facts.normalize),
+                    "last" => ("last", facts.normalize),
+                    other => {
+                        return Err(TaskError(format!(
+                            "the shards report an unknown pooling {other:?}"
+                        )));
+                    }
+                };
+                model.embed = Some(EmbedSpec {
+                    pooling,
+                    normalize,
+                    dimensions: facts.hidden_size as usize,
+                });
+            }
+            Task::Score if facts.score_labels > 0 => {
+                model.score = Some(ScoreSpec {
+                    label_tokens: Vec::new(),
+                });
+            }
+            Task::Score => {
+                if score_labels.len() < 2 {
+                    return Err(TaskError(
+                        "a model without a classification head scores by the logits of two or \
+                         more label tokens; give them with --score-labels (e.g. no,yes)"
+                            .into(),
+                    ));
+                }
+                let label_tokens = score_labels
+                    .iter()
+                    .map(|label| single_token(tokenizer, label))
+                    .collect::<Result<_, _>>()?;
+                model.score = Some(ScoreSpec { label_tokens });
+            }
+        }
+        Ok(model)
+    }
+
+    /// What the shards are asked for each request of `route`, which needs task `needed`, or
+    /// why the server cannot answer it.
+    pub(crate) fn ask_for(
+        &self,
+        needed: Task,
+        route: &'static str,
+    ) -> Result<PoolingAsk, ValidationError> {
+        self.ask()
+            .filter(|_| self.task == needed)
+            .ok_or(ValidationError::Task {
+                route,
+                needed: needed.name(),
+                running: self.task.name(),
+            })
+    }
+
+    /// What the shards are asked for each request of this model's pooling task.
+    pub(crate) fn ask(&self) -> Option<PoolingAsk> {
+        match (self.task, &self.embed, &self.score) {
+            (Task::Embed, Some(e), _) => Some(PoolingAsk::Embed(e.pooling)),
+            (Task::Score, _, Some(s)) => Some(PoolingAsk::Classify {
+                label_tokens: s.label_tokens.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The id of `label`, which must be one token of the vocabulary.
+fn single_token(tokenizer: &ModelTokenizer, label: &str) -> Result<u32, TaskError> {
+    if let Some(id) = tokenizer.tokenizer.token_to_id(label) {
+        return Ok(id);
+    }
+    let ids = tokenizer
+        .encode(label, false)
+        .map_err(|e| TaskError(format!("score label {label:?}: {e}")))?;
+    match ids.as_slice() {
+        [id] => Ok(*id),
+        _ => Err(TaskError(format!(
+            "score label {label:?} is {} tokens of the model's vocabulary; each label must be \
+             one token",
+            ids.len()
+        ))),
+    }
+}
+
+/// Whether `ids` can be pooled: not empty, inside the vocabulary of `vocab` tokens, at most
+/// `max` tokens (`param` names the field at fault).
+pub(crate) fn check_prompt(
+    ids: &[u32],
+    vocab: usize,
+    max: usize,
+    param: &'static str,
+) -> Result<(), ValidationError> {
+    if ids.is_empty() {
+        return Err(ValidationError::EmptyInput(param));
+    }
+    if ids.len() > max {
+        return Err(ValidationError::InputLength {
+            max,
+            given: ids.len(),
+        });
+    }
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(&token) => Err(ValidationError::TokenId {
+            param,
+            token: token.to_string(),
+            vocab_size: vocab,
+        }),
+        None => Ok(()),
+    }
+}
