@@ -23,7 +23,12 @@ pub fn fixture(name: &str) -> PathBuf {
 
 /// A fixture's `golden.json`.
 pub fn golden(name: &str) -> Value {
-    let path = fixture(name).join("golden.json");
+    fixture_json(name, "golden.json")
+}
+
+/// The JSON file `file` of fixture `name` (`golden_embeddings.json`, …).
+pub fn fixture_json(name: &str, file: &str) -> Value {
+    let path = fixture(name).join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad {}: {e}", path.display()))

@@ -22,7 +22,7 @@ mod sse;
 use std::future::Future;
 use std::time::Duration;
 
-pub use binaries::{binary, binary_dir, fixture, golden, workspace_root};
+pub use binaries::{binary, binary_dir, fixture, fixture_json, golden, workspace_root};
 pub use byte_level::ByteLevelDecoder;
 pub use checks::Checks;
 pub use process::{

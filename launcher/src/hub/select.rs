@@ -24,8 +24,9 @@ pub(crate) enum Selection {
 const DEFAULT_QUANT: &str = "Q4_K_M";
 
 /// Files a checkpoint is served from beside its weights, when the repository has them.
-const CHECKPOINT_FILES: [&str; 8] = [
+const CHECKPOINT_FILES: [&str; 9] = [
     "config.json",
+    "modules.json",
     "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
@@ -62,6 +63,7 @@ pub(crate) fn select(
             .filter(|f| has(f))
             .map(|f| f.to_string())
             .collect();
+        wanted.extend(files.iter().filter(|f| is_module_config(f)).cloned());
         if !indexed {
             wanted.push("model.safetensors".into());
         }
@@ -179,6 +181,19 @@ fn split_part(file: &str) -> Option<(String, usize, usize)> {
 }
 
 /// Multimodal projectors (`mmproj-*.gguf`) sit beside the language model in GGUF repositories.
+/// A sentence-transformers module's `config.json` (`1_Pooling/config.json`): how an
+/// embedding model pools.
+fn is_module_config(file: &str) -> bool {
+    file.strip_suffix("/config.json")
+        .and_then(|folder| folder.split_once('_'))
+        .is_some_and(|(n, name)| {
+            !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit())
+                && !name.is_empty()
+                && !name.contains('/')
+        })
+}
+
 fn is_projector(file: &str) -> bool {
     file.rsplit('/')
         .next()
@@ -230,6 +245,29 @@ mod tests {
                     "model.safetensors.index.json",
                 ]),
                 indexed: true,
+            }
+        );
+        let embedder = names(&[
+            "config.json",
+            "modules.json",
+            "1_Pooling/config.json",
+            "2_Dense/model.safetensors",
+            "onnx/config.json",
+            "x_Pooling/config.json",
+            "model.safetensors",
+            "tokenizer.json",
+        ]);
+        assert_eq!(
+            select("org/e", &embedder, None).unwrap(),
+            Selection::Checkpoint {
+                files: names(&[
+                    "config.json",
+                    "modules.json",
+                    "tokenizer.json",
+                    "1_Pooling/config.json",
+                    "model.safetensors",
+                ]),
+                indexed: false,
             }
         );
         let index = r#"{"weight_map":{"a":"model-00002-of-00002.safetensors",

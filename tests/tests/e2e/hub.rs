@@ -1,7 +1,7 @@
 //! `--model-id ORG/NAME[:QUANT]` against a Hub-shaped server on 127.0.0.1 (`hub/fake_hub.rs`)
 //! serving fixture files: a sharded safetensors checkpoint and a GGUF repository download what
 //! serving needs and nothing else, into the `huggingface_hub` cache layout, and serve the
-//! goldens, as does a split GGUF; a second start with the Hub gone serves from the cache, and so does
+//! goldens, as does a split GGUF, and an embedding model embeds with the pooling it declares; a second start with the Hub gone serves from the cache, and so does
 //! `HF_HUB_OFFLINE=1`; offline with an empty cache, a gated repository without a token, an
 //! unknown one and a corrupt download each stop the launcher with a message that says what
 //! to do.
@@ -13,19 +13,34 @@ use std::path::Path;
 use std::time::Duration;
 
 use fake_hub::{FakeHub, HubFile, HubRepo};
-use tessera_e2e::{Server, fixture, golden, u64s, within};
+use tessera_e2e::{Server, fixture, fixture_json, golden, u64s, within};
 
 const TEST_LIMIT: Duration = Duration::from_secs(300);
 
-/// A repository of fixture `name`'s files (its goldens and a README too, which serving must
-/// not fetch), under `id`.
+/// A repository of fixture `name`'s files and those of its folders (its goldens and a README
+/// too, which serving must not fetch), under `id`.
 fn fixture_repo(id: &str, name: &str) -> HubRepo {
-    let mut files: Vec<HubFile> = std::fs::read_dir(fixture(name))
-        .expect("fixture folder")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.is_file() && p.extension().is_none_or(|e| e != "gguf"))
+    let root = fixture(name);
+    let mut paths: Vec<std::path::PathBuf> = Vec::new();
+    for entry in std::fs::read_dir(&root).expect("fixture folder") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            let inner = std::fs::read_dir(&path).expect("fixture subfolder");
+            paths.extend(
+                inner
+                    .map(|e| e.expect("entry").path())
+                    .filter(|p| p.is_file()),
+            );
+        } else {
+            paths.push(path);
+        }
+    }
+    let mut files: Vec<HubFile> = paths
+        .into_iter()
+        .filter(|p| p.extension().is_none_or(|e| e != "gguf"))
         .map(|p| {
-            let name = p.file_name().expect("name").to_string_lossy().into_owned();
+            let name = p.strip_prefix(&root).expect("inside the fixture");
+            let name = name.to_string_lossy().into_owned();
             HubFile::new(&name, std::fs::read(&p).expect("read fixture"))
         })
         .collect();
@@ -109,6 +124,7 @@ async fn models_by_hub_id_download_once_and_serve_from_the_cache() {
         corrupt.wrong_hash = true;
         let hub = FakeHub::start(vec![
             fixture_repo("tessera-test/tiny-qwen2", "tiny-qwen2"),
+            fixture_repo("tessera-test/tiny-qwen3-embedding", "tiny-qwen3-embedding"),
             gguf_repo("tessera-test/tiny-qwen3-GGUF", "tiny-qwen3"),
             gated,
             corrupt,
@@ -188,6 +204,29 @@ async fn models_by_hub_id_download_once_and_serve_from_the_cache() {
             .await
             .expect("start split GGUF");
         assert_serves_goldens(&server, "tiny-qwen3").await;
+        drop(server);
+
+        // A sentence-transformers model: its pooling config comes along, and it embeds.
+        let server = start("tessera-test/tiny-qwen3-embedding", &online)
+            .await
+            .expect("an embedding model by Hub id");
+        let golden = fixture_json("tiny-qwen3-embedding", "golden_embeddings.json");
+        let first = &golden["inputs"][0];
+        let (status, body) = server
+            .post(
+                "/v1/embeddings",
+                &serde_json::json!({"input": first["text"]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let got = body["data"][0]["embedding"].as_array().expect("a vector");
+        let want = first["embedding"].as_array().expect("golden vector");
+        let diff = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a.as_f64().unwrap_or(f64::NAN) - b.as_f64().unwrap_or(0.0)).abs())
+            .fold(0.0, f64::max);
+        assert!(got.len() == want.len() && diff < 1e-4, "max diff {diff}");
         drop(server);
 
         // Refusals that say what to do.

@@ -7,14 +7,9 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
-use tessera_e2e::{Checks, Server, fixture, u64s};
+use tessera_e2e::{Checks, Server, fixture_json, u64s};
 
 const TEST_LIMIT: Duration = Duration::from_secs(120);
-
-fn read_golden(model: &str, file: &str) -> Value {
-    let path = fixture(model).join(file);
-    serde_json::from_str(&std::fs::read_to_string(path).expect("golden file")).expect("JSON")
-}
 
 fn floats(v: &Value) -> Vec<f32> {
     v.as_array()
@@ -69,7 +64,7 @@ fn vectors(body: &Value) -> Vec<Vec<f32>> {
 /// Every golden input's vector: all texts in one request, up to 32 as token ids in another,
 /// two alone; base64 and `dimensions` on one of them.
 async fn embeddings(server: &Server, model: &str) {
-    let golden = read_golden(model, "golden_embeddings.json");
+    let golden = fixture_json(model, "golden_embeddings.json");
     let inputs = golden["inputs"].as_array().expect("inputs");
     let texts: Vec<&str> = inputs
         .iter()
@@ -198,7 +193,7 @@ async fn embeddings_match_sentence_transformers() {
         )
         .await;
     let after = server.metric("tessera_request_success_total").await;
-    let inputs = read_golden("tiny-qwen3-embedding", "golden_embeddings.json")["inputs"]
+    let inputs = fixture_json("tiny-qwen3-embedding", "golden_embeddings.json")["inputs"]
         .as_array()
         .map_or(0, Vec::len);
     assert!(
@@ -224,7 +219,7 @@ async fn embeddings_match_sentence_transformers() {
 /// `/v1/rerank` orders the golden documents of each query as transformers' scores do, with
 /// those scores; `/v1/score` gives them pair by pair.
 async fn scores(server: &Server, model: &str) {
-    let golden = read_golden(model, "golden_scores.json");
+    let golden = fixture_json(model, "golden_scores.json");
     let pairs = golden["pairs"].as_array().expect("pairs");
     let mut queries: Vec<&str> = pairs
         .iter()
@@ -311,7 +306,7 @@ async fn rerankers_order_as_transformers_scores() {
     let (status, answer) = server.post("/v1/embeddings", &json!({"input": "x"})).await;
     assert_eq!(status, 400, "{answer}");
     drop(server);
-    let golden = read_golden("tiny-qwen3-reranker", "golden_scores.json");
+    let golden = fixture_json("tiny-qwen3-reranker", "golden_scores.json");
     let labels: Vec<&str> = golden["labels"]
         .as_array()
         .expect("labels")
