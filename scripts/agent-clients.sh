@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end protocol tests with the real agent clients from PyPI: openai, anthropic, LangChain,
 # the OpenAI Agents SDK, Pydantic AI and instructor each talk to the real launcher, shard and
-# router serving SmolLM2-135M-Instruct (scripts/fetch_smollm2.sh) on a free port of 127.0.0.1.
+# router serving SmolLM2-135M-Instruct (scripts/fetch_smollm2.sh) on a free port of 127.0.0.1, and
+# the openai SDK's embeddings against a second server of the tiny embedding fixture.
 # The tests (tests/clients/) check the protocol — parsed objects, tool calls, streams, usage —
 # never the tiny model's answers.
 #
@@ -49,6 +50,13 @@ work="$(mktemp -d "$cache/run-XXXXXX")"
 source "$root/scripts/lib/test-server.sh"
 start_test_server agent-clients.sh "$work" "$bin" --model-id "$model" \
   --served-model-name SmolLM2-135M-Instruct --kv-cache-memory 256M --max-concurrent-requests 16
+generation_base="$base"
+# The embeddings client talks to the tiny embedding fixture, whose vectors the test knows.
+mkdir -p "$work/embed"
+start_test_server agent-clients.sh "$work/embed" "$bin" \
+  --model-id "$root/fixtures/tiny-qwen3-embedding" --kv-cache-memory 64M
+export TESSERA_EMBEDDING_BASE_URL="$base"
+base="$generation_base"
 
 # Loopback only, no telemetry: the Agents SDK would export traces to OpenAI, LangChain to
 # LangSmith, Pydantic AI to Logfire; proxies could catch loopback traffic.
@@ -69,6 +77,6 @@ timeout "${AGENT_CLIENTS_TIMEOUT:-600}" "$venv/bin/python" -m pytest -q -p no:ca
   --timeout 120 -rfEs "${args[@]}" || status=$?
 if [[ $status -ne 0 ]]; then
   echo "agent-clients.sh: failed ($status); the server's last lines:" >&2
-  tail -n 20 "$work/server.log" >&2
+  tail -n 20 "$work/server.log" "$work/embed/server.log" >&2
 fi
 exit $status

@@ -1,11 +1,14 @@
 # Sourced by the scripts that test a served model (schemathesis.sh, agent-clients.sh): starts
 # the real launcher on a free port of 127.0.0.1, stops it (and removes its folder) on exit,
-# and waits for /health.
+# and waits for /health. Callable more than once: every server started stops on exit.
 #
 #   start_test_server NAME WORK BIN LAUNCHER_ARGS...
 #
 # NAME names the caller in messages; WORK is a fresh folder for the socket and the log; BIN
-# holds tessera-launcher. Sets `base` (http://127.0.0.1:PORT) and `server` (the launcher's pid).
+# holds tessera-launcher. Sets `base` (http://127.0.0.1:PORT) and `server` (the launcher's pid)
+# of the server it started.
+test_servers=()
+test_server_works=()
 start_test_server() {
   local name="$1" work="$2" bin="$3"
   shift 3
@@ -14,7 +17,8 @@ start_test_server() {
   "$bin/tessera-launcher" --hostname 127.0.0.1 --port "$port" --shard-uds-path "$work/shard" \
     --shutdown-grace-period 5 "$@" >"$work/server.log" 2>&1 &
   server=$!
-  test_server_work="$work"
+  test_servers+=("$server")
+  test_server_works+=("$work")
   trap stop_test_server EXIT
   base="http://127.0.0.1:$port"
   for _ in $(seq 1 1200); do
@@ -32,7 +36,8 @@ start_test_server() {
 }
 
 stop_test_server() {
-  kill -TERM "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
-  rm -rf "$test_server_work"
+  local pid
+  for pid in "${test_servers[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${test_servers[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "${test_server_works[@]}"
 }

@@ -230,3 +230,111 @@ pub(crate) fn check_prompt(
         None => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detokenizer::tests::byte_level;
+
+    fn facts(pooling: &str, score_labels: u32) -> ModelFacts<'_> {
+        ModelFacts {
+            pooling,
+            normalize: true,
+            score_labels,
+            hidden_size: 64,
+        }
+    }
+
+    fn labels(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn auto_takes_what_the_model_declares() {
+        let tok = byte_level();
+        let resolve = |f: ModelFacts<'_>| PoolingModel::resolve(None, &f, &[], &tok).unwrap();
+        assert_eq!(resolve(facts("", 0)).task, Task::Generate);
+        assert_eq!(resolve(facts("", 0)).ask(), None);
+        let embed = resolve(facts("mean", 0));
+        assert_eq!(embed.task, Task::Embed);
+        assert_eq!(embed.ask(), Some(PoolingAsk::Embed("mean")));
+        assert_eq!(embed.embed.as_ref().map(|e| e.dimensions), Some(64));
+        let score = resolve(facts("", 1));
+        assert_eq!(score.task, Task::Score);
+        assert_eq!(
+            score.ask(),
+            Some(PoolingAsk::Classify {
+                label_tokens: vec![]
+            })
+        );
+    }
+
+    #[test]
+    fn a_task_asked_of_a_model_that_declares_nothing() {
+        let tok = byte_level();
+        let embed = PoolingModel::resolve(Some(Task::Embed), &facts("", 0), &[], &tok).unwrap();
+        assert_eq!(
+            embed.embed,
+            Some(EmbedSpec {
+                pooling: "last",
+                normalize: true,
+                dimensions: 64
+            })
+        );
+        // "hello" is one token (merged), "</s>" a special one; "ab" is two.
+        let score = PoolingModel::resolve(
+            Some(Task::Score),
+            &facts("", 0),
+            &labels(&["</s>", "hello"]),
+            &tok,
+        )
+        .unwrap();
+        assert_eq!(
+            score.ask(),
+            Some(PoolingAsk::Classify {
+                label_tokens: vec![262, 259]
+            })
+        );
+        let err = PoolingModel::resolve(
+            Some(Task::Score),
+            &facts("", 0),
+            &labels(&["ab", "c"]),
+            &tok,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("\"ab\" is 2 tokens"), "{err}");
+        let err = PoolingModel::resolve(Some(Task::Score), &facts("", 0), &labels(&["a"]), &tok)
+            .unwrap_err();
+        assert!(err.to_string().contains("--score-labels"), "{err}");
+    }
+
+    #[test]
+    fn routes_of_another_task_say_which_to_start() {
+        let generate = PoolingModel::default();
+        let err = generate
+            .ask_for(Task::Embed, "/v1/embeddings")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`generate` task") && err.contains("--task embed"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn prompts_are_checked() {
+        assert!(check_prompt(&[1, 2], 10, 4, "input").is_ok());
+        assert!(matches!(
+            check_prompt(&[], 10, 4, "input"),
+            Err(ValidationError::EmptyInput("input"))
+        ));
+        assert!(matches!(
+            check_prompt(&[1; 5], 10, 4, "input"),
+            Err(ValidationError::InputLength { max: 4, given: 5 })
+        ));
+        assert!(matches!(
+            check_prompt(&[1, 10], 10, 4, "input"),
+            Err(ValidationError::TokenId { .. })
+        ));
+    }
+}
