@@ -166,11 +166,12 @@ pub(crate) fn from_gguf(gguf: &GgufFile) -> Result<Option<Pooler>, FormatError> 
         Some(2) => Pooling::Cls,
         Some(3) => Pooling::LastToken,
         other => {
+            let given = other.map_or_else(|| value.type_name().to_string(), |n| n.to_string());
             return Err(FormatError::invalid(
                 gguf.path(),
                 format!(
-                    "{arch}.pooling_type {other:?} is not served; Tessera pools by mean (1), \
-                     CLS (2) or last token (3)"
+                    "{arch}.pooling_type {given} is not served (4 is a reranker's); Tessera \
+                     pools by mean (1), CLS (2) or last token (3)"
                 ),
             ));
         }

@@ -298,3 +298,27 @@ fn gemma_files_without_a_score_scale_take_llama_cpps() {
     assert_eq!(config("gemma3", 46, None), by_head);
     assert_eq!(config("gemma3", 62, Some(0.125)), 0.125);
 }
+
+#[test]
+fn pooling_type_of_an_embedding_gguf() {
+    use crate::{Pooler, Pooling};
+    let pooler = |pooling_type: Option<u32>| {
+        let (w, _, _) = tiny_model("qwen2", false, true);
+        let w = match pooling_type {
+            Some(t) => w.kv("qwen2.pooling_type", V::U32(t)),
+            None => w,
+        };
+        let file = open_bytes(&w.bytes().0).unwrap();
+        crate::pooling::from_gguf(&file)
+    };
+    assert_eq!(pooler(None).unwrap(), None);
+    assert_eq!(pooler(Some(0)).unwrap(), None);
+    let last = Pooler {
+        pooling: Pooling::LastToken,
+        normalize: true,
+    };
+    assert_eq!(pooler(Some(3)).unwrap(), Some(last));
+    assert_eq!(pooler(Some(1)).unwrap().map(|p| p.pooling), Some(Pooling::Mean));
+    let rank = pooler(Some(4)).unwrap_err().to_string();
+    assert!(rank.contains("pooling_type 4 is not served"), "{rank}");
+}
