@@ -24,6 +24,7 @@ use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::metrics as m;
+use crate::pooling::Task;
 // Re-exported for the batcher, which names it from here.
 pub(crate) use crate::validation::ValidGenerateRequest;
 use crate::validation::ValidationError;
@@ -223,6 +224,8 @@ pub struct Infer {
     limit: Arc<Semaphore>,
     max_concurrent_requests: usize,
     draining: Arc<AtomicBool>,
+    /// The task the server runs: requests of another are refused.
+    task: Task,
 }
 
 impl Infer {
@@ -234,7 +237,15 @@ impl Infer {
             limit: Arc::new(Semaphore::new(max_concurrent_requests)),
             max_concurrent_requests,
             draining: Arc::new(AtomicBool::new(false)),
+            task: Task::Generate,
         }
+    }
+
+    /// The handle of a server that runs `task` (generation by default): generation requests
+    /// are refused by a server that embeds or scores, whose model may have no LM head.
+    pub fn serving(mut self, task: Task) -> Self {
+        self.task = task;
+        self
     }
 
     /// Stops taking requests: from now on [`Infer::try_acquire`] fails with
@@ -293,6 +304,13 @@ impl Infer {
     /// stream ends with [`InferError::DeadlineExceeded`] at the request's deadline, if it has
     /// one (see [`crate::deadline`]).
     pub async fn enqueue(&self, request: ValidGenerateRequest) -> Result<InferStream, InferError> {
+        if request.pooling.is_none() && self.task != Task::Generate {
+            return Err(InferError::Validation(ValidationError::Task {
+                route: "text generation",
+                needed: Task::Generate.name(),
+                running: self.task.name(),
+            }));
+        }
         let deadline = crate::deadline::current();
         if deadline.is_some_and(|d| d <= tokio::time::Instant::now()) {
             m::record_refused(InferError::DeadlineExceeded.error_type());

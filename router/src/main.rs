@@ -414,7 +414,7 @@ async fn main() -> anyhow::Result<()> {
         },
         queue_capacity: args.max_concurrent_requests,
     });
-    let infer = Infer::new(queue, args.max_concurrent_requests);
+    let infer = Infer::new(queue, args.max_concurrent_requests).serving(pooling.task);
     let drained = drain_on_signal(infer.clone());
     let state = AppState::builder(infer, tokenizer, served_model_name)
         .validation(ValidationConfig {

@@ -178,6 +178,11 @@ async fn embedding_refusals(server: &Server) {
     assert_eq!(status, 400, "{answer}");
     let message = answer["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("--task score"), "{answer}");
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let (status, answer) = server.post("/v1/chat/completions", &chat).await;
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("--task generate"), "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -318,7 +318,10 @@ fn pooling_type_of_an_embedding_gguf() {
         normalize: true,
     };
     assert_eq!(pooler(Some(3)).unwrap(), Some(last));
-    assert_eq!(pooler(Some(1)).unwrap().map(|p| p.pooling), Some(Pooling::Mean));
+    assert_eq!(
+        pooler(Some(1)).unwrap().map(|p| p.pooling),
+        Some(Pooling::Mean)
+    );
     let rank = pooler(Some(4)).unwrap_err().to_string();
     assert!(rank.contains("pooling_type 4 is not served"), "{rank}");
 }
