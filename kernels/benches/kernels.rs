@@ -423,6 +423,7 @@ fn attention_rows(shape: &ModelShape, budget: Duration, wanted: &dyn Fn(&str) ->
                 scale,
                 window: None,
                 softcap: None,
+                sinks: None,
             };
             attention::paged_attention(&problem, &mut out);
             black_box(&out);

@@ -335,6 +335,7 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
         scale,
         window,
         softcap: None,
+        sinks: None,
     };
     cpu::attention::paged_attention(&problem, &mut want);
     let (gk, gv) = (up::<T>(d, &fx.ck), up::<T>(d, &fx.cv));
@@ -417,6 +418,7 @@ fn attention_case<T: GpuFloat>(d: &GpuDevice, k: &GpuKernels, hd: usize, window:
         scale,
         window,
         softcap: None,
+        sinks: None,
     };
     cpu::attention::paged_attention(&problem, &mut want);
     let (gk, gv) = (up::<T>(d, &ck), up::<T>(d, &cv));

@@ -30,6 +30,24 @@ pub fn silu_mul_with(kernels: &Kernels, gate_up: &[f32], d: usize, out: &mut [f3
     }
 }
 
+/// gpt-oss's experts' activation over `[gate | up]` rows of width `2d`, as transformers
+/// computes it: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`,
+/// `out = (u + 1) · g · sigmoid(alpha · g)`.
+pub fn clamped_swiglu(gate_up: &[f32], d: usize, alpha: f32, limit: f32, out: &mut [f32]) {
+    assert_eq!(gate_up.len(), 2 * out.len());
+    if d == 0 {
+        return;
+    }
+    for (o, gu) in out.chunks_exact_mut(d).zip(gate_up.chunks_exact(2 * d)) {
+        let (g, u) = gu.split_at(d);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            let g = g.min(limit);
+            let u = u.clamp(-limit, limit);
+            *o = (u + 1.0) * (g * (1.0 / (1.0 + (-(g * alpha)).exp())));
+        }
+    }
+}
+
 /// `out[t, i] = gelu_tanh(gate_up[t, i]) * gate_up[t, d + i]`: Gemma's GeGLU, with GELU's
 /// tanh approximation as torch computes it (`0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`).
 pub fn gelu_tanh_mul(gate_up: &[f32], d: usize, out: &mut [f32]) {
@@ -174,6 +192,30 @@ mod tests {
                     "{x}: {got} vs {want}"
                 );
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod clamped_swiglu_tests {
+    use super::clamped_swiglu;
+
+    #[test]
+    fn clamps_gate_above_and_up_both_sides() {
+        let (alpha, limit) = (1.702f32, 7.0f32);
+        // [gate | up] rows of width 2 · 3.
+        let gate_up = [0.5, 9.0, -3.0, 2.0, -8.0, 8.0];
+        let mut out = [0.0; 3];
+        clamped_swiglu(&gate_up, 3, alpha, limit, &mut out);
+        let want = |g: f32, u: f32| (u + 1.0) * g / (1.0 + (-(g * alpha)).exp());
+        for (got, want) in out
+            .iter()
+            .zip([want(0.5, 2.0), want(7.0, -7.0), want(-3.0, 7.0)])
+        {
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "{got} vs {want}"
+            );
         }
     }
 }

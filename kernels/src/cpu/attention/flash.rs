@@ -51,6 +51,8 @@ struct Ctx<'a, T> {
     window: Option<usize>,
     /// The soft-cap of the scores, if any.
     softcap: Option<f32>,
+    /// Per query head, its sink logit in the log2 domain, if the layer has sinks.
+    sinks: Option<Vec<f32>>,
 }
 
 impl<T> Ctx<'_, T> {
@@ -123,13 +125,17 @@ impl State {
         }
     }
 
-    /// `acc / l`: the attention output of every vector.
-    fn finish(&self, hd: usize, out: &mut [f32]) {
-        for ((o, acc), &l) in out
+    /// `acc / l`: the attention output of every vector; with `sinks` (log2-domain logits of
+    /// the vectors' heads, cycling: one per query head of a GQA group), each sink's weight
+    /// `2^(sink - m)` joins `l`, and no value joins `acc`.
+    fn finish(&self, hd: usize, sinks: Option<&[f32]>, out: &mut [f32]) {
+        for (i, ((o, acc), &l)) in out
             .chunks_exact_mut(hd)
             .zip(self.acc.chunks_exact(hd))
             .zip(&self.l)
+            .enumerate()
         {
+            let l = sinks.map_or(l, |s| l + (s[i % s.len()] - self.m[i]).exp2());
             for (x, &a) in o.iter_mut().zip(acc) {
                 *x = a / l;
             }
@@ -164,6 +170,7 @@ pub(crate) fn flash_attention<T: KvElem>(
         scale,
         window,
         softcap,
+        sinks,
     } = *p;
     let layout = kv.layout;
     assert!(
@@ -189,6 +196,10 @@ pub(crate) fn flash_attention<T: KvElem>(
         },
         window,
         softcap,
+        sinks: sinks.map(|s| {
+            assert_eq!(s.len(), num_heads, "one attention sink per query head");
+            s.iter().map(|&x| x * std::f32::consts::LOG2_E).collect()
+        }),
     };
     let tasks = plan(&ctx, seqs);
     // Even a short decode (one sequence, a short context) is split over the team, which keeps
@@ -286,7 +297,8 @@ fn scatter<T>(
                 std::borrow::Cow::Borrowed(&results[i][h])
             };
             o.resize(n * hd, 0.0);
-            state.finish(hd, &mut o);
+            let sinks = (ctx.sinks.as_deref()).map(|s| &s[kv_head * group..(kv_head + 1) * group]);
+            state.finish(hd, sinks, &mut o);
             let s = &seqs[t.seq];
             for r in t.r0..t.r1 {
                 let row = s.first_row + r;

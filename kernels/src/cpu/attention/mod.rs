@@ -156,6 +156,10 @@ pub struct PagedAttention<'a, T> {
     /// Soft-capping of the scaled scores, `cap · tanh(score / cap)` before the softmax
     /// (Gemma 2); `None`: scores as they are.
     pub softcap: Option<f32>,
+    /// Per query head, a learned logit that joins each softmax's denominator and no value
+    /// (gpt-oss's attention sinks): the weights of the keys then sum to less than 1. `None`:
+    /// none.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// `cap · tanh(score / cap)`, as transformers computes it (divide, tanh, multiply).
@@ -203,6 +207,7 @@ pub fn paged_attention_naive(kernels: &Kernels, p: &PagedAttention<'_, f32>, out
         scale,
         window,
         softcap,
+        sinks,
     } = *p;
     let layout = kv.layout;
     let hd = layout.head_dim;
@@ -238,6 +243,7 @@ pub fn paged_attention_naive(kernels: &Kernels, p: &PagedAttention<'_, f32>, out
                 tree: seq.tree.map(|t| (seq.first_position, t.visible[r])),
                 scale,
                 softcap,
+                sink: sinks.map(|s| s[head]),
             };
             attend(&query, kv.k, kv.v, scores, o);
         });
@@ -297,10 +303,13 @@ pub(crate) struct HeadQuery<'a> {
     pub(crate) tree: Option<(usize, u64)>,
     pub(crate) scale: f32,
     pub(crate) softcap: Option<f32>,
+    /// The head's attention sink logit, if any.
+    pub(crate) sink: Option<f32>,
 }
 
 /// Softmax attention of one query head, with a level's `dot` and `axpy` inlined: scores,
-/// max-subtracted `exp` (libm's), then `out = Σ (e_p / Σe) · v_p` in position order.
+/// max-subtracted `exp` (libm's; a sink's logit in the max and the sum), then
+/// `out = Σ (e_p / Σe) · v_p` in position order.
 #[inline(always)]
 pub(crate) fn attend_head(
     hq: &HeadQuery<'_>,
@@ -332,7 +341,8 @@ pub(crate) fn attend_head(
         }
     }));
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
+    let max = hq.sink.map_or(max, |s| max.max(s));
+    let mut sum = hq.sink.map_or(0.0, |s| (s - max).exp());
     for s in scores.iter_mut() {
         *s = (*s - max).exp();
         sum += *s;

@@ -55,6 +55,7 @@ fn problem<'a, T>(
         scale: 1.0 / (HD as f32).sqrt(),
         window: None,
         softcap: None,
+        sinks: None,
     }
 }
 

@@ -196,6 +196,7 @@ pub(super) fn attend_tree<T: KvElem>(
         scale: 1.0 / (hd as f32).sqrt(),
         window,
         softcap: None,
+        sinks: None,
     };
     paged_attention_with(kernels, &p, &mut out);
     out
@@ -295,6 +296,7 @@ fn naive_kernel_still_matches_the_reference() {
             scale: 1.0 / (hd as f32).sqrt(),
             window: Some(7),
             softcap: None,
+            sinks: None,
         };
         paged_attention_naive(kern, &p, &mut out);
         let d = max_abs_diff(&out, &want);
@@ -359,6 +361,7 @@ fn check_chunking_invariance<T: KvElem>() {
                         scale: 1.0 / (hd as f32).sqrt(),
                         window,
                         softcap: None,
+                        sinks: None,
                     };
                     paged_attention_with(kern, &p, &mut out);
                     let got = &out[lead * w..];
@@ -454,6 +457,7 @@ fn batch_composition_does_not_change_a_row() {
             scale: 0.3,
             window: None,
             softcap: None,
+            sinks: None,
         };
         paged_attention_with(kern, &p, &mut out);
         let mut per = vec![Vec::new(); ctxs.len()];
@@ -653,6 +657,7 @@ fn check_many_decode_rows<T: KvElem>() {
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
                 softcap: None,
+                sinks: None,
             };
             paged_attention_with(kern, &p, &mut batched);
             for (i, &p) in positions.iter().enumerate() {
@@ -758,6 +763,7 @@ fn soft_capped_attention_matches_the_naive_kernel_and_stays_row_invariant() {
             scale: 1.0 / (hd as f32).sqrt(),
             window,
             softcap,
+            sinks: None,
         };
         let whole = [seq(0, rows, first)];
         let run = |p: &PagedAttention<'_, f32>, naive: bool| {
@@ -786,5 +792,89 @@ fn soft_capped_attention_matches_the_naive_kernel_and_stays_row_invariant() {
             capped[last * w..],
             "hd {hd}: the last row alone differs"
         );
+    }
+}
+
+#[test]
+fn sinks_join_the_denominator_alone_and_in_a_batch() {
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    for (hd, kv_heads, group, bs, ctx, rows, window) in [
+        (16usize, 2usize, 2usize, 16usize, 300usize, 40usize, Some(8)),
+        (8, 1, 3, 5, 70, 70, None),
+        (20, 2, 1, 16, 600, 1, None),
+    ] {
+        let heads = kv_heads * group;
+        let layout = KvLayout {
+            block_size: bs,
+            kv_heads,
+            head_dim: hd,
+        };
+        let k = random(&mut rng, ctx * kv_heads * hd, 3.0);
+        let v = random(&mut rng, ctx * kv_heads * hd, 1.0);
+        let q = random(&mut rng, rows * heads * hd, 3.0);
+        // From far below the scores to far above them.
+        let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 15.0 - 6.0).collect();
+        let c: Paged<f32> = paged(&mut rng, layout, &k, &v);
+        let first = ctx - rows;
+        let seq = |first_row, rows, first_position| AttentionSeq {
+            first_row,
+            rows,
+            first_position,
+            block_table: &c.table,
+            tree: None,
+        };
+        let problem = |q, seqs, sinks| PagedAttention {
+            kv: c.pages(),
+            q,
+            q_stride: heads * hd,
+            num_heads: heads,
+            seqs,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
+            softcap: None,
+            sinks,
+        };
+        let whole = [seq(0, rows, first)];
+        let run = |p: &PagedAttention<'_, f32>, naive: bool| {
+            let mut out = vec![f32::NAN; p.out_len()];
+            match naive {
+                true => paged_attention_naive(kernels(), p, &mut out),
+                false => paged_attention(p, &mut out),
+            }
+            out
+        };
+        let sunk = run(&problem(&q, &whole, Some(&sinks)), false);
+        let naive = run(&problem(&q, &whole, Some(&sinks)), true);
+        let d = max_abs_diff(&sunk, &naive);
+        assert!(d < 2e-5, "hd {hd} ctx {ctx}: tiled vs naive {d}");
+        // Against the plain output: a sink scales every head's output by Σe / (Σe + e^sink).
+        let plain = run(&problem(&q, &whole, None), false);
+        assert!(
+            max_abs_diff(&sunk, &plain) > 1e-2,
+            "the sinks changed nothing"
+        );
+        for r in 0..rows {
+            for h in 0..heads {
+                let at = (r * heads + h) * hd;
+                let ratio = sunk[at..at + hd]
+                    .iter()
+                    .zip(&plain[at..at + hd])
+                    .find(|(_, p)| p.abs() > 1e-3)
+                    .map(|(s, p)| s / p);
+                let ratio = ratio.expect("a nonzero output value");
+                assert!(
+                    (0.0..=1.0 + 1e-5).contains(&ratio),
+                    "row {r} head {h}: {ratio}"
+                );
+                for (s, p) in sunk[at..at + hd].iter().zip(&plain[at..at + hd]) {
+                    assert!((s - p * ratio).abs() < 1e-4, "row {r} head {h}: one scale");
+                }
+            }
+        }
+        let w = heads * hd;
+        let last = rows - 1;
+        let alone = [seq(0, 1, first + last)];
+        let one = run(&problem(&q[last * w..], &alone, Some(&sinks)), false);
+        assert_eq!(one, sunk[last * w..], "hd {hd}: the last row alone differs");
     }
 }

@@ -150,6 +150,7 @@ fn tree_rows_see_the_prefix_and_their_own_path() {
                 scale: 1.0 / (hd as f32).sqrt(),
                 window,
                 softcap: None,
+                sinks: None,
             };
             paged_attention_naive(kern, &p, &mut naive);
             let d = max_abs_diff(&naive, &want);
