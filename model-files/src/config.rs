@@ -8,7 +8,7 @@ use tessera_params::LengthDependentRope;
 
 use crate::FormatError;
 pub use crate::config::quantization::Quantization;
-use crate::family::{ExpertNames, Family, FamilyKeys, Moe};
+use crate::family::{ExpertActivation, ExpertNames, Family, FamilyKeys, Moe};
 
 /// Model families Tessera implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +40,10 @@ pub enum Architecture {
     /// SmolLM3: Llama's layers, some of them without RoPE (`no_rope_layers`; every fourth by
     /// default, as llama.cpp's `smollm3` always has it).
     SmolLM3,
+    /// gpt-oss (`GptOssForCausalLM`): biased attention with a learned sink logit per head,
+    /// alternating sliding and full layers, sparse MoE MLPs of biased experts with a clamped
+    /// SwiGLU.
+    GptOss,
 }
 
 impl Architecture {
@@ -51,7 +55,9 @@ impl Architecture {
         Phi3ForCausalLM (phi3), \
         Gemma2ForCausalLM (gemma2), \
         Gemma3ForCausalLM (gemma3_text; GGUF gemma3), \
-        SmolLM3ForCausalLM (smollm3); and the language model of \
+        SmolLM3ForCausalLM (smollm3), \
+        GptOssForCausalLM (gpt_oss; BF16 or F32 safetensors, not MXFP4 nor GGUF yet); and the \
+        language model of \
         Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration and other \
         checkpoints that nest one of these under text_config";
 
@@ -79,6 +85,8 @@ impl Architecture {
             "Gemma2ForCausalLM" | "gemma2" => Some(Self::Gemma2),
             "Gemma3ForCausalLM" | "gemma3_text" | "gemma3" => Some(Self::Gemma3),
             "SmolLM3ForCausalLM" | "smollm3" => Some(Self::SmolLM3),
+            // Not GGUF's `gpt-oss`: its MXFP4 experts are not read yet.
+            "GptOssForCausalLM" | "gpt_oss" => Some(Self::GptOss),
             _ => None,
         }
     }
@@ -257,6 +265,9 @@ struct RawConfig {
     num_experts: Option<usize>,
     num_local_experts: Option<usize>,
     num_experts_per_tok: Option<usize>,
+    experts_per_token: Option<usize>,
+    swiglu_alpha: Option<f32>,
+    swiglu_limit: Option<f32>,
     moe_intermediate_size: Option<usize>,
     shared_expert_intermediate_size: Option<usize>,
     norm_topk_prob: Option<bool>,
@@ -672,10 +683,25 @@ fn moe(raw: &RawConfig, arch: Architecture) -> Result<Option<Moe>, String> {
             true,
             ExpertNames::Mixtral,
         ),
+        // The softmax over the picked logits is the renormalised one over all of them.
+        Architecture::GptOss => (
+            raw.num_local_experts.or(raw.num_experts),
+            Some(raw.intermediate_size),
+            true,
+            ExpertNames::GptOss,
+        ),
         _ => return Ok(None),
     };
-    let (Some(experts), Some(top_k), Some(expert_intermediate)) =
-        (experts, raw.num_experts_per_tok, intermediate)
+    let activation = match arch {
+        // transformers' defaults; the released configs state the limit only.
+        Architecture::GptOss => ExpertActivation::ClampedSwiglu {
+            alpha: raw.swiglu_alpha.unwrap_or(1.702),
+            limit: raw.swiglu_limit.unwrap_or(7.0),
+        },
+        _ => ExpertActivation::Silu,
+    };
+    let top_k = raw.num_experts_per_tok.or(raw.experts_per_token);
+    let (Some(experts), Some(top_k), Some(expert_intermediate)) = (experts, top_k, intermediate)
     else {
         return Err(
             "a mixture-of-experts config needs num_experts (num_local_experts), \
@@ -699,6 +725,7 @@ fn moe(raw: &RawConfig, arch: Architecture) -> Result<Option<Moe>, String> {
         norm_topk_prob: norm,
         names,
         shared_expert_intermediate,
+        activation,
     }))
 }
 

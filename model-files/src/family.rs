@@ -22,11 +22,29 @@ pub enum ExpertNames {
     Qwen,
     /// `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` (Mixtral).
     Mixtral,
+    /// `mlp.router` (with a bias), the experts stacked: `mlp.experts.gate_up_proj`
+    /// (`[experts, hidden, 2 · inner]`, gate and up columns interleaved), `down_proj`
+    /// (`[experts, inner, hidden]`) and their biases (gpt-oss).
+    GptOss,
 }
 
-/// A sparse mixture-of-experts MLP: a router's softmax picks `top_k` of `experts` SiLU·mul
+/// What an expert applies between its `[gate | up]` and down products.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) · up`.
+    Silu,
+    /// gpt-oss's: `(clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)`, `g = min(gate, limit)`.
+    ClampedSwiglu {
+        /// The sigmoid's gain.
+        alpha: f32,
+        /// The clamp.
+        limit: f32,
+    },
+}
+
+/// A sparse mixture-of-experts MLP: a router's softmax picks `top_k` of `experts` gated
 /// MLPs per token, whose outputs are summed with the picked probabilities as weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Moe {
     /// Experts per sparse layer.
     pub experts: usize,
@@ -41,6 +59,8 @@ pub struct Moe {
     /// Inner width of the shared expert every token also goes through, its output scaled by
     /// `sigmoid(x · shared_expert_gate)` (Qwen2-MoE); `None`: no shared expert.
     pub shared_expert_intermediate: Option<usize>,
+    /// The experts' activation.
+    pub activation: ExpertActivation,
 }
 
 /// One decoder layer's attention options, and whether its MLP is sparse.

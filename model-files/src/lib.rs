@@ -23,7 +23,7 @@ mod weights;
 
 pub use config::{Architecture, DType, ModelConfig, NotServed, Quantization, RopeScaling};
 pub use error::FormatError;
-pub use family::{Activation, ExpertNames, Family, LayerSpec, Moe};
+pub use family::{Activation, ExpertActivation, ExpertNames, Family, LayerSpec, Moe};
 pub use model_files::ModelFiles;
 pub use pooling::{Pooler, Pooling};
 pub use weights::{HostTensor, NativeTensor, WeightSource};

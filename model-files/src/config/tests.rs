@@ -238,3 +238,31 @@ fn smollm3_layers_without_rope() {
     let rope: Vec<bool> = c.family.layers.iter().map(|l| l.rope).collect();
     assert_eq!(rope, [true, false, true, false]);
 }
+
+#[test]
+fn gpt_oss_family_from_its_config_and_its_gguf_refused() {
+    let c = fixture("tiny-gpt-oss");
+    assert_eq!(c.architecture, Architecture::GptOss);
+    let windows: Vec<_> = c.family.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(8), None, Some(8), None]);
+    let moe = c.family.moe.expect("gpt-oss's MLPs are sparse");
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.expert_intermediate),
+        (4, 2, 32)
+    );
+    assert_eq!(moe.names, crate::ExpertNames::GptOss);
+    assert_eq!(
+        moe.activation,
+        crate::ExpertActivation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0
+        }
+    );
+    assert!(c.attention_bias);
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-gpt-oss/model.gguf");
+    let e = crate::ModelFiles::open(&gguf).unwrap_err().to_string();
+    assert!(
+        e.contains("gpt-oss") && e.contains("not MXFP4 nor GGUF yet"),
+        "{e}"
+    );
+}

@@ -264,6 +264,7 @@ impl GgufFile {
                     shared_expert_intermediate: self
                         .optional_usize(&key("expert_shared_feed_forward_length"))?
                         .filter(|&n| n > 0),
+                    activation: crate::family::ExpertActivation::Silu,
                 })
             }
         };

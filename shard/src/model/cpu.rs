@@ -97,6 +97,7 @@ impl CpuBackend {
             scale: self.family.attention_scale,
             window: spec.window,
             softcap: self.family.attention_softcap,
+            sinks: self.weights.layers[layer].sinks.as_deref(),
         };
         match kv {
             HostPages::F32(layers) => step.run(&mut layers[layer], out),
@@ -351,6 +352,7 @@ pub(crate) struct AttentionStep<'a> {
     pub(crate) scale: f32,
     pub(crate) window: Option<usize>,
     pub(crate) softcap: Option<f32>,
+    pub(crate) sinks: Option<&'a [f32]>,
 }
 
 impl AttentionStep<'_> {
@@ -367,6 +369,7 @@ impl AttentionStep<'_> {
             scale: self.scale,
             window: self.window,
             softcap: self.softcap,
+            sinks: self.sinks,
         };
         attention::paged_attention(&problem, out);
     }

@@ -8,7 +8,7 @@
 //! expert's, scaled by its gate (Qwen2-MoE).
 
 use tessera_kernels::cpu::{ActivationDtype, activation, linear_weights_as};
-use tessera_model_files::Moe;
+use tessera_model_files::{ExpertActivation, Moe};
 
 use super::weights::{Expert, MoeWeights};
 
@@ -34,7 +34,14 @@ pub(crate) fn forward(
         for &(t, _) in tokens {
             gathered.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
         }
-        let y = buffers.mlp(expert, &gathered, tokens.len(), hidden, activations);
+        let y = buffers.mlp(
+            expert,
+            moe.activation,
+            &gathered,
+            tokens.len(),
+            hidden,
+            activations,
+        );
         for (&(t, p), yr) in tokens.iter().zip(y.chunks_exact(hidden)) {
             for (o, v) in out[t * hidden..(t + 1) * hidden].iter_mut().zip(yr) {
                 *o += v * p;
@@ -42,7 +49,14 @@ pub(crate) fn forward(
         }
     }
     if let Some(shared) = &w.shared {
-        let y = buffers.mlp(&shared.mlp, &x[..rows * hidden], rows, hidden, activations);
+        let y = buffers.mlp(
+            &shared.mlp,
+            ExpertActivation::Silu,
+            &x[..rows * hidden],
+            rows,
+            hidden,
+            activations,
+        );
         for ((o, xr), yr) in out
             .chunks_exact_mut(hidden)
             .zip(x.chunks_exact(hidden))
@@ -66,10 +80,11 @@ struct Buffers {
 }
 
 impl Buffers {
-    /// `down(silu(gate) · up)` of the `n` rows of `x`.
+    /// `down(act(gate, up))` of the `n` rows of `x`.
     fn mlp(
         &mut self,
         expert: &Expert,
+        act: ExpertActivation,
         x: &[f32],
         n: usize,
         hidden: usize,
@@ -88,7 +103,12 @@ impl Buffers {
             &mut self.gate_up,
             activations,
         );
-        activation::silu_mul(&self.gate_up, inner, &mut self.act);
+        match act {
+            ExpertActivation::Silu => activation::silu_mul(&self.gate_up, inner, &mut self.act),
+            ExpertActivation::ClampedSwiglu { alpha, limit } => {
+                activation::clamped_swiglu(&self.gate_up, inner, alpha, limit, &mut self.act)
+            }
+        }
         linear_weights_as(
             &self.act,
             &down.weight,
@@ -111,7 +131,14 @@ fn route(
 ) -> Vec<Vec<(usize, f32)>> {
     let e = moe.experts;
     let mut logits = vec![0f32; rows * e];
-    linear_weights_as(x, &w.router, None, rows, &mut logits, activations);
+    linear_weights_as(
+        x,
+        &w.router,
+        w.router_bias.as_deref(),
+        rows,
+        &mut logits,
+        activations,
+    );
     let mut picked = vec![Vec::new(); e];
     let mut order: Vec<usize> = Vec::with_capacity(e);
     for (t, row) in logits.chunks_exact(e).enumerate() {

@@ -103,6 +103,8 @@ pub(crate) struct LayerWeights {
     /// The MLP's input norm.
     pub(crate) pre_mlp_norm: Vec<f32>,
     pub(crate) mlp: Mlp,
+    /// This rank's query heads' attention sink logits (gpt-oss), if the layer has them.
+    pub(crate) sinks: Option<Vec<f32>>,
 }
 
 /// A layer's MLP.
@@ -492,6 +494,11 @@ impl ModelWeights {
                     (true, Some(moe)) => Mlp::Sparse(l.experts(&p, &moe, h)?),
                     _ => l.dense_mlp(&p, h, inter, &inter_rows)?,
                 },
+                sinks: l.optional(
+                    &format!("{p}.self_attn.sinks"),
+                    &[config.num_heads],
+                    Part::Rows(heads.q.clone()),
+                )?,
             });
         }
         let vocab_size = config.vocab_size;

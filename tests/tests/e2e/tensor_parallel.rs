@@ -90,6 +90,7 @@ async fn two_shards_match_one_shard_on_every_fixture() {
                 "tiny-gemma3-vision",
                 "tiny-mistral3",
                 "tiny-smollm3",
+                "tiny-gpt-oss",
             ] {
                 let prompts = prompts(model);
                 let (one, two) = tokio::join!(

@@ -150,6 +150,10 @@ fn unsupported(cpu: &CpuBackend) -> Option<&'static str> {
             "a separate RoPE for sliding layers",
         ),
         (family.layers.iter().any(|l| !l.rope), "layers without RoPE"),
+        (
+            cpu.weights.layers.iter().any(|l| l.sinks.is_some()),
+            "attention sinks",
+        ),
     ]
     .into_iter()
     .find_map(|(has, what)| has.then_some(what))

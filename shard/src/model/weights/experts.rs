@@ -11,6 +11,8 @@ use crate::EngineError;
 /// routing) and its experts, each sliced like a dense MLP.
 pub(crate) struct MoeWeights {
     pub(crate) router: WeightMatrix,
+    /// The router's bias (gpt-oss).
+    pub(crate) router_bias: Option<Vec<f32>>,
     pub(crate) experts: Vec<Expert>,
     /// Qwen2-MoE's shared expert, which every token goes through.
     pub(crate) shared: Option<SharedExpert>,
@@ -40,6 +42,7 @@ impl Loader<'_> {
         let (block, [gate, up, down]) = match moe.names {
             ExpertNames::Qwen => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
             ExpertNames::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            ExpertNames::GptOss => return self.stacked_experts(p, moe, hidden),
         };
         let prefix = format!("{p}.{block}");
         let router = self.matrix(
@@ -73,8 +76,70 @@ impl Loader<'_> {
         };
         Ok(MoeWeights {
             router: self.for_compute(router),
+            router_bias: None,
             experts,
             shared,
+        })
+    }
+
+    /// gpt-oss's router and experts (see [`ExpertNames::GptOss`]): each expert's `[gate | up]`
+    /// rows gathered from the interleaved, transposed stack, its down columns from theirs.
+    fn stacked_experts(
+        &self,
+        p: &str,
+        moe: &Moe,
+        hidden: usize,
+    ) -> Result<MoeWeights, EngineError> {
+        let (e, inter) = (moe.experts, moe.expert_intermediate);
+        let prefix = format!("{p}.mlp");
+        let router = self.matrix(&format!("{prefix}.router.weight"), [e, hidden], Part::Whole)?;
+        let router_bias = self.optional(&format!("{prefix}.router.bias"), &[e], Part::Whole)?;
+        let experts = format!("{prefix}.experts");
+        let gate_up = self.tensor(&format!("{experts}.gate_up_proj"), &[e, hidden, 2 * inter])?;
+        let gate_up_bias = self.tensor(&format!("{experts}.gate_up_proj_bias"), &[e, 2 * inter])?;
+        let down = self.tensor(&format!("{experts}.down_proj"), &[e, inter, hidden])?;
+        let down_bias = self.tensor(&format!("{experts}.down_proj_bias"), &[e, hidden])?;
+        let rows = self.partition.split(inter);
+        let n = rows.len();
+        let experts = (0..e)
+            .map(|x| {
+                let gu = &gate_up[x * hidden * 2 * inter..(x + 1) * hidden * 2 * inter];
+                // Gate rows first (even columns), then up rows (odd columns).
+                let mut w = Vec::with_capacity(2 * n * hidden);
+                for parity in [0, 1] {
+                    for j in rows.clone() {
+                        w.extend((0..hidden).map(|c| gu[c * 2 * inter + 2 * j + parity]));
+                    }
+                }
+                let gb = &gate_up_bias[x * 2 * inter..(x + 1) * 2 * inter];
+                let bias = [0, 1]
+                    .iter()
+                    .flat_map(|&parity| rows.clone().map(move |j| gb[2 * j + parity]))
+                    .collect();
+                let d = &down[x * inter * hidden..(x + 1) * inter * hidden];
+                let mut dw = Vec::with_capacity(hidden * n);
+                for o in 0..hidden {
+                    dw.extend(rows.clone().map(|j| d[j * hidden + o]));
+                }
+                Expert {
+                    gate_up: Linear {
+                        weight: self.for_compute(WeightMatrix::from_f32(2 * n, hidden, w)),
+                        bias: Some(bias),
+                    },
+                    down: Linear {
+                        weight: self.for_compute(WeightMatrix::from_f32(hidden, n, dw)),
+                        // Added once, after the sum over ranks.
+                        bias: (self.partition.rank == 0)
+                            .then(|| down_bias[x * hidden..(x + 1) * hidden].to_vec()),
+                    },
+                }
+            })
+            .collect();
+        Ok(MoeWeights {
+            router: self.for_compute(router),
+            router_bias,
+            experts,
+            shared: None,
         })
     }
 

@@ -120,6 +120,7 @@ impl EagleHead {
             scale: (hd as f32).powf(-0.5),
             window: None,
             softcap: None,
+            sinks: None,
         };
         match pages {
             HostPages::F32(layers) => step.run(&mut layers[0], &mut attended),
