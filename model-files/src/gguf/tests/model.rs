@@ -325,3 +325,16 @@ fn pooling_type_of_an_embedding_gguf() {
     let rank = pooler(Some(4)).unwrap_err().to_string();
     assert!(rank.contains("pooling_type 4 is not served"), "{rank}");
 }
+
+#[test]
+fn gpt_oss_gguf_is_refused_with_the_reason() {
+    let (w, _, _) = tiny_model("gpt-oss", true, false);
+    let e = open_bytes(&w.bytes().0)
+        .and_then(|f| f.model_config())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("gpt-oss") && e.contains("not MXFP4 nor GGUF yet"),
+        "{e}"
+    );
+}
