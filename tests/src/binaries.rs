@@ -64,6 +64,31 @@ fn sources_of(name: &str) -> &'static [&'static str] {
     }
 }
 
+/// The source files cargo built `binary` from, as its dep-info file beside it lists them
+/// (`tessera-shard.d`): exactly what a rebuild depends on, so a change to a test-only module
+/// does not make the binary look stale. `None` without one.
+fn dep_info_sources(binary: &Path) -> Option<Vec<PathBuf>> {
+    let name = binary.file_name()?.to_string_lossy().into_owned();
+    let text = std::fs::read_to_string(binary.with_file_name(format!("{name}.d"))).ok()?;
+    let first = text.lines().next()?;
+    let (_, deps) = first.split_once(": ")?;
+    // Make escapes a space inside a path as `\ `.
+    let files = deps
+        .replace("\\ ", "\0")
+        .split_whitespace()
+        .map(|p| PathBuf::from(p.replace('\0', " ")))
+        .collect();
+    Some(files)
+}
+
+/// The newest modification time among `files`, with the file.
+fn newest_of(files: Vec<PathBuf>) -> Option<(SystemTime, PathBuf)> {
+    files
+        .into_iter()
+        .filter_map(|f| Some((std::fs::metadata(&f).ok()?.modified().ok()?, f)))
+        .max()
+}
+
 /// The newest modification time of the `.rs` and `.proto` files under `dir`, with the file.
 fn newest_source(dir: &Path) -> Option<(SystemTime, PathBuf)> {
     let mut newest: Option<(SystemTime, PathBuf)> = None;
@@ -104,22 +129,27 @@ pub fn binary(name: &str) -> PathBuf {
     });
     let built = meta.modified().expect("binary mtime");
     let root = workspace_root();
-    for dir in sources_of(name) {
-        if let Some((changed, file)) = newest_source(&root.join(dir))
-            && changed > built
-        {
-            let message = format!(
-                "{} is older than {}: rebuild it with `cargo build --workspace --bins` (same \
-                 profile as the tests) before running the end-to-end tests, or set \
-                 TESSERA_E2E_ALLOW_STALE=1 to test the old binary anyway",
-                path.display(),
-                file.display()
-            );
-            if std::env::var_os("TESSERA_E2E_ALLOW_STALE").is_some_and(|v| v != "0") {
-                eprintln!("warning: {message}");
-            } else {
-                panic!("{message}");
-            }
+    let newest = match dep_info_sources(&path) {
+        Some(files) => newest_of(files),
+        None => sources_of(name)
+            .iter()
+            .filter_map(|dir| newest_source(&root.join(dir)))
+            .max(),
+    };
+    if let Some((changed, file)) = newest
+        && changed > built
+    {
+        let message = format!(
+            "{} is older than {}: rebuild it with `cargo build --workspace --bins` (same \
+             profile as the tests) before running the end-to-end tests, or set \
+             TESSERA_E2E_ALLOW_STALE=1 to test the old binary anyway",
+            path.display(),
+            file.display()
+        );
+        if std::env::var_os("TESSERA_E2E_ALLOW_STALE").is_some_and(|v| v != "0") {
+            eprintln!("warning: {message}");
+        } else {
+            panic!("{message}");
         }
     }
     path
