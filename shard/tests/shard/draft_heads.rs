@@ -107,7 +107,9 @@ fn greedy_tokens_are_identical_for_every_tree_width() {
                 );
                 assert!(proposed > 0, "{name}: the heads proposed nothing");
                 accepted_total += accepted;
-                for (i, p) in prompts.iter().enumerate() {
+                // Every prompt alone at the default width; the first elsewhere.
+                let alone_prompts = if width == 4 { prompts.len() } else { 1 };
+                for (i, p) in prompts.iter().enumerate().take(alone_prompts) {
                     let (alone, _) = generate(&mut e, std::slice::from_ref(p), &greedy[..1], steps);
                     assert_eq!(
                         alone[0], reference[i],
