@@ -29,6 +29,7 @@ pub mod client;
 mod deadline;
 mod detokenizer;
 mod error;
+mod heap;
 mod infer;
 mod metrics;
 mod native;
@@ -47,6 +48,7 @@ pub use crate::assistant::{ReasoningFormat, ToolCallFormat};
 pub use crate::deadline::REQUEST_TIMEOUT_HEADER;
 pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
 pub use crate::error::{ApiError, OpenAiError};
+pub use crate::heap::{CountingAllocator, live_bytes};
 pub use crate::infer::{
     AdmittedRequest, Entry, FinishReason, GeneratedText, Infer, InferError, InferResponse,
     InferStream, InferStreamResponse, PrefillToken, Token,

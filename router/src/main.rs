@@ -19,6 +19,10 @@ use tessera_router::{
 use tessera_telemetry::{Process, TelemetryConfig};
 use tessera_text::ModelTokenizer;
 
+/// Counts the live heap for `/metrics` (`tessera_router_heap_bytes`).
+#[global_allocator]
+static ALLOCATOR: tessera_router::CountingAllocator = tessera_router::CountingAllocator;
+
 /// The router of a Tessera server.
 #[derive(Parser, Debug)]
 #[command(version, about)]

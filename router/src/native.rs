@@ -431,6 +431,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         .prometheus()
         .ok_or_else(|| ApiError::NotFound("GET /metrics (metrics are disabled)".into()))?;
     handle.run_upkeep();
+    metrics::gauge!(crate::metrics::names::ROUTER_HEAP_BYTES).set(crate::heap::live_bytes() as f64);
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         handle.render(),

@@ -99,6 +99,10 @@ pub const SPECULATIVE_ACCEPTED_TOKENS: &str = "tessera_speculative_accepted_toke
 /// Gauge with label `speculator`: accepted / proposed draft tokens since start.
 pub const SPECULATIVE_ACCEPTANCE: &str = "tessera_speculative_acceptance_ratio";
 
+/// Gauge: bytes the router's allocator has handed out and not had back (its live heap), as
+/// of the scrape.
+pub const ROUTER_HEAP_BYTES: &str = "tessera_router_heap_bytes";
+
 /// What kind of metric a name is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -138,6 +142,7 @@ pub const ALL: &[(&str, Kind, Option<&str>)] = &[
     (BATCH_INFERENCE, Kind::Counter, Some("method")),
     (BATCH_INFERENCE_FAILURE, Kind::Counter, Some("method")),
     (KV_BLOCKS_FREE, Kind::Gauge, None),
+    (ROUTER_HEAP_BYTES, Kind::Gauge, None),
     (KV_BLOCKS_USED, Kind::Gauge, None),
     (KV_BLOCKS_CAPACITY, Kind::Gauge, None),
     (KV_CACHE_USAGE, Kind::Gauge, None),

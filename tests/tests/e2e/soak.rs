@@ -16,7 +16,9 @@
 //!   requests get exactly `EXCESS` 429s, and the `LIMIT` others all complete once it runs;
 //! - when idle, `tessera_kv_blocks_used` returns to 0 and `tessera_queue_size` to 0;
 //! - the router's and the shard's RSS stop growing after warm-up: the RSS after the second
-//!   half of the traffic is within 10% (+24 MiB) of the RSS after the first half.
+//!   half of the traffic is within 10% (+24 MiB) of the RSS after the first half;
+//! - the router's live heap (`tessera_router_heap_bytes`) comes back, idle, to within 2%
+//!   (+256 KiB) of where it was after the first half: per-request state is all freed.
 //!
 //! It prints the counts: requests, successes, each error class, cancellations, and the
 //! peak RSS of both processes after warm-up and at the end.
@@ -337,9 +339,11 @@ async fn soak() {
         let first = traffic(&base, HALF, 2).await;
         assert_idle(&s).await;
         let rss_half = (rss_kib(router).unwrap_or(0), rss_kib(shard).unwrap_or(0));
+        let heap_half = s.metric("tessera_router_heap_bytes").await;
         let second = traffic(&base, HALF, 3).await;
         assert_idle(&s).await;
         let rss_end = (rss_kib(router).unwrap_or(0), rss_kib(shard).unwrap_or(0));
+        let heap_end = s.metric("tessera_router_heap_bytes").await;
 
         let (admitted, refused) = exact_excess(&s).await;
         assert_idle(&s).await;
@@ -368,6 +372,15 @@ async fn soak() {
             mib(rss_warm.1),
             mib(rss_half.1),
             mib(rss_end.1),
+        );
+        eprintln!(
+            "soak: router live heap {:.2} MiB after half, {:.2} MiB at the end",
+            heap_half / 1048576.0,
+            heap_end / 1048576.0
+        );
+        assert!(
+            heap_half > 0.0 && heap_end <= heap_half * 1.02 + 256.0 * 1024.0,
+            "the router's live heap grew from {heap_half} to {heap_end} bytes over the second half"
         );
         assert!(
             total.failures.is_empty(),
