@@ -726,67 +726,111 @@ fn keys_rotated_while_written_equal_rotated_then_written() {
     check_rotated_write::<half::bf16>();
 }
 
-/// Soft-capped scores: the tiled kernel agrees with the naive one (which caps each score as it
-/// computes it), capping moves the result, and a row's bits are the same alone and in a chunk.
-#[test]
-fn soft_capped_attention_matches_the_naive_kernel_and_stays_row_invariant() {
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for &(hd, kv_heads, group, bs, ctx, rows, window) in &[
-        (16usize, 2usize, 2usize, 16usize, 300usize, 40usize, None),
-        (8, 1, 3, 5, 70, 70, Some(9)),
-        (20, 2, 1, 16, 40, 1, None),
-    ] {
+/// A random single-sequence problem of the tests that compare a scoring option against the
+/// naive kernel: `rows` query rows at the end of a `ctx`-token context.
+struct OptionCase {
+    c: Paged<f32>,
+    q: Vec<f32>,
+    heads: usize,
+    hd: usize,
+    rows: usize,
+    first: usize,
+    window: Option<usize>,
+}
+
+impl OptionCase {
+    fn new(
+        rng: &mut ChaCha8Rng,
+        (hd, kv_heads, group, bs, ctx, rows, window): (
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            Option<usize>,
+        ),
+    ) -> Self {
         let heads = kv_heads * group;
         let layout = KvLayout {
             block_size: bs,
             kv_heads,
             head_dim: hd,
         };
-        let k = random(&mut rng, ctx * kv_heads * hd, 3.0);
-        let v = random(&mut rng, ctx * kv_heads * hd, 1.0);
-        let q = random(&mut rng, rows * heads * hd, 3.0);
-        let c: Paged<f32> = paged(&mut rng, layout, &k, &v);
-        let first = ctx - rows;
-        let seq = |first_row, rows, first_position| AttentionSeq {
-            first_row,
-            rows,
-            first_position,
-            block_table: &c.table,
-            tree: None,
-        };
-        let problem = |q, seqs, softcap| PagedAttention {
-            kv: c.pages(),
+        let k = random(rng, ctx * kv_heads * hd, 3.0);
+        let v = random(rng, ctx * kv_heads * hd, 1.0);
+        let q = random(rng, rows * heads * hd, 3.0);
+        let c = paged(rng, layout, &k, &v);
+        Self {
+            c,
             q,
-            q_stride: heads * hd,
-            num_heads: heads,
-            seqs,
-            scale: 1.0 / (hd as f32).sqrt(),
+            heads,
+            hd,
+            rows,
+            first: ctx - rows,
             window,
+        }
+    }
+
+    /// The output of rows `from..` (all of them, or the last alone), by the tiled or the
+    /// naive kernel.
+    fn run(
+        &self,
+        from: usize,
+        softcap: Option<f32>,
+        sinks: Option<&[f32]>,
+        naive: bool,
+    ) -> Vec<f32> {
+        let w = self.heads * self.hd;
+        let seqs = [AttentionSeq {
+            first_row: 0,
+            rows: self.rows - from,
+            first_position: self.first + from,
+            block_table: &self.c.table,
+            tree: None,
+        }];
+        let p = PagedAttention {
+            kv: self.c.pages(),
+            q: &self.q[from * w..],
+            q_stride: w,
+            num_heads: self.heads,
+            seqs: &seqs,
+            scale: 1.0 / (self.hd as f32).sqrt(),
+            window: self.window,
             softcap,
-            sinks: None,
+            sinks,
         };
-        let whole = [seq(0, rows, first)];
-        let run = |p: &PagedAttention<'_, f32>, naive: bool| {
-            let mut out = vec![f32::NAN; p.out_len()];
-            match naive {
-                true => paged_attention_naive(kernels(), p, &mut out),
-                false => paged_attention(p, &mut out),
-            }
-            out
-        };
-        let capped = run(&problem(&q, &whole, Some(2.0)), false);
-        let naive = run(&problem(&q, &whole, Some(2.0)), true);
+        let mut out = vec![f32::NAN; p.out_len()];
+        match naive {
+            true => paged_attention_naive(kernels(), &p, &mut out),
+            false => paged_attention(&p, &mut out),
+        }
+        out
+    }
+}
+
+/// Soft-capped scores: the tiled kernel agrees with the naive one (which caps each score as it
+/// computes it), capping moves the result, and a row's bits are the same alone and in a chunk.
+#[test]
+fn soft_capped_attention_matches_the_naive_kernel_and_stays_row_invariant() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for shape in [
+        (16usize, 2usize, 2usize, 16usize, 300usize, 40usize, None),
+        (8, 1, 3, 5, 70, 70, Some(9)),
+        (20, 2, 1, 16, 40, 1, None),
+    ] {
+        let case = OptionCase::new(&mut rng, shape);
+        let (hd, w, last) = (case.hd, case.heads * case.hd, case.rows - 1);
+        let capped = case.run(0, Some(2.0), None, false);
+        let naive = case.run(0, Some(2.0), None, true);
         let d = max_abs_diff(&capped, &naive);
-        assert!(d < 2e-5, "hd {hd} ctx {ctx}: tiled vs naive {d}");
-        let uncapped = run(&problem(&q, &whole, None), false);
+        assert!(d < 2e-5, "hd {hd}: tiled vs naive {d}");
+        let uncapped = case.run(0, None, None, false);
         assert!(
             max_abs_diff(&capped, &uncapped) > 1e-2,
             "the cap changed nothing"
         );
-        let w = heads * hd;
-        let last = rows - 1;
-        let alone = [seq(0, 1, first + last)];
-        let one = run(&problem(&q[last * w..], &alone, Some(2.0)), false);
+        let one = case.run(last, Some(2.0), None, false);
         assert_eq!(
             one,
             capped[last * w..],
@@ -795,86 +839,47 @@ fn soft_capped_attention_matches_the_naive_kernel_and_stays_row_invariant() {
     }
 }
 
+/// Attention sinks: the tiled kernel agrees with the naive one (which puts the sink in its max
+/// and sum), every head's output is its sink-free output scaled by one factor in (0, 1], and a
+/// row's bits are the same alone and in a chunk.
 #[test]
 fn sinks_join_the_denominator_alone_and_in_a_batch() {
     let mut rng = ChaCha8Rng::seed_from_u64(29);
-    for (hd, kv_heads, group, bs, ctx, rows, window) in [
+    for shape in [
         (16usize, 2usize, 2usize, 16usize, 300usize, 40usize, Some(8)),
         (8, 1, 3, 5, 70, 70, None),
         (20, 2, 1, 16, 600, 1, None),
     ] {
-        let heads = kv_heads * group;
-        let layout = KvLayout {
-            block_size: bs,
-            kv_heads,
-            head_dim: hd,
-        };
-        let k = random(&mut rng, ctx * kv_heads * hd, 3.0);
-        let v = random(&mut rng, ctx * kv_heads * hd, 1.0);
-        let q = random(&mut rng, rows * heads * hd, 3.0);
+        let case = OptionCase::new(&mut rng, shape);
+        let (hd, heads, w, last) = (case.hd, case.heads, case.heads * case.hd, case.rows - 1);
         // From far below the scores to far above them.
         let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 15.0 - 6.0).collect();
-        let c: Paged<f32> = paged(&mut rng, layout, &k, &v);
-        let first = ctx - rows;
-        let seq = |first_row, rows, first_position| AttentionSeq {
-            first_row,
-            rows,
-            first_position,
-            block_table: &c.table,
-            tree: None,
-        };
-        let problem = |q, seqs, sinks| PagedAttention {
-            kv: c.pages(),
-            q,
-            q_stride: heads * hd,
-            num_heads: heads,
-            seqs,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window,
-            softcap: None,
-            sinks,
-        };
-        let whole = [seq(0, rows, first)];
-        let run = |p: &PagedAttention<'_, f32>, naive: bool| {
-            let mut out = vec![f32::NAN; p.out_len()];
-            match naive {
-                true => paged_attention_naive(kernels(), p, &mut out),
-                false => paged_attention(p, &mut out),
-            }
-            out
-        };
-        let sunk = run(&problem(&q, &whole, Some(&sinks)), false);
-        let naive = run(&problem(&q, &whole, Some(&sinks)), true);
+        let sunk = case.run(0, None, Some(&sinks), false);
+        let naive = case.run(0, None, Some(&sinks), true);
         let d = max_abs_diff(&sunk, &naive);
-        assert!(d < 2e-5, "hd {hd} ctx {ctx}: tiled vs naive {d}");
-        // Against the plain output: a sink scales every head's output by Σe / (Σe + e^sink).
-        let plain = run(&problem(&q, &whole, None), false);
+        assert!(d < 2e-5, "hd {hd}: tiled vs naive {d}");
+        let plain = case.run(0, None, None, false);
         assert!(
             max_abs_diff(&sunk, &plain) > 1e-2,
             "the sinks changed nothing"
         );
-        for r in 0..rows {
-            for h in 0..heads {
-                let at = (r * heads + h) * hd;
-                let ratio = sunk[at..at + hd]
-                    .iter()
-                    .zip(&plain[at..at + hd])
-                    .find(|(_, p)| p.abs() > 1e-3)
-                    .map(|(s, p)| s / p);
-                let ratio = ratio.expect("a nonzero output value");
-                assert!(
-                    (0.0..=1.0 + 1e-5).contains(&ratio),
-                    "row {r} head {h}: {ratio}"
-                );
-                for (s, p) in sunk[at..at + hd].iter().zip(&plain[at..at + hd]) {
-                    assert!((s - p * ratio).abs() < 1e-4, "row {r} head {h}: one scale");
-                }
+        for (i, (s, p)) in sunk
+            .chunks_exact(hd)
+            .zip(plain.chunks_exact(hd))
+            .enumerate()
+        {
+            let ratio = s
+                .iter()
+                .zip(p)
+                .find(|(_, p)| p.abs() > 1e-3)
+                .map(|(s, p)| s / p)
+                .expect("a nonzero output value");
+            assert!((0.0..=1.0 + 1e-5).contains(&ratio), "vector {i}: {ratio}");
+            for (s, p) in s.iter().zip(p) {
+                assert!((s - p * ratio).abs() < 1e-4, "vector {i}: one scale");
             }
         }
-        let w = heads * hd;
-        let last = rows - 1;
-        let alone = [seq(0, 1, first + last)];
-        let one = run(&problem(&q[last * w..], &alone, Some(&sinks)), false);
+        let one = case.run(last, None, Some(&sinks), false);
         assert_eq!(one, sunk[last * w..], "hd {hd}: the last row alone differs");
     }
 }
