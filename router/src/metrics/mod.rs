@@ -2,7 +2,7 @@
 //! the batcher make.
 //!
 //! Every `tessera_*` name carries its unit (`_seconds`, `_tokens`, `_requests`, `_blocks`,
-//! `_ratio`) and counters end in `_total`. [`names::ALL`] lists every metric with its kind,
+//! `_ratio`, `_bytes`) and counters end in `_total`. [`names::ALL`] lists every metric with its kind,
 //! [`vllm::ALL`] the vLLM-named twins the gateways read; `deploy/README.md` documents both and
 //! `tests/tests/e2e/metrics_*.rs` checks that they agree.
 //!

@@ -175,6 +175,7 @@ mod tests {
             "_requests",
             "_blocks",
             "_ratio",
+            "_bytes",
             "_total",
         ];
         for &(name, kind, _) in ALL {
