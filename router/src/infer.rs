@@ -243,7 +243,8 @@ impl Infer {
 
     /// The handle of a server that runs `task` (generation by default): generation requests
     /// are refused by a server that embeds or scores, whose model may have no LM head.
-    pub fn serving(mut self, task: Task) -> Self {
+    /// [`crate::AppStateBuilder`] sets it from the server's [`crate::PoolingModel`].
+    pub(crate) fn serving(mut self, task: Task) -> Self {
         self.task = task;
         self
     }

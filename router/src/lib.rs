@@ -57,7 +57,7 @@ pub use crate::metrics::{
     build_recorder, install_recorder, names as metric_names, set_speculator,
     vllm as vllm_metric_names,
 };
-pub use crate::pooling::{EmbedSpec, ModelFacts, PoolingModel, ScoreSpec, Task, TaskError};
+pub use crate::pooling::{EmbedSpec, ModelFacts, Pool, PoolingModel, ScoreSpec, Task, TaskError};
 pub use crate::server::{app, serve};
 pub use crate::state::{AppState, AppStateBuilder, DEFAULT_PAYLOAD_LIMIT, HealthCheck, ModelInfo};
 pub use crate::stop::{StopMatch, StopSequenceMatcher};

@@ -217,7 +217,7 @@ fn pooling_model(
         hidden_size: info.hidden_size,
     };
     let pooling = PoolingModel::resolve(args.task.0, &facts, &args.score_labels, tokenizer)?;
-    tracing::info!(task = pooling.task.name(), "serving");
+    tracing::info!(task = pooling.task().name(), "serving");
     Ok(pooling)
 }
 
@@ -418,7 +418,7 @@ async fn main() -> anyhow::Result<()> {
         },
         queue_capacity: args.max_concurrent_requests,
     });
-    let infer = Infer::new(queue, args.max_concurrent_requests).serving(pooling.task);
+    let infer = Infer::new(queue, args.max_concurrent_requests);
     let drained = drain_on_signal(infer.clone());
     let state = AppState::builder(infer, tokenizer, served_model_name)
         .validation(ValidationConfig {

@@ -236,7 +236,7 @@ impl AppStateBuilder {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         AppState(Arc::new(Shared {
-            infer: self.infer,
+            infer: self.infer.serving(self.pooling.task()),
             validation: Validation::new(self.validation, self.tokenizer),
             served_model_name: self.served_model_name,
             info: self.info,

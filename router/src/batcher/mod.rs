@@ -27,7 +27,6 @@ use tracing::Instrument;
 use crate::client::{ClientError, Generation, NewRequest, ShardStep, ShardedClient, StepAnswer};
 use crate::infer::{Entry, InferError, InferStreamResponse};
 use crate::metrics::names;
-use crate::pooling::PoolingAsk;
 use crate::state::HealthCheck;
 pub use scheduler::SchedulerLimits;
 pub(crate) use scheduler::{NewWork, RunningWork};
@@ -184,11 +183,8 @@ impl Batcher {
         let id = self.next_request_id;
         self.next_request_id += 1;
         let wants_prefill_logprobs = entry.request.decoder_input_details;
-        // Mean and CLS pooling read every prompt token's hidden state: none may be cached.
-        let pools_every_token = matches!(
-            entry.request.pooling,
-            Some(PoolingAsk::Embed(pooling)) if pooling != "last"
-        );
+        let pools_every_token =
+            (entry.request.pooling.as_ref()).is_some_and(|ask| !ask.reads_last_token_only());
         self.scheduler.add(
             id,
             entry.request.input_ids.clone(),

@@ -43,7 +43,7 @@ fn new_request(r: &NewRequest<'_>) -> pb::NewRequest {
 
 fn pooling(p: &PoolingAsk) -> pb::Pooling {
     let kind = match p {
-        PoolingAsk::Embed(name) => pb::pooling::Kind::Embed((*name).to_owned()),
+        PoolingAsk::Embed(pool) => pb::pooling::Kind::Embed(pool.name().to_owned()),
         PoolingAsk::Classify { label_tokens } => pb::pooling::Kind::Classify(pb::Classify {
             label_tokens: label_tokens.clone(),
         }),

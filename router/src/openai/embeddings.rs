@@ -6,10 +6,9 @@ use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
-use super::response::Meta;
 use crate::error::{OpenAiError, OpenAiJson};
 use crate::infer::ValidGenerateRequest;
-use crate::pooling::{Task, embeddings};
+use crate::pooling::{PoolingAsk, embeddings};
 use crate::state::AppState;
 use crate::validation::ValidationError;
 
@@ -109,12 +108,8 @@ pub(crate) async fn embeddings(
     State(state): State<AppState>,
     OpenAiJson(req): OpenAiJson<EmbeddingRequest>,
 ) -> Result<Json<EmbeddingResponse>, OpenAiError> {
-    let pooling = state.pooling();
-    let ask = pooling.ask_for(Task::Embed, "/v1/embeddings")?;
-    let spec = pooling
-        .embed
-        .clone()
-        .ok_or_else(|| ValidationError::Internal("an embed task without its pooling".into()))?;
+    let spec = state.pooling().embedding("/v1/embeddings")?;
+    let ask = PoolingAsk::Embed(spec.pool);
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -149,7 +144,7 @@ pub(crate) async fn embeddings(
         .into_iter()
         .enumerate()
         .map(|(index, v)| {
-            let v = embeddings::finish(&spec, v, req.dimensions);
+            let v = embeddings::finish(spec, v, req.dimensions);
             Embedding {
                 object: "embedding",
                 index,
@@ -163,7 +158,7 @@ pub(crate) async fn embeddings(
     Ok(Json(EmbeddingResponse {
         object: "list",
         data,
-        model: Meta::new(&state, "embd").model,
+        model: state.served_model_name().to_owned(),
         usage,
     }))
 }

@@ -2,6 +2,8 @@
 //! models), then scaled to unit length when the model normalises.
 
 use super::EmbedSpec;
+#[cfg(test)]
+use super::Pool;
 
 /// `pooled` cut to its first `dimensions` values, normalised when `spec` says.
 pub(crate) fn finish(
@@ -41,7 +43,7 @@ mod tests {
 
     fn spec(normalize: bool) -> EmbedSpec {
         EmbedSpec {
-            pooling: "last",
+            pool: Pool::Last,
             normalize,
             dimensions: 4,
         }

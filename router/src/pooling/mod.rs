@@ -33,32 +33,69 @@ impl Task {
     }
 }
 
+/// Which final hidden states make an embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pool {
+    /// The last token's.
+    Last,
+    /// The mean of every token's.
+    Mean,
+    /// The first token's.
+    Cls,
+}
+
+impl Pool {
+    /// The name the wire carries (`tessera.v1.Pooling.embed`, `InfoResponse.pooling`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Pool::Last => "last",
+            Pool::Mean => "mean",
+            Pool::Cls => "cls",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        [Pool::Last, Pool::Mean, Pool::Cls]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+}
+
 /// How the router asks the shards to pool one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum PoolingAsk {
-    /// The pooled final hidden state (`"last"`, `"mean"` or `"cls"`).
-    Embed(&'static str),
+    /// The pooled final hidden state.
+    Embed(Pool),
     /// The last token's classifier logits: the model's score head (`label_tokens` empty), or
     /// these tokens' LM-head logits.
     Classify { label_tokens: Vec<u32> },
 }
 
-/// What the served model offers beside generation.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct PoolingModel {
-    /// The task the server runs.
-    pub task: Task,
-    /// How embeddings are made (with [`Task::Embed`]).
-    pub embed: Option<EmbedSpec>,
-    /// How pairs are scored (with [`Task::Score`]).
-    pub score: Option<ScoreSpec>,
+impl PoolingAsk {
+    /// Whether the result is read from the last token alone, so that cached prefix blocks may
+    /// stand in for the rest of the prompt (mean and CLS pooling read every token's state).
+    pub(crate) fn reads_last_token_only(&self) -> bool {
+        !matches!(self, PoolingAsk::Embed(Pool::Mean | Pool::Cls))
+    }
+}
+
+/// What the server does: generation, or a pooling task with what it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PoolingModel {
+    /// Text generation.
+    #[default]
+    Generate,
+    /// Embeddings.
+    Embed(EmbedSpec),
+    /// Scores of text pairs.
+    Score(ScoreSpec),
 }
 
 /// An embedding model's pooling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EmbedSpec {
-    /// `"last"`, `"mean"` or `"cls"`.
-    pub pooling: &'static str,
+    /// Which hidden states.
+    pub pool: Pool,
     /// Whether vectors are scaled to unit length (after `dimensions` truncates them).
     pub normalize: bool,
     /// Width of a full embedding.
@@ -109,37 +146,28 @@ impl PoolingModel {
         } else {
             Task::Generate
         });
-        let mut model = PoolingModel {
-            task,
-            ..Default::default()
-        };
-        match task {
-            Task::Generate => {}
-            Task::Embed => {
-                // A decoder the model files do not describe pools as vLLM pools one: by its
-                // last token, normalised.
-                let (pooling, normalize) = match facts.pooling {
-                    "" => ("last", true),
-                    "mean" => ("mean", facts.normalize),
-                    "cls" => ("cls", facts.normalize),
-                    "last" => ("last", facts.normalize),
-                    other => {
-                        return Err(TaskError(format!(
-                            "the shards report an unknown pooling {other:?}"
-                        )));
-                    }
-                };
-                model.embed = Some(EmbedSpec {
-                    pooling,
-                    normalize,
-                    dimensions: facts.hidden_size as usize,
-                });
-            }
-            Task::Score if facts.score_labels > 0 => {
-                model.score = Some(ScoreSpec {
-                    label_tokens: Vec::new(),
-                });
-            }
+        Ok(match task {
+            Task::Generate => PoolingModel::Generate,
+            // A decoder the model files do not describe pools as vLLM pools one: by its last
+            // token, normalised.
+            Task::Embed if facts.pooling.is_empty() => PoolingModel::Embed(EmbedSpec {
+                pool: Pool::Last,
+                normalize: true,
+                dimensions: facts.hidden_size as usize,
+            }),
+            Task::Embed => PoolingModel::Embed(EmbedSpec {
+                pool: Pool::from_name(facts.pooling).ok_or_else(|| {
+                    TaskError(format!(
+                        "the shards report an unknown pooling {:?}",
+                        facts.pooling
+                    ))
+                })?,
+                normalize: facts.normalize,
+                dimensions: facts.hidden_size as usize,
+            }),
+            Task::Score if facts.score_labels > 0 => PoolingModel::Score(ScoreSpec {
+                label_tokens: Vec::new(),
+            }),
             Task::Score => {
                 if score_labels.len() < 2 {
                     return Err(TaskError(
@@ -152,10 +180,18 @@ impl PoolingModel {
                     .iter()
                     .map(|label| single_token(tokenizer, label))
                     .collect::<Result<_, _>>()?;
-                model.score = Some(ScoreSpec { label_tokens });
+                PoolingModel::Score(ScoreSpec { label_tokens })
             }
+        })
+    }
+
+    /// The task the server runs.
+    pub fn task(&self) -> Task {
+        match self {
+            PoolingModel::Generate => Task::Generate,
+            PoolingModel::Embed(_) => Task::Embed,
+            PoolingModel::Score(_) => Task::Score,
         }
-        Ok(model)
     }
 
     /// What the shards are asked for each request of `route`, which needs task `needed`, or
@@ -166,22 +202,34 @@ impl PoolingModel {
         route: &'static str,
     ) -> Result<PoolingAsk, ValidationError> {
         self.ask()
-            .filter(|_| self.task == needed)
-            .ok_or(ValidationError::Task {
-                route,
-                needed: needed.name(),
-                running: self.task.name(),
-            })
+            .filter(|_| self.task() == needed)
+            .ok_or_else(|| self.refusal(needed, route))
+    }
+
+    /// The embedding model's pooling, for `route`, or why the server cannot answer it.
+    pub(crate) fn embedding(&self, route: &'static str) -> Result<&EmbedSpec, ValidationError> {
+        match self {
+            PoolingModel::Embed(spec) => Ok(spec),
+            _ => Err(self.refusal(Task::Embed, route)),
+        }
+    }
+
+    fn refusal(&self, needed: Task, route: &'static str) -> ValidationError {
+        ValidationError::Task {
+            route,
+            needed: needed.name(),
+            running: self.task().name(),
+        }
     }
 
     /// What the shards are asked for each request of this model's pooling task.
     pub(crate) fn ask(&self) -> Option<PoolingAsk> {
-        match (self.task, &self.embed, &self.score) {
-            (Task::Embed, Some(e), _) => Some(PoolingAsk::Embed(e.pooling)),
-            (Task::Score, _, Some(s)) => Some(PoolingAsk::Classify {
+        match self {
+            PoolingModel::Generate => None,
+            PoolingModel::Embed(e) => Some(PoolingAsk::Embed(e.pool)),
+            PoolingModel::Score(s) => Some(PoolingAsk::Classify {
                 label_tokens: s.label_tokens.clone(),
             }),
-            _ => None,
         }
     }
 }
@@ -253,14 +301,17 @@ mod tests {
     fn auto_takes_what_the_model_declares() {
         let tok = byte_level();
         let resolve = |f: ModelFacts<'_>| PoolingModel::resolve(None, &f, &[], &tok).unwrap();
-        assert_eq!(resolve(facts("", 0)).task, Task::Generate);
+        assert_eq!(resolve(facts("", 0)).task(), Task::Generate);
         assert_eq!(resolve(facts("", 0)).ask(), None);
         let embed = resolve(facts("mean", 0));
-        assert_eq!(embed.task, Task::Embed);
-        assert_eq!(embed.ask(), Some(PoolingAsk::Embed("mean")));
-        assert_eq!(embed.embed.as_ref().map(|e| e.dimensions), Some(64));
+        assert_eq!(embed.task(), Task::Embed);
+        assert_eq!(embed.ask(), Some(PoolingAsk::Embed(Pool::Mean)));
+        assert!(matches!(
+            embed,
+            PoolingModel::Embed(EmbedSpec { dimensions: 64, .. })
+        ));
         let score = resolve(facts("", 1));
-        assert_eq!(score.task, Task::Score);
+        assert_eq!(score.task(), Task::Score);
         assert_eq!(
             score.ask(),
             Some(PoolingAsk::Classify {
@@ -274,9 +325,9 @@ mod tests {
         let tok = byte_level();
         let embed = PoolingModel::resolve(Some(Task::Embed), &facts("", 0), &[], &tok).unwrap();
         assert_eq!(
-            embed.embed,
-            Some(EmbedSpec {
-                pooling: "last",
+            embed,
+            PoolingModel::Embed(EmbedSpec {
+                pool: Pool::Last,
                 normalize: true,
                 dimensions: 64
             })
