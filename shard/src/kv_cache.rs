@@ -68,21 +68,43 @@ pub(crate) enum HostPages {
 }
 
 impl HostPages {
-    /// `num_layers` layers of zeroed K and V pages of `len` elements each.
+    /// `num_layers` layers of zeroed K and V pages of `len` elements each, every page resident.
     fn zeroed(num_layers: usize, len: usize, dtype: KvDtype) -> Self {
         match dtype {
             KvDtype::Float32 => HostPages::F32(
                 (0..num_layers)
-                    .map(|_| (vec![0.0; len], vec![0.0; len]))
+                    .map(|_| (resident_zeros(len, 0.0), resident_zeros(len, 0.0)))
                     .collect(),
             ),
             KvDtype::Bfloat16 => HostPages::Bf16(
                 (0..num_layers)
-                    .map(|_| (vec![bf16::ZERO; len], vec![bf16::ZERO; len]))
+                    .map(|_| {
+                        (
+                            resident_zeros(len, bf16::ZERO),
+                            resident_zeros(len, bf16::ZERO),
+                        )
+                    })
                     .collect(),
             ),
         }
     }
+}
+
+/// `len` zeros whose memory pages are all faulted in. The pool is the server's memory
+/// reservation: taken whole at start-up, a machine without that memory fails then rather than
+/// hours into serving, and the process's RSS says what it holds instead of creeping up as
+/// blocks are first used.
+fn resident_zeros<T: Copy>(len: usize, zero: T) -> Vec<T> {
+    let mut v = vec![zero; len];
+    // A zeroed allocation may be fresh anonymous memory, which the kernel maps on first write.
+    // Hidden from the optimiser, the vector's contents are unknown, so the writes of one
+    // element per page stay and fault every page in.
+    let per_page = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    let pages = std::hint::black_box(&mut v);
+    for i in (0..len).step_by(per_page) {
+        pages[i] = zero;
+    }
+    v
 }
 
 impl PageStore for HostPages {
@@ -227,6 +249,39 @@ fn copy_host_slots<T: Copy>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_pages_are_resident_from_the_start() {
+        let layout = KvLayout {
+            block_size: 16,
+            kv_heads: 4,
+            head_dim: 64,
+        };
+        // 4 MiB per page vector: large enough to be fresh anonymous memory.
+        let c = KvCache::new(1, 1024, layout);
+        let CachePages::Host(HostPages::F32(layers)) = &c.pages else {
+            panic!("host f32 pages expected");
+        };
+        for v in [&layers[0].0, &layers[0].1] {
+            let (resident, whole) = resident_pages(v);
+            assert!(whole > 1000);
+            assert_eq!(resident, whole);
+        }
+    }
+
+    /// How many of the whole 4 KiB pages inside `v` are in memory (by `mincore`), of how many.
+    #[allow(unsafe_code)]
+    fn resident_pages(v: &[f32]) -> (usize, usize) {
+        let start = v.as_ptr() as usize;
+        let first = start.div_ceil(4096) * 4096;
+        let end = (start + v.len() * 4) / 4096 * 4096;
+        let mut map = vec![0u8; (end - first) / 4096];
+        // SAFETY: the range lies inside `v`'s allocation and `map` has one byte per page.
+        let rc =
+            unsafe { libc::mincore(first as *mut libc::c_void, end - first, map.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore failed");
+        (map.iter().filter(|b| *b & 1 == 1).count(), map.len())
+    }
 
     #[test]
     fn block_bytes_follow_the_element_size() {
