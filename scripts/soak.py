@@ -12,13 +12,18 @@ X-Request-Timeout. It reports:
   or a typed error (a JSON error naming its kind: `error_type`, or `error.code`/`error.type`
   under /v1), including transport errors and streams that stop without their last event;
 - panics in the server's log;
-- RSS of the router and shard processes: after warm-up (--warmup-minutes) and at the end,
-  and the growth between the two;
+- RSS of the router and of each shard, and the router's live heap (`tessera_router_heap_bytes`),
+  sampled every --sample-seconds: each process's growth from the end of the warm-up
+  (--warmup-minutes) to the end of the run, idle; the samples as soak.csv and, when matplotlib
+  is installed, a plot of them as soak.png, beside the report soak.txt (in --out);
 - and at the end, with no traffic, that no KV block is still in use.
 
-Stdlib only. Exit status 1 when anything was lost, anything panicked, or RSS grew 2% or more.
+The shard reserves its whole KV pool at start-up, so KV blocks used for the first time late in
+a run do not show as growth. Stdlib only (matplotlib for the plot). Exit status 1 when anything
+was lost, anything panicked, or a process's RSS grew --max-growth percent (1) or more.
 
-    scripts/soak.py --model ~/.cache/tessera/SmolLM2-135M-Instruct.Q4_1.gguf --minutes 10
+    scripts/soak.py --model ~/.cache/tessera/SmolLM2-135M-Instruct.Q4_1.gguf --minutes 30 \
+        --max-concurrent-requests 32 --out soak-smollm2
 """
 
 import argparse
@@ -229,23 +234,85 @@ def rss_kib(pid):
 
 
 def server_children(launcher_pid):
-    """The launcher's children (router and shards), by pid."""
+    """The launcher's children (router and shards), by pid, named router, shard-0, shard-1…"""
     out = subprocess.run(["ps", "-o", "pid=,comm=", "--ppid", str(launcher_pid)],
                          capture_output=True, text=True, check=False).stdout
-    return {int(p): c for p, c in (l.split(None, 1) for l in out.splitlines() if l.strip())}
+    pids = {int(p): c.strip() for p, c in (l.split(None, 1) for l in out.splitlines() if l.strip())}
+    names, shards = {}, 0
+    for pid, comm in sorted(pids.items()):
+        if "router" in comm:
+            names[pid] = "router"
+        else:
+            names[pid] = f"shard-{shards}"
+            shards += 1
+    return names
 
 
-def rss_total(children):
-    values = [rss_kib(p) for p in children]
-    return sum(v for v in values if v is not None)
-
-
-async def metric(port, series):
+async def metrics(port, series):
+    """The values of unlabelled `series` on /metrics, by name (None where absent)."""
     _, _, out, _ = await http(port, "GET", "/metrics")
+    found = dict.fromkeys(series)
     for line in out.decode().splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return None
+        name, _, value = line.partition(" ")
+        if name in found:
+            found[name] = float(value.split()[0])
+    return found
+
+
+HEAP = "tessera_router_heap_bytes"
+BLOCKS = "tessera_kv_blocks_used"
+
+
+class Samples:
+    """RSS per process and the router's live heap, over time (seconds since the load began)."""
+
+    def __init__(self, children):
+        self.children = children
+        self.rows = []
+
+    async def take(self, port, t):
+        row = {"t": t}
+        for pid, name in self.children.items():
+            row[name] = rss_kib(pid)
+        row.update(await metrics(port, [HEAP, BLOCKS]))
+        self.rows.append(row)
+        return row
+
+    def columns(self):
+        return ["t", *sorted(self.children.values()), HEAP, BLOCKS]
+
+    def write_csv(self, path):
+        cols = self.columns()
+        with open(path, "w") as f:
+            f.write(",".join(cols) + "\n")
+            for r in self.rows:
+                f.write(",".join("" if r.get(c) is None else f"{r[c]:g}" for c in cols) + "\n")
+
+    def write_png(self, path, warm_s, title):
+        """RSS per process and the router's heap over time; False without matplotlib."""
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return False
+        names = sorted(self.children.values())
+        fig, axes = plt.subplots(len(names) + 1, 1, figsize=(9, 2.2 * (len(names) + 1)),
+                                 sharex=True)
+        minutes = [r["t"] / 60 for r in self.rows]
+        series = [(f"{n} RSS", n, 1024) for n in names] + [("router live heap", HEAP, 2**20)]
+        for ax, (label, key, unit) in zip(axes, series):
+            ax.plot(minutes, [(r[key] or 0) / unit for r in self.rows], label=label)
+            ax.set_ylabel("MiB")
+            ax.legend(loc="lower right")
+            ax.axvline(warm_s / 60, color="grey", linestyle=":", linewidth=1)
+            ax.grid(alpha=0.3)
+        axes[-1].set_xlabel("minutes of load (dotted: end of warm-up)")
+        axes[0].set_title(title, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return True
 
 
 async def soak(args, port, launcher):
@@ -254,18 +321,22 @@ async def soak(args, port, launcher):
     warm_until = start + args.warmup_minutes * 60
     end = start + args.minutes * 60
     workers = [asyncio.create_task(load.worker(end)) for _ in range(2 * args.max_concurrent_requests)]
-    children = server_children(launcher.pid)
-    await asyncio.sleep(max(0.0, warm_until - time.monotonic()))
-    rss_warm = rss_total(children)
-    peak = rss_warm
+    samples = Samples(server_children(launcher.pid))
+    warm = None
     while time.monotonic() < end:
-        await asyncio.sleep(5)
-        peak = max(peak, rss_total(children))
+        now = time.monotonic()
+        row = await samples.take(port, now - start)
+        if warm is None and now >= warm_until:
+            warm = row
+        await asyncio.sleep(min(args.sample_seconds, max(0.0, end - time.monotonic())))
     await asyncio.gather(*workers)
     await asyncio.sleep(2)
-    rss_end = rss_total(children)
-    blocks = await metric(port, "tessera_kv_blocks_used")
-    return load, rss_warm, peak, rss_end, blocks, children
+    last = await samples.take(port, time.monotonic() - start)
+    return load, samples, warm or samples.rows[0], last
+
+
+def growth(before, after):
+    return 100.0 * (after - before) / before if before else float("nan")
 
 
 def main():
@@ -274,13 +345,20 @@ def main():
     p.add_argument("--served-model-name", default="soak")
     p.add_argument("--bin-dir", default=str(ROOT / "target/release"))
     p.add_argument("--minutes", type=float, default=10)
-    p.add_argument("--warmup-minutes", type=float, default=1)
+    p.add_argument("--warmup-minutes", type=float, default=2)
     p.add_argument("--max-concurrent-requests", type=int, default=16)
+    p.add_argument("--sample-seconds", type=float, default=5)
+    p.add_argument("--max-growth", type=float, default=1.0,
+                   help="percent of RSS growth after warm-up allowed per process")
+    p.add_argument("--out", help="folder for soak.txt, soak.csv and soak.png (default: the "
+                   "run's temporary folder)")
     p.add_argument("--seed", type=int, default=27)
     p.add_argument("--extra-args", default="", help="more launcher flags, space-separated")
     args = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="tessera-soak-"))
+    out = Path(args.out) if args.out else work
+    out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = open(work / "server.log", "w")
     command = [f"{args.bin_dir}/tessera-launcher", "--model-id", args.model,
@@ -301,7 +379,7 @@ def main():
                 sys.exit(f"the server exited: see {work / 'server.log'}")
             time.sleep(0.25)
         began = time.time()
-        load, rss_warm, peak, rss_end, blocks, children = asyncio.run(soak(args, port, launcher))
+        load, samples, warm, last = asyncio.run(soak(args, port, launcher))
         elapsed = time.time() - began
     finally:
         launcher.send_signal(signal.SIGTERM)
@@ -310,21 +388,40 @@ def main():
     text = (work / "server.log").read_text(errors="replace")
     panics = len(re.findall(r"panicked at", text))
     total = sum(load.outcomes.values())
-    growth = 100.0 * (rss_end - rss_warm) / rss_warm if rss_warm else float("nan")
-    print(f"soak: {elapsed / 60:.1f} min, {total} requests, "
-          f"{2 * args.max_concurrent_requests} clients (--max-concurrent-requests "
-          f"{args.max_concurrent_requests}), processes {sorted(children.values())}")
+    names = sorted(samples.children.values())
+    lines = [f"soak: {elapsed / 60:.1f} min, {total} requests, "
+             f"{2 * args.max_concurrent_requests} clients (--max-concurrent-requests "
+             f"{args.max_concurrent_requests}), model {args.model} {args.extra_args}".rstrip()]
     for (kind, outcome), n in sorted(load.outcomes.items()):
-        print(f"  {kind:16} {outcome:22} {n}")
-    print(f"lost: {len(load.lost)}")
-    for line in load.lost[:20]:
-        print(f"  {line}")
-    print(f"panics: {panics}")
-    print(f"RSS (router + shards): after warm-up {rss_warm / 1024:.1f} MiB, peak {peak / 1024:.1f} "
-          f"MiB, end {rss_end / 1024:.1f} MiB, growth {growth:+.2f}%")
-    print(f"KV blocks in use when idle: {blocks}; server exit status {launcher.returncode}; "
-          f"log {work / 'server.log'}")
-    failed = load.lost or panics or not growth < 2.0 or blocks != 0.0
+        lines.append(f"  {kind:16} {outcome:22} {n}")
+    lines.append(f"lost: {len(load.lost)}")
+    lines += [f"  {line}" for line in load.lost[:20]]
+    lines.append(f"panics: {panics}")
+    over = []
+    lines.append(f"RSS after {warm['t'] / 60:.1f} min of load (warm) and at the end, idle:")
+    for name in names:
+        peak = max(r[name] or 0 for r in samples.rows)
+        g = growth(warm[name], last[name]) if warm[name] and last[name] else float("nan")
+        if not g < args.max_growth:
+            over.append(name)
+        lines.append(f"  {name:8} warm {warm[name] / 1024:8.1f} MiB, peak {peak / 1024:8.1f} MiB, "
+                     f"end {last[name] / 1024:8.1f} MiB, growth {g:+.2f}% (bar < {args.max_growth}%)")
+    if warm.get(HEAP) is not None and last.get(HEAP) is not None:
+        lines.append(f"router live heap: warm {warm[HEAP] / 2**20:.2f} MiB, end (idle) "
+                     f"{last[HEAP] / 2**20:.2f} MiB, growth {growth(warm[HEAP], last[HEAP]):+.2f}%")
+    blocks = last.get(BLOCKS)
+    lines.append(f"KV blocks in use when idle: {blocks}; server exit status {launcher.returncode}; "
+                 f"log {work / 'server.log'}")
+    samples.write_csv(out / "soak.csv")
+    title = (f"{Path(args.model).name} {args.extra_args}: {total} requests in {elapsed / 60:.1f} "
+             f"min, {2 * args.max_concurrent_requests} clients")
+    plotted = samples.write_png(out / "soak.png", warm["t"], title)
+    lines.append(f"samples: {out / 'soak.csv'}; plot: "
+                 + (str(out / "soak.png") if plotted else "none (pip install matplotlib for it)"))
+    report = "\n".join(lines)
+    print(report)
+    (out / "soak.txt").write_text(report + "\n")
+    failed = load.lost or panics or over or blocks != 0.0
     sys.exit(1 if failed else 0)
 
 
