@@ -37,6 +37,7 @@ FORMATS = [
     ("IQ4_XS", T.IQ4_XS, 2, [0]),
     ("Q2_K", T.Q2_K, 2, [80, 82]),
     ("Q3_K", T.Q3_K, 2, [108]),
+    ("MXFP4", T.MXFP4, 4, []),
 ]
 
 
@@ -54,6 +55,10 @@ def random_blocks(rng, qtype, n_blocks, f16_offsets):
             else:
                 value = np.float16(rng.uniform(-1, 1) * 2.0 ** rng.integers(-12, 6))
             raw[b, off : off + 2] = np.frombuffer(value.tobytes(), dtype=np.uint8)
+    if qtype == T.MXFP4:
+        # E8M0 scales whose values stay finite, the subnormal ones (0, 1) included.
+        raw[:, 0] = rng.integers(0, 250, size=n_blocks)
+        raw[:2, 0] = [0, 1]
     if qtype in (T.Q4_K, T.Q5_K) and n_blocks > 1:
         # Every 6-bit scale and minimum at its maximum (63): exercises get_scale_min_k4's
         # high bits.

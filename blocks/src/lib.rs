@@ -1,4 +1,4 @@
-//! GGUF/ggml quantized blocks: block layouts and their scalar reference dequantizers, and the
+//! GGUF/ggml quantized blocks (and MXFP4, which Hugging Face checkpoints use too): block layouts and their scalar reference dequantizers, and the
 //! storage formats of Tessera's weight matrices. No SIMD here: the kernels' fast
 //! dequantizers live in `tessera-kernels` and are tested against these references.
 //!
@@ -22,6 +22,7 @@ mod block_format;
 mod dequantize;
 mod error;
 mod iq4;
+mod mxfp4;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -42,6 +43,7 @@ pub use iq4::{
     BlockIQ4NL, BlockIQ4XS, KVALUES_IQ4NL, QK4_NL, dequantize_row_iq4_nl, dequantize_row_iq4_xs,
     index4,
 };
+pub use mxfp4::{BlockMXFP4, KVALUES_MXFP4, QK_MXFP4, dequantize_row_mxfp4, e8m0_to_f32_half};
 pub use q2_k::{BlockQ2K, dequantize_row_q2_k};
 pub use q3_k::{BlockQ3K, dequantize_row_q3_k};
 pub use q4_0::{BlockQ4_0, QK4_0, dequantize_row_q4_0};

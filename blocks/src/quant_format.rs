@@ -29,6 +29,8 @@ pub enum QuantFormat {
     IQ4NL,
     /// 256 values, 6-bit sub-block scales, 4-bit indices as `IQ4_NL`'s (136 bytes).
     IQ4XS,
+    /// 32 values, a power-of-two scale, 4-bit E2M1 floats (17 bytes).
+    MXFP4,
 }
 
 /// Evaluates `$body` with the type `$B` standing for the block type of `$format` (a
@@ -84,6 +86,10 @@ macro_rules! with_block {
                 type $B = $crate::BlockIQ4XS;
                 $body
             }
+            $crate::QuantFormat::MXFP4 => {
+                type $B = $crate::BlockMXFP4;
+                $body
+            }
         }
     };
 }
@@ -91,7 +97,7 @@ pub(crate) use with_block;
 
 impl QuantFormat {
     /// Every format, for tests and tables.
-    pub const ALL: [QuantFormat; 12] = [
+    pub const ALL: [QuantFormat; 13] = [
         Self::Q8_0,
         Self::Q4_0,
         Self::Q4_1,
@@ -104,6 +110,7 @@ impl QuantFormat {
         Self::IQ4XS,
         Self::Q2K,
         Self::Q3K,
+        Self::MXFP4,
     ];
 
     /// Values per block.

@@ -38,6 +38,7 @@ fn quantize(format: QuantFormat, x: &[f32]) -> Vec<u8> {
             QuantFormat::Q3K => quantize_q3_k(b, &mut out),
             QuantFormat::IQ4NL => quantize_iq4_nl(b, &mut out),
             QuantFormat::IQ4XS => quantize_iq4_xs(b, &mut out),
+            QuantFormat::MXFP4 => quantize_mxfp4(b, &mut out),
             QuantFormat::Q6K => quantize_q6_k(b, &mut out),
         }
     }
@@ -294,6 +295,29 @@ fn quantize_iq4_xs(b: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(bytemuck::bytes_of(&block));
 }
 
+/// Appends one `MXFP4` block of the values `b`: the scale puts the largest magnitude at or
+/// below the table's largest value, 6.
+fn quantize_mxfp4(b: &[f32], out: &mut Vec<u8>) {
+    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let e = if amax > 0.0 {
+        (amax / 6.0).log2().ceil() as i32 + 127
+    } else {
+        0
+    };
+    let d = e8m0_to_f32_half(e.clamp(0, 254) as u8);
+    let nearest = |x: f32| {
+        let err = |i: usize| (f32::from(KVALUES_MXFP4[i]) * d - x).abs();
+        (0..16)
+            .min_by(|&a, &b| err(a).total_cmp(&err(b)))
+            .unwrap_or(0) as u8
+    };
+    let block = BlockMXFP4 {
+        e: e.clamp(0, 254) as u8,
+        qs: std::array::from_fn(|j| nearest(b[j]) | nearest(b[j + 16]) << 4),
+    };
+    out.extend_from_slice(bytemuck::bytes_of(&block));
+}
+
 /// Appends one `Q6_K` block of the values `b`.
 fn quantize_q6_k(b: &[f32], out: &mut Vec<u8>) {
     let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -338,6 +362,8 @@ fn quantize_then_dequantize_round_trips() {
         QuantFormat::Q2K => 0.25,
         // The table's widest gap is 24 of 240.
         QuantFormat::IQ4NL | QuantFormat::IQ4XS => 0.12,
+        // E2M1's widest gap is 2 of 6, against the block's range up to 2 · 6.
+        QuantFormat::MXFP4 => 0.17,
         QuantFormat::Q5K | QuantFormat::Q5_0 | QuantFormat::Q5_1 => 0.05,
         QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4K => 0.1,
     };

@@ -38,6 +38,9 @@ pub enum WeightFormat {
     IQ4NL,
     /// GGUF `IQ4_XS` super-blocks: 256 values, 6-bit sub-block scales, `IQ4_NL`'s indices.
     IQ4XS,
+    /// `MXFP4` blocks: 32 values, a power-of-two scale, 4-bit E2M1 floats (GGUF's and
+    /// gpt-oss checkpoints' expert format).
+    MXFP4,
 }
 
 /// What a [`WeightFormat`]'s values are.
@@ -50,7 +53,7 @@ enum Layout {
 
 impl WeightFormat {
     /// Every format, for tests and tables.
-    pub const ALL: [WeightFormat; 15] = [
+    pub const ALL: [WeightFormat; 16] = [
         Self::F32,
         Self::Bf16,
         Self::F16,
@@ -66,6 +69,7 @@ impl WeightFormat {
         Self::IQ4XS,
         Self::Q2K,
         Self::Q3K,
+        Self::MXFP4,
     ];
 
     const fn layout(self) -> Layout {
@@ -94,6 +98,7 @@ impl WeightFormat {
             Self::Q3K => Layout::Blocks(QuantFormat::Q3K),
             Self::IQ4NL => Layout::Blocks(QuantFormat::IQ4NL),
             Self::IQ4XS => Layout::Blocks(QuantFormat::IQ4XS),
+            Self::MXFP4 => Layout::Blocks(QuantFormat::MXFP4),
         }
     }
 
@@ -145,6 +150,7 @@ impl From<QuantFormat> for WeightFormat {
             QuantFormat::Q3K => Self::Q3K,
             QuantFormat::IQ4NL => Self::IQ4NL,
             QuantFormat::IQ4XS => Self::IQ4XS,
+            QuantFormat::MXFP4 => Self::MXFP4,
         }
     }
 }

@@ -108,7 +108,7 @@ const BLOCK: usize = 16;
 
 /// Every storage format of `WeightMatrix` (add new ones here; `random_matrix` fills any
 /// format it does not know with small finite values).
-const FORMATS: [WeightFormat; 13] = [
+const FORMATS: [WeightFormat; 14] = [
     WeightFormat::F32,
     WeightFormat::Bf16,
     WeightFormat::Q8_0,
@@ -122,6 +122,7 @@ const FORMATS: [WeightFormat; 13] = [
     WeightFormat::IQ4XS,
     WeightFormat::Q2K,
     WeightFormat::Q3K,
+    WeightFormat::MXFP4,
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -280,6 +281,7 @@ fn linear_rows(
                             | WeightFormat::IQ4NL
                             | WeightFormat::IQ4XS
                             | WeightFormat::Q3K
+                            | WeightFormat::MXFP4
                     )
                 })
                 .map(|f| (f, Variant::Int8)),

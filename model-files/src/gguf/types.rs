@@ -81,7 +81,7 @@ impl GgmlType {
     /// The types Tessera can convert to f32, for error messages.
     pub const SUPPORTED: &'static str = concat!(
         "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, ",
-        "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS"
+        "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4"
     );
 
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
@@ -129,6 +129,7 @@ impl GgmlType {
             Self::Q3K => Some(QuantFormat::Q3K),
             Self::IQ4NL => Some(QuantFormat::IQ4NL),
             Self::IQ4XS => Some(QuantFormat::IQ4XS),
+            Self::MXFP4 => Some(QuantFormat::MXFP4),
             _ => None,
         }
     }

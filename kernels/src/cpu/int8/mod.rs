@@ -248,9 +248,10 @@ mod tests {
     use super::*;
     use crate::cpu::test_util::random;
     use crate::quant::{
-        BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
-        BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_iq4_nl, dequantize_row_q4_0,
-        dequantize_row_q4_1, dequantize_row_q5_0, dequantize_row_q5_1, dequantize_row_q8_0,
+        BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+        BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_iq4_nl,
+        dequantize_row_mxfp4, dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q5_0,
+        dequantize_row_q5_1, dequantize_row_q8_0,
     };
     use half::f16;
     use rand::{Rng, SeedableRng};
@@ -268,6 +269,7 @@ mod tests {
             | PackedKind::Q5_1
             | PackedKind::Q5_0
             | PackedKind::IQ4NL
+            | PackedKind::MXFP4
             | PackedKind::Q8_0 => random_packed_blocks_of_32(rng, kind, n, k),
             PackedKind::Q3K
             | PackedKind::IQ4XS
@@ -350,6 +352,17 @@ mod tests {
                     .collect();
                 dequantize_row_iq4_nl(&blocks, &mut dense);
                 (PackedMatrix::from_iq4_nl(n, k, &blocks), dense)
+            }
+            PackedKind::MXFP4 => {
+                let blocks: Vec<BlockMXFP4> = (0..nb)
+                    .map(|_| BlockMXFP4 {
+                        e: rng.random_range(112..=120),
+                        qs: std::array::from_fn(|_| rng.random()),
+                    })
+                    .collect();
+                dequantize_row_mxfp4(&blocks, &mut dense);
+                let p = PackedMatrix::from_mxfp4(n, k, &blocks).expect("f16 scales");
+                (p, dense)
             }
             PackedKind::Q8_0 => {
                 let blocks: Vec<BlockQ8_0> = (0..nb)
@@ -435,7 +448,7 @@ mod tests {
         }
     }
 
-    const KINDS: [PackedKind; 11] = [
+    const KINDS: [PackedKind; 12] = [
         PackedKind::Q8_0,
         PackedKind::Q4_1,
         PackedKind::Q4_0,
@@ -447,6 +460,7 @@ mod tests {
         PackedKind::IQ4NL,
         PackedKind::IQ4XS,
         PackedKind::Q3K,
+        PackedKind::MXFP4,
     ];
 
     /// `shape` for `kind`: K-quant rows are whole super-blocks of 256.

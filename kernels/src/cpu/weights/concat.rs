@@ -54,7 +54,8 @@ impl WeightMatrix {
             };
         }
         let data = stack!(
-            F32, Bf16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K, Q2K, Q3K, IQ4NL, IQ4XS
+            F32, Bf16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K, Q2K, Q3K, IQ4NL, IQ4XS,
+            MXFP4
         );
         WeightMatrix { rows, cols, data }
     }

@@ -6,11 +6,11 @@ use rayon::prelude::*;
 
 use super::{Data, WeightMatrix};
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, dequantize_row_iq4_nl, dequantize_row_iq4_xs,
-    dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_0, dequantize_row_q4_1,
-    dequantize_row_q4_k, dequantize_row_q5_0, dequantize_row_q5_1, dequantize_row_q5_k,
-    dequantize_row_q6_k, dequantize_row_q8_0,
+    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, dequantize_row_iq4_nl,
+    dequantize_row_iq4_xs, dequantize_row_mxfp4, dequantize_row_q2_k, dequantize_row_q3_k,
+    dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q5_0,
+    dequantize_row_q5_1, dequantize_row_q5_k, dequantize_row_q6_k, dequantize_row_q8_0,
 };
 
 /// Dequantizers of one level, one per stored format. Each writes exactly the values of the
@@ -44,6 +44,8 @@ pub(crate) struct Dequant {
     pub(crate) iq4_nl: fn(&[BlockIQ4NL], &mut [f32]),
     /// `out.len() == blocks.len() * 256`.
     pub(crate) iq4_xs: fn(&[BlockIQ4XS], &mut [f32]),
+    /// `out.len() == blocks.len() * 32`.
+    pub(crate) mxfp4: fn(&[BlockMXFP4], &mut [f32]),
 }
 
 /// bfloat16 to f32, the portable level's (and the reference).
@@ -76,6 +78,7 @@ pub(crate) const PORTABLE_DEQUANT: Dequant = Dequant {
     q3_k: dequantize_row_q3_k,
     iq4_nl: dequantize_row_iq4_nl,
     iq4_xs: dequantize_row_iq4_xs,
+    mxfp4: dequantize_row_mxfp4,
 };
 
 impl WeightMatrix {
@@ -120,6 +123,7 @@ impl WeightMatrix {
             Data::Q3K(v) => (dequant.q3_k)(&v[b0..b1], out),
             Data::IQ4NL(v) => (dequant.iq4_nl)(&v[b0..b1], out),
             Data::IQ4XS(v) => (dequant.iq4_xs)(&v[b0..b1], out),
+            Data::MXFP4(v) => (dequant.mxfp4)(&v[b0..b1], out),
             Data::Stack(_) => unreachable!("stacks are handled above"),
         }
     }

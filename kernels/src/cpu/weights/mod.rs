@@ -1,7 +1,7 @@
 //! Weight matrices kept in their file's format, multiplied without an f32 copy of the model.
 //!
 //! [`WeightMatrix`] holds a `rows × cols` matrix in the PyTorch `Linear` layout as f32,
-//! bfloat16, f16, or GGUF blocks (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `IQ4_NL` of 32
+//! bfloat16, f16, or GGUF blocks (`Q8_0`, `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `IQ4_NL`, `MXFP4` of 32
 //! values; `Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`, `IQ4_XS` super-blocks of 256), each row a
 //! whole number of blocks.
 //! [`linear_weights`] computes `out = x · wᵀ + b` like [`super::matmul::linear`]: each rayon
@@ -27,8 +27,8 @@ use half::{bf16, f16};
 
 use super::int8::packed::{PackedKind, PackedMatrix};
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QuantError,
+    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QuantError,
 };
 
 pub(crate) use dequant_rows::{Dequant, PORTABLE_DEQUANT, bf16_to_f32_ref, f16_to_f32_ref};
@@ -54,6 +54,7 @@ enum Data {
     Q3K(Vec<BlockQ3K>),
     IQ4NL(Vec<BlockIQ4NL>),
     IQ4XS(Vec<BlockIQ4XS>),
+    MXFP4(Vec<BlockMXFP4>),
     /// A block format repacked for integer dot products (see `cpu::int8`).
     Packed(PackedMatrix),
     /// Matrices of different formats stacked row-wise, each kept (and multiplied) in its own:
@@ -129,6 +130,7 @@ impl WeightMatrix {
             WeightFormat::Q3K => Data::Q3K(collect(bytes)),
             WeightFormat::IQ4NL => Data::IQ4NL(collect(bytes)),
             WeightFormat::IQ4XS => Data::IQ4XS(collect(bytes)),
+            WeightFormat::MXFP4 => Data::MXFP4(collect(bytes)),
         };
         Ok(Self { rows, cols, data })
     }
@@ -183,6 +185,7 @@ impl WeightMatrix {
                 PackedKind::Q3K => WeightFormat::Q3K,
                 PackedKind::IQ4NL => WeightFormat::IQ4NL,
                 PackedKind::IQ4XS => WeightFormat::IQ4XS,
+                PackedKind::MXFP4 => WeightFormat::MXFP4,
             },
             Data::Q4K(_) => WeightFormat::Q4K,
             Data::Q5K(_) => WeightFormat::Q5K,
@@ -191,6 +194,7 @@ impl WeightMatrix {
             Data::Q3K(_) => WeightFormat::Q3K,
             Data::IQ4NL(_) => WeightFormat::IQ4NL,
             Data::IQ4XS(_) => WeightFormat::IQ4XS,
+            Data::MXFP4(_) => WeightFormat::MXFP4,
         }
     }
 

@@ -40,6 +40,10 @@ impl WeightMatrix {
                 Some(p) => Data::Packed(p),
                 None => Data::IQ4XS(v),
             },
+            Data::MXFP4(v) => match PackedMatrix::from_mxfp4(self.rows, self.cols, &v) {
+                Some(p) => Data::Packed(p),
+                None => Data::MXFP4(v),
+            },
             Data::Stack(parts) => Data::Stack(parts.into_iter().map(Self::into_int8).collect()),
             other => other,
         };

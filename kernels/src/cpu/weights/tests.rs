@@ -25,6 +25,8 @@ fn scale_fields(format: WeightFormat) -> &'static [(usize, f32, f32)] {
         WeightFormat::Q3K => &[(108, -0.01, 0.01)],
         WeightFormat::IQ4NL => &[(0, -0.01, 0.01)],
         WeightFormat::IQ4XS => &[(0, -0.0003, 0.0003)],
+        // Its scale is a power of two, not an f16 (see `random_matrix`).
+        WeightFormat::MXFP4 => &[],
     }
 }
 
@@ -49,7 +51,7 @@ fn blocks(
 
 /// A random matrix of `format` with realistic scales (and every quant value).
 fn random_matrix(rng: &mut impl Rng, format: WeightFormat, n: usize, k: usize) -> WeightMatrix {
-    let bytes: Vec<u8> = match format {
+    let mut bytes: Vec<u8> = match format {
         WeightFormat::F32 => bytemuck::cast_slice(&random(rng, n * k)).to_vec(),
         WeightFormat::Bf16 => (0..n * k)
             .flat_map(|_| bf16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes())
@@ -64,6 +66,12 @@ fn random_matrix(rng: &mut impl Rng, format: WeightFormat, n: usize, k: usize) -
             |r, (lo, hi)| f16::from_f32(r.random_range(lo..=hi)),
         ),
     };
+    if format == WeightFormat::MXFP4 {
+        // Scales 2^-12..2^-4: values up to 0.75.
+        for block in bytes.chunks_exact_mut(format.block_bytes()) {
+            block[0] = rng.random_range(116..=124);
+        }
+    }
     WeightMatrix::from_bytes(format, n, k, &bytes).unwrap()
 }
 
@@ -278,20 +286,28 @@ fn every_level_gives_rows_that_do_not_depend_on_batch() {
 }
 
 #[test]
-fn k_quants_repack_for_int8_products_close_to_exact_ones() {
-    // The K-quants take the integer path (activations rounded to two 8-bit digits: well
-    // under 1e-3 of the products' magnitude).
+fn k_quants_and_mxfp4_repack_for_int8_products_close_to_exact_ones() {
+    // The K-quants and MXFP4 take the integer path (activations rounded to two 8-bit digits:
+    // well under 1e-3 of the products' magnitude).
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
-    for format in [WeightFormat::Q4K, WeightFormat::Q5K, WeightFormat::Q6K] {
+    for format in [
+        WeightFormat::Q4K,
+        WeightFormat::Q5K,
+        WeightFormat::Q6K,
+        WeightFormat::MXFP4,
+    ] {
         for &(m, k, n) in shapes(format) {
             let exact = random_matrix(&mut rng, format, n, k);
             let int8 = exact.clone().into_int8();
             assert_eq!(int8.format(), format);
             assert!(int8.is_int8(), "{format:?}");
             assert_eq!(int8.storage_bytes(), exact.storage_bytes());
-            // The file's bytes per row, for every row of the padded tiles.
-            let padded = exact.storage_bytes() / n * n.next_multiple_of(64);
-            assert_eq!(int8.resident_bytes(), padded, "{format:?}");
+            if format != WeightFormat::MXFP4 {
+                // K-quants keep the file's bytes per row, for every row of the padded tiles
+                // (MXFP4's scale byte widens to an f16).
+                let padded = exact.storage_bytes() / n * n.next_multiple_of(64);
+                assert_eq!(int8.resident_bytes(), padded, "{format:?}");
+            }
             let x = random(&mut rng, m * k);
             let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
             linear_weights(&x, &exact, None, m, &mut want);

@@ -196,9 +196,14 @@ fn valid_blocks(format: QuantFormat, n_blocks: usize, seed: u32) -> Vec<u8> {
             QuantFormat::Q6K => &[208],
             QuantFormat::Q2K => &[80, 82],
             QuantFormat::Q3K => &[108],
+            QuantFormat::MXFP4 => &[],
         };
         for &o in scale_offsets {
             block[o..o + 2].copy_from_slice(&scale);
+        }
+        if format == QuantFormat::MXFP4 {
+            // Its E8M0 scale byte: 2^-7.
+            block[0] = 121;
         }
         out.extend(block);
     }

@@ -25,7 +25,7 @@ fn native_bytes(format: WeightFormat, blocks: usize, seed: u32) -> Vec<u8> {
 }
 
 /// (format, GGUF type id) of every type whose matrices stay native.
-const NATIVE: [(WeightFormat, u32); 14] = [
+const NATIVE: [(WeightFormat, u32); 15] = [
     (WeightFormat::F16, 1),
     (WeightFormat::Bf16, 30),
     (WeightFormat::Q8_0, 8),
@@ -40,6 +40,7 @@ const NATIVE: [(WeightFormat, u32); 14] = [
     (WeightFormat::Q3K, 11),
     (WeightFormat::IQ4NL, 20),
     (WeightFormat::IQ4XS, 23),
+    (WeightFormat::MXFP4, 39),
 ];
 
 /// q (8 rows in 2 heads, permuted under llama) and k (4 rows in 1 head) of `format`, `cols`

@@ -21,6 +21,7 @@ fn every_supported_type_loads_with_hf_shape() {
         (QuantFormat::Q3K, 11),
         (QuantFormat::IQ4NL, 20),
         (QuantFormat::IQ4XS, 23),
+        (QuantFormat::MXFP4, 39),
     ];
     for (format, id) in ids {
         // A [rows=2, cols=2 blocks] matrix: HF shape [2, 2 * block_elements].

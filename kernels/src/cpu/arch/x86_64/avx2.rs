@@ -44,6 +44,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
         q3_k: super::dequant_avx2::q3_k,
         iq4_nl: super::dequant_avx2::iq4_nl,
         iq4_xs: super::dequant_avx2::iq4_xs,
+        mxfp4: super::dequant_avx2::mxfp4,
     },
 };
 

@@ -43,6 +43,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
         q3_k: super::dequant_avx512::q3_k,
         iq4_nl: super::dequant_avx512::iq4_nl,
         iq4_xs: super::dequant_avx512::iq4_xs,
+        mxfp4: super::dequant_avx512::mxfp4,
     },
 };
 

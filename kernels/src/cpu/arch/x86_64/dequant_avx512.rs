@@ -13,8 +13,9 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5_1,
-    BlockQ5K, BlockQ6K, KVALUES_IQ4NL, QK_K, scales_mins_k4,
+    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, KVALUES_IQ4NL, KVALUES_MXFP4, QK_K, e8m0_to_f32_half,
+    scales_mins_k4,
 };
 
 /// Sixteen bytes at `p`, zero-extended to 32-bit lanes.
@@ -193,12 +194,12 @@ pub(super) fn q3_k(blocks: &[BlockQ3K], out: &mut [f32]) {
     unsafe { q3_k_avx512(blocks, out) }
 }
 
-/// `scale · table[q]` for the 32 indices of `qs` (an `IQ4_NL` block's layout) into `y`.
+/// `scale · kvalues[q]` for the 32 indices of `qs` (an `IQ4_NL` block's layout) into `y`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn iq4_values(qs: &[u8], scale: f32, y: &mut [f32]) {
+fn iq4_values(qs: &[u8], kvalues: &[i8; 16], scale: f32, y: &mut [f32]) {
     assert!(qs.len() >= 16 && y.len() >= 32);
-    let table = KVALUES_IQ4NL.map(f32::from);
+    let table = kvalues.map(f32::from);
     let low = _mm512_set1_epi32(0x0F);
     let d = _mm512_set1_ps(scale);
     // SAFETY: `table` holds 16 values, `qs` at least 16 bytes, `y` at least 32 values.
@@ -219,7 +220,7 @@ fn iq4_values(qs: &[u8], scale: f32, y: &mut [f32]) {
 fn iq4_nl_avx512(blocks: &[BlockIQ4NL], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
     for (b, y) in blocks.iter().zip(out.chunks_exact_mut(32)) {
-        iq4_values(&b.qs, b.d.to_f32(), y);
+        iq4_values(&b.qs, &KVALUES_IQ4NL, b.d.to_f32(), y);
     }
 }
 
@@ -237,7 +238,7 @@ fn iq4_xs_avx512(blocks: &[BlockIQ4XS], out: &mut [f32]) {
             .zip(b.qs.chunks_exact(16))
             .enumerate()
         {
-            iq4_values(qs, b.sub_scale(j), y);
+            iq4_values(qs, &KVALUES_IQ4NL, b.sub_scale(j), y);
         }
     }
 }
@@ -245,6 +246,19 @@ fn iq4_xs_avx512(blocks: &[BlockIQ4XS], out: &mut [f32]) {
 pub(super) fn iq4_xs(blocks: &[BlockIQ4XS], out: &mut [f32]) {
     // SAFETY: avx512f was detected (see avx512::KERNELS).
     unsafe { iq4_xs_avx512(blocks, out) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn mxfp4_avx512(blocks: &[BlockMXFP4], out: &mut [f32]) {
+    assert_eq!(out.len(), blocks.len() * 32, "32 values per block");
+    for (b, y) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        iq4_values(&b.qs, &KVALUES_MXFP4, e8m0_to_f32_half(b.e), y);
+    }
+}
+
+pub(super) fn mxfp4(blocks: &[BlockMXFP4], out: &mut [f32]) {
+    // SAFETY: avx512f was detected (see avx512::KERNELS).
+    unsafe { mxfp4_avx512(blocks, out) }
 }
 
 /// A `Q4_K`/`Q5_K` block's eight effective scales `d·sc[j]` (lanes 0..8) and minimums

@@ -2,8 +2,8 @@
 //! one's tiles hold.
 
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
-    BlockQ5K, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K,
+    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, KVALUES_MXFP4, QK_K,
 };
 
 use super::{LANE_TILES, LANES, LINE, QK, TILE};
@@ -14,6 +14,17 @@ const IQ4_UNSIGNED: [u8; 16] = {
     let mut i = 0;
     while i < 16 {
         t[i] = (KVALUES_IQ4NL[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    t
+};
+
+/// `MXFP4`'s doubled E2M1 values as the kernels multiply them: unsigned bytes `value + 128`.
+const MXFP4_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_MXFP4[i] as u8) ^ 0x80;
         i += 1;
     }
     t
@@ -57,6 +68,9 @@ pub enum PackedKind {
     IQ4NL,
     /// GGUF `IQ4_XS`: as `IQ4NL`, with each sub-block's `d · (ls - 32)` (rounded to f16).
     IQ4XS,
+    /// `MXFP4`: as `IQ4NL` with the doubled E2M1 values as the table and the block's
+    /// `2^(e - 128)` as its f16 scale.
+    MXFP4,
 }
 
 /// How a kind's quants sit in a tile's lines: what decides which kernel multiplies them.
@@ -97,7 +111,7 @@ impl PackedKind {
             Self::Q8_0 => QuantLayout::Bytes,
             Self::Q4_1 | Self::Q4K => QuantLayout::Nibbles { fifth_bit: false },
             Self::Q5K | Self::Q5_1 | Self::Q5_0 => QuantLayout::Nibbles { fifth_bit: true },
-            Self::Q4_0 | Self::IQ4NL | Self::IQ4XS => QuantLayout::Table,
+            Self::Q4_0 | Self::IQ4NL | Self::IQ4XS | Self::MXFP4 => QuantLayout::Table,
             Self::Q6K => QuantLayout::Halves { crumbs: false },
             Self::Q3K => QuantLayout::Halves { crumbs: true },
         }
@@ -180,6 +194,7 @@ impl PackedKind {
             Self::Q3K => (size_of::<BlockQ3K>(), QK_K),
             Self::IQ4NL => (size_of::<BlockIQ4NL>(), QK),
             Self::IQ4XS => (size_of::<BlockIQ4XS>(), QK_K),
+            Self::MXFP4 => (size_of::<BlockMXFP4>(), QK),
         }
     }
 
@@ -192,12 +207,13 @@ impl PackedKind {
         }
     }
 
-    /// For nibbles that index a table of 16 values (the IQ4 kinds, and `Q4_0` whose values
+    /// For nibbles that index a table of 16 values (the IQ4 kinds, `MXFP4`, and `Q4_0` whose values
     /// `q - 8` make one too), the values as the kernels multiply them: unsigned bytes
     /// `value + 128`.
     pub(crate) const fn table(self) -> Option<&'static [u8; 16]> {
         match self {
             Self::IQ4NL | Self::IQ4XS => Some(&IQ4_UNSIGNED),
+            Self::MXFP4 => Some(&MXFP4_UNSIGNED),
             Self::Q4_0 => Some(&Q4_0_UNSIGNED),
             _ => None,
         }

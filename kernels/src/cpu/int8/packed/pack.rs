@@ -6,8 +6,8 @@ use rayon::prelude::*;
 
 use super::{GROUP, LANE_TILES, LINE, Line, PackedKind, PackedMatrix, QK, ScaleLayout, TILE};
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
-    BlockQ5K, BlockQ6K, BlockQ8_0, index4, quant5,
+    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, e8m0_to_f32_half, index4, quant5,
 };
 
 /// `x` as an f16, when it is finite there.
@@ -229,6 +229,30 @@ impl PackedMatrix {
             blocks,
             |b, j| Some(RowHeader::scales(finite_f16(b.sub_scale(j))?, f16::ZERO)),
             |b, e| index4(&b.qs[16 * (e / QK)..], e % QK),
+        )
+    }
+
+    /// Packs `rows × cols` `MXFP4` blocks (row after row; `cols` a multiple of 32), or `None`
+    /// when a block with a nonzero value has a scale `2^(e - 128)` outside f16's range.
+    pub fn from_mxfp4(rows: usize, cols: usize, blocks: &[BlockMXFP4]) -> Option<Self> {
+        let zero = |b: &BlockMXFP4| b.qs.iter().all(|q| q & 0x77 == 0);
+        Self::from_blocks(
+            PackedKind::MXFP4,
+            rows,
+            cols,
+            blocks,
+            |b, _| {
+                let d = e8m0_to_f32_half(b.e);
+                let h = f16::from_f32(d);
+                // A block of zeros keeps any scale; others only an exact one.
+                let d = if zero(b) {
+                    f16::ZERO
+                } else {
+                    (h.to_f32() == d).then_some(h)?
+                };
+                Some(RowHeader::scales(d, f16::ZERO))
+            },
+            |b, e| index4(&b.qs, e),
         )
     }
 

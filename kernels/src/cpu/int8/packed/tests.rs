@@ -5,9 +5,10 @@ use rand::{Rng, SeedableRng};
 
 use super::{PackedMatrix, QK};
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1,
-    BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_iq4_nl, dequantize_row_q4_0,
-    dequantize_row_q4_1, dequantize_row_q5_0, dequantize_row_q5_1, dequantize_row_q8_0,
+    BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK_K, dequantize_row_iq4_nl, dequantize_row_mxfp4,
+    dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q5_0, dequantize_row_q5_1,
+    dequantize_row_q8_0,
 };
 
 #[test]
@@ -59,6 +60,20 @@ fn rows_unpack_to_the_gguf_dequantization() {
             .collect();
         let pnl = PackedMatrix::from_iq4_nl(rows, cols, &nl);
         assert_eq!(pnl.storage_bytes(), nb * 18);
+        // Every scale f16 holds exactly (2^-24..2^15), and a block of zeros with a scale
+        // it does not.
+        let mut mx: Vec<BlockMXFP4> = (0..nb)
+            .map(|_| BlockMXFP4 {
+                e: rng.random_range(104..=143),
+                qs: std::array::from_fn(|_| rng.random()),
+            })
+            .collect();
+        mx[nb / 2] = BlockMXFP4 {
+            e: 0,
+            qs: [0x80; 16],
+        };
+        let pmx = PackedMatrix::from_mxfp4(rows, cols, &mx).expect("f16 scales");
+        assert_eq!(pmx.storage_bytes(), nb * 17);
         let p51 = PackedMatrix::from_q5_1(rows, cols, &q51);
         assert_eq!(p51.storage_bytes(), nb * 24);
         let p50 = PackedMatrix::from_q5_0(rows, cols, &q50).unwrap();
@@ -89,7 +104,14 @@ fn rows_unpack_to_the_gguf_dequantization() {
             dequantize_row_iq4_nl(&nl[row * blocks..(row + 1) * blocks], &mut want);
             pnl.row_f32(row, &mut got);
             assert_eq!(got, want, "IQ4_NL row {row} of {rows}x{cols}");
+            dequantize_row_mxfp4(&mx[row * blocks..(row + 1) * blocks], &mut want);
+            pmx.row_f32(row, &mut got);
+            assert_eq!(got, want, "MXFP4 row {row} of {rows}x{cols}");
         }
+        // A nonzero value under a scale f16 cannot hold stays unpacked.
+        mx[0].e = 103;
+        mx[0].qs[0] = 1;
+        assert!(PackedMatrix::from_mxfp4(rows, cols, &mx).is_none());
     }
 }
 

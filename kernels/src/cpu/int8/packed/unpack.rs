@@ -4,8 +4,8 @@ use half::f16;
 
 use super::{PackedKind, PackedMatrix, QK, TILE};
 use crate::quant::{
-    BlockQ4_0, BlockQ4_1, BlockQ8_0, KVALUES_IQ4NL, dequantize_row_q4_0, dequantize_row_q4_1,
-    dequantize_row_q8_0,
+    BlockQ4_0, BlockQ4_1, BlockQ8_0, KVALUES_IQ4NL, KVALUES_MXFP4, dequantize_row_q4_0,
+    dequantize_row_q4_1, dequantize_row_q8_0,
 };
 
 impl PackedMatrix {
@@ -81,6 +81,12 @@ impl PackedMatrix {
                     for (e, v) in y.iter_mut().enumerate() {
                         let q = usize::from(self.quant(row, b, e));
                         *v = first * f32::from(KVALUES_IQ4NL[q]);
+                    }
+                }
+                PackedKind::MXFP4 => {
+                    for (e, v) in y.iter_mut().enumerate() {
+                        let q = usize::from(self.quant(row, b, e));
+                        *v = f32::from(KVALUES_MXFP4[q]) * first;
                     }
                 }
                 PackedKind::Q5_0 => {
