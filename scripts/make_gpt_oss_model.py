@@ -25,6 +25,7 @@ The script measures, and asserts, how far the golden logits move when each featu
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -279,6 +280,82 @@ def check_gguf(out: Path) -> None:
         assert got[name].shape == w.shape and torch.equal(got[name], w.float()), name
 
 
+# E2M1's values (the MX spec's FP4), index = sign · 8 + magnitude code.
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`w` ([..., rows, cols], cols a multiple of 32) as transformers' MXFP4 tensors: `blocks`
+    [..., rows, cols / 32, 16] (value 2j in byte j's low nibble, 2j + 1 in its high one) and
+    `scales` [..., rows, cols / 32] (E8M0: 2^(s - 127)), each block's scale putting its largest
+    magnitude at or below 6, every value rounded to the nearest E2M1 value; and the values they
+    stand for, in f32."""
+    *outer, cols = w.shape
+    groups = w.reshape(*outer, cols // 32, 32).double()
+    amax = groups.abs().amax(-1, keepdim=True)
+    exp = torch.where(amax > 0, torch.ceil(torch.log2(amax / 6.0)), torch.zeros_like(amax))
+    table = torch.tensor(FP4_VALUES, dtype=torch.float64)
+    scaled = groups / torch.exp2(exp)
+    idx = (scaled.unsqueeze(-1) - table).abs().argmin(-1).to(torch.uint8)
+    blocks = idx[..., 0::2] | (idx[..., 1::2] << 4)
+    scales = (exp.squeeze(-1) + 127).to(torch.uint8)
+    values = (table[idx.long()] * torch.exp2(exp)).float().reshape(*outer, cols)
+    return blocks, scales, values
+
+
+def make_mxfp4(out_f32: Path, tok, prompts) -> None:
+    """tiny-gpt-oss-mxfp4: tiny-gpt-oss with its experts in MXFP4 as gpt-oss ships them
+    (`quantization_config: mxfp4`, `*_blocks`/`*_scales` uint8 tensors, the rest f32). Its
+    goldens are transformers' on that checkpoint (dequantized, f32), which must equal the f32
+    model holding the same values: a check of the layout written here."""
+    import safetensors.torch
+    from transformers import Mxfp4Config
+
+    name = NAME + "-mxfp4"
+    out = base.fresh_dir(name)
+    model = reload(out_f32)
+    tensors = {}
+    for k, v in model.state_dict().items():
+        if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            # Stored [experts, in, out]; quantized along `in`, per output row.
+            blocks, scales, values = mxfp4_quantize(v.transpose(1, 2).contiguous())
+            tensors[k + "_blocks"], tensors[k + "_scales"] = blocks, scales
+            with torch.no_grad():
+                dict(model.named_parameters())[k].copy_(values.transpose(1, 2))
+        else:
+            tensors[k] = v.contiguous()
+    safetensors.torch.save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out_f32 / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+    }
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    base.save_tokenizer(tok, out)
+    base.save_generation_config(out, base.IM_END_ID)
+
+    def reload_mxfp4(path: Path) -> torch.nn.Module:
+        m = GptOssForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager",
+                                              quantization_config=Mxfp4Config(dequantize=True))
+        return m.float().eval()
+
+    saved = base.reload
+    base.reload = reload_mxfp4
+    try:
+        base.write_golden(name, out, tok, "float32")
+    finally:
+        base.reload = saved
+    a = last_logits(reload_mxfp4(out), prompts)
+    b = last_logits(model, prompts)
+    diff = max(float((x - y).abs().max()) for x, y in zip(a, b))
+    print(f"  {name}: transformers on the MXFP4 checkpoint vs f32 with its values: max |dlogit| {diff:.2e}")
+    assert diff < 1e-5, diff
+    moved = max(float((x - y).abs().max()) for x, y in zip(a, last_logits(reload(out_f32), prompts)))
+    print(f"  {name}: vs the unquantized tiny-gpt-oss: max |dlogit| {moved:.3f}")
+    assert moved > 0.01, moved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--no-gguf", action="store_true")
@@ -328,6 +405,7 @@ def main() -> None:
         if status == "written":
             check_gguf(out)
         print(f"  {NAME}: model.gguf {status}")
+    make_mxfp4(out, tok, prompts)
     print("done")
 
 

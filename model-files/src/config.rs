@@ -56,7 +56,7 @@ impl Architecture {
         Gemma2ForCausalLM (gemma2), \
         Gemma3ForCausalLM (gemma3_text; GGUF gemma3), \
         SmolLM3ForCausalLM (smollm3), \
-        GptOssForCausalLM (gpt_oss; BF16 or F32 safetensors, not MXFP4 nor GGUF yet); and the \
+        GptOssForCausalLM (gpt_oss; BF16, F32 or MXFP4-expert safetensors, not GGUF yet); and the \
         language model of \
         Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration and other \
         checkpoints that nest one of these under text_config";
@@ -371,8 +371,14 @@ impl ModelConfig {
     pub fn from_hf_json(text: &str) -> Result<Result<Self, NotServed>, String> {
         let config: Value =
             serde_json::from_str(text).map_err(|e| format!("invalid config: {e}"))?;
-        if let Some(q) = quantization::declared(&config) {
-            return Ok(Err(NotServed::Quantized(q)));
+        // MXFP4 is gpt-oss's own expert format, which the checkpoint reader takes (see
+        // `hf_dir::mxfp4`); every other method, and MXFP4 elsewhere, is refused by name.
+        let quantization = quantization::declared(&config);
+        let mxfp4 = quantization
+            .as_ref()
+            .map(|q| q.quant_method.eq_ignore_ascii_case("mxfp4"));
+        if let (Some(q), Some(false)) = (&quantization, mxfp4) {
+            return Ok(Err(NotServed::Quantized(q.clone())));
         }
         // A wrapper's `model_type` can be its language model's GGUF name (`gemma3`), so the
         // nested config decides unless `architectures` names a decoder.
@@ -392,6 +398,11 @@ impl ModelConfig {
                 Err(declared) => return Ok(Err(NotServed::Architecture(declared))),
             },
         };
+        if let (Some(q), Some(true)) = (quantization, mxfp4)
+            && architecture != Architecture::GptOss
+        {
+            return Ok(Err(NotServed::Quantized(q)));
+        }
         let classifies = config
             .get("architectures")
             .and_then(Value::as_array)

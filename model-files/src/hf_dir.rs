@@ -11,11 +11,14 @@ use safetensors::{Dtype, SafeTensors, tensor::Metadata};
 use serde::Deserialize;
 
 mod bare;
+mod mxfp4;
 mod wrapped;
 
 use crate::mmap::map_file;
 use crate::weights::{bad_slice, split_at_dim};
-use crate::{FormatError, HostTensor, WeightSource};
+use crate::{FormatError, HostTensor, NativeTensor, WeightSource};
+use mxfp4::Mxfp4Parts;
+use tessera_blocks::{QuantFormat, WeightFormat};
 
 struct Shard {
     path: PathBuf,
@@ -158,6 +161,34 @@ impl SafetensorsWeights {
             .ok_or_else(|| FormatError::tensor(&shard.path, name, "not found in the shard"))?;
         Ok((shard, info))
     }
+
+    /// A tensor's bytes as stored.
+    fn bytes(&self, name: &str) -> Result<&[u8], FormatError> {
+        let (shard, info) = self.locate(name)?;
+        let (start, end) = info.data_offsets;
+        // read_metadata validated the offsets against the file length.
+        Ok(&shard.map[shard.data_start + start..shard.data_start + end])
+    }
+
+    /// `name`'s parts when it is the `_blocks` half of an MXFP4 tensor (bytes, with a
+    /// `_scales` tensor of bytes beside it).
+    fn mxfp4(&self, name: &str) -> Result<Option<Mxfp4Parts<'_>>, FormatError> {
+        let Some(scales) = mxfp4::scales_name(name).filter(|s| self.index.contains_key(s)) else {
+            return Ok(None);
+        };
+        let (shard, blocks_info) = self.locate(name)?;
+        let (_, scales_info) = self.locate(&scales)?;
+        if blocks_info.dtype != Dtype::U8 || scales_info.dtype != Dtype::U8 {
+            return Ok(None);
+        }
+        let shape = mxfp4::values_shape(&blocks_info.shape, &scales_info.shape)
+            .map_err(|m| FormatError::tensor(&shard.path, name, m))?;
+        Ok(Some(Mxfp4Parts {
+            blocks: self.bytes(name)?,
+            scales: self.bytes(&scales)?,
+            shape,
+        }))
+    }
 }
 
 impl WeightSource for SafetensorsWeights {
@@ -166,14 +197,25 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn shape(&self, name: &str) -> Result<Vec<usize>, FormatError> {
+        if let Some(parts) = self.mxfp4(name)? {
+            return Ok(parts.shape);
+        }
         Ok(self.locate(name)?.1.shape.clone())
     }
 
     fn load_f32(&self, name: &str) -> Result<HostTensor, FormatError> {
+        if let Some(parts) = self.mxfp4(name)? {
+            let mut data = vec![0.0; parts.shape.iter().product()];
+            let path = &self.locate(name)?.0.path;
+            tessera_blocks::dequantize(QuantFormat::MXFP4, &parts.ggml_bytes(), &mut data)
+                .map_err(|e| FormatError::tensor(path, name, e.to_string()))?;
+            return Ok(HostTensor {
+                shape: parts.shape,
+                data,
+            });
+        }
         let (shard, info) = self.locate(name)?;
-        let (start, end) = info.data_offsets;
-        // read_metadata validated the offsets against the file length.
-        let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
+        let bytes = self.bytes(name)?;
         let mut data = Vec::with_capacity(info.shape.iter().product());
         convert(info.dtype, bytes, &mut data)
             .map_err(|m| FormatError::tensor(&shard.path, name, m))?;
@@ -189,6 +231,12 @@ impl WeightSource for SafetensorsWeights {
         dim: usize,
         range: Range<usize>,
     ) -> Result<HostTensor, FormatError> {
+        if self.mxfp4(name)?.is_some() {
+            let t = self.load_f32(name)?;
+            return t
+                .slice(dim, range.clone())
+                .ok_or_else(|| bad_slice("", name, &t.shape, dim, &range));
+        }
         let (shard, info) = self.locate(name)?;
         let (outer, len, inner) = split_at_dim(&info.shape, dim, &range)
             .ok_or_else(|| bad_slice(&shard.path, name, &info.shape, dim, &range))?;
@@ -205,6 +253,20 @@ impl WeightSource for SafetensorsWeights {
         let mut shape = info.shape.clone();
         shape[dim] = range.len();
         Ok(HostTensor { shape, data })
+    }
+
+    /// MXFP4 tensors only (as `[rows, values per row]`, rows being every outer index): the
+    /// float dtypes are read as f32.
+    fn load_native(&self, name: &str) -> Result<Option<NativeTensor>, FormatError> {
+        let Some(parts) = self.mxfp4(name)? else {
+            return Ok(None);
+        };
+        let cols = parts.shape.last().copied().unwrap_or(0);
+        Ok(Some(NativeTensor {
+            format: WeightFormat::MXFP4,
+            shape: [parts.shape.iter().product::<usize>() / cols.max(1), cols],
+            bytes: parts.ggml_bytes(),
+        }))
     }
 }
 

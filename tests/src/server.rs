@@ -73,10 +73,15 @@ impl Server {
     /// `--kv-cache-memory 64M --shutdown-grace-period 5` unless `args` sets them) and waits until `/health`
     /// answers 200. Retries on another port if the port was taken meanwhile.
     pub async fn start(model: &str, args: &[&str]) -> Server {
+        Self::start_with_env(model, &[], args).await
+    }
+
+    /// [`Self::start`] with `env` set for the launcher (and so its router and shards).
+    pub async fn start_with_env(model: &str, env: &[(&str, &str)], args: &[&str]) -> Server {
         let model = fixture(model).into_os_string();
         let mut last_error = String::new();
         for _attempt in 0..3 {
-            match Self::try_start_with(&model, &[], args).await {
+            match Self::try_start_with(&model, env, args).await {
                 Ok(server) => return server,
                 Err(e) if e.contains("in use") => last_error = e,
                 Err(e) => panic!("{e}"),

@@ -204,6 +204,19 @@ fn quantized_checkpoints_are_refused_by_method() {
     )
     .unwrap();
     assert!(matches!(r, Err(NotServed::Quantized(q)) if q.method == "AWQ"));
+    // MXFP4 is read for gpt-oss (its experts' own format) and refused elsewhere.
+    let mxfp4 = r#""quantization_config":{"quant_method":"mxfp4"},"vocab_size":10,
+        "hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2"#;
+    let r = ModelConfig::from_hf_json(&format!(
+        r#"{{"architectures":["LlamaForCausalLM"],{mxfp4}}}"#
+    ))
+    .unwrap();
+    assert!(matches!(r, Err(NotServed::Quantized(q)) if q.method == "MXFP4"));
+    let r = ModelConfig::from_hf_json(&format!(
+        r#"{{"architectures":["GptOssForCausalLM"],"num_local_experts":4,"num_experts_per_tok":2,{mxfp4}}}"#
+    ))
+    .unwrap();
+    assert!(r.is_ok(), "{:?}", r.err());
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.json");
     std::fs::write(

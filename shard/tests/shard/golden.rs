@@ -10,7 +10,7 @@ use common::{
     repo_root,
 };
 use tessera_model_files::ModelFiles;
-use tessera_shard::{Model, Op, OpTimes};
+use tessera_shard::{Model, Op, OpTimes, WeightLayout};
 
 /// GGUF files of the fixtures, written as llama.cpp writes each family (and, for Mixtral, as
 /// it wrote MoE files before it stacked experts; for Qwen3 also split into parts), checked
@@ -34,9 +34,19 @@ const GGUF_FILES: [&str; 13] = [
 #[test]
 fn logits_and_greedy_tokens_match_transformers() {
     for name in FIXTURES {
-        let (model, golden) = load_fixture(name);
-        assert_goldens(name, &model, &golden, 1e-4);
+        // Exact products (f32 over the stored values), as transformers computes in f32.
+        let files = common::fixture_files(name);
+        let model = Model::load_with(&files, WeightLayout::Exact).unwrap();
+        assert_goldens(name, &model, &golden(name), 1e-4);
     }
+}
+
+/// Block-format checkpoints (MXFP4 experts) are multiplied with 8-bit activations by default
+/// (as llama.cpp does): close to the goldens, with the same greedy tokens.
+#[test]
+fn int8_products_of_block_formats_stay_close_to_transformers() {
+    let (model, golden) = load_fixture("tiny-gpt-oss-mxfp4");
+    assert_goldens("tiny-gpt-oss-mxfp4 (int8)", &model, &golden, 5e-3);
 }
 
 #[test]

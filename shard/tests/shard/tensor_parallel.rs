@@ -145,6 +145,7 @@ fn fixtures_match_the_single_shard_engine() {
         ("tiny-smollm3", &[2][..]),
         ("tiny-smollm3/model.gguf", &[2][..]),
         ("tiny-gpt-oss", &[2][..]),
+        ("tiny-gpt-oss-mxfp4", &[2][..]),
     ] {
         let dir = fixture.split('/').next().unwrap_or(fixture);
         let golden = common::golden(dir);

@@ -334,7 +334,7 @@ fn gpt_oss_gguf_is_refused_with_the_reason() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("gpt-oss") && e.contains("not MXFP4 nor GGUF yet"),
+        e.contains("gpt-oss") && e.contains("not GGUF yet"),
         "{e}"
     );
 }

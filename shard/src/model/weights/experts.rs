@@ -1,7 +1,7 @@
 //! A sparse MLP's weights: the router, each expert's slices for this rank, and a shared
 //! expert where the family has one.
 
-use tessera_kernels::cpu::WeightMatrix;
+use tessera_kernels::cpu::{WeightFormat, WeightMatrix};
 use tessera_model_files::{ExpertNames, Moe};
 
 use super::{Linear, Loader, Part};
@@ -83,7 +83,8 @@ impl Loader<'_> {
     }
 
     /// gpt-oss's router and experts (see [`ExpertNames::GptOss`]): each expert's `[gate | up]`
-    /// rows gathered from the interleaved, transposed stack, its down columns from theirs.
+    /// rows gathered from the interleaved stack, its down columns from theirs; from MXFP4
+    /// `*_blocks`/`*_scales` (kept in MXFP4) or from plain, transposed float stacks.
     fn stacked_experts(
         &self,
         p: &str,
@@ -95,39 +96,33 @@ impl Loader<'_> {
         let router = self.matrix(&format!("{prefix}.router.weight"), [e, hidden], Part::Whole)?;
         let router_bias = self.optional(&format!("{prefix}.router.bias"), &[e], Part::Whole)?;
         let experts = format!("{prefix}.experts");
-        let gate_up = self.tensor(&format!("{experts}.gate_up_proj"), &[e, hidden, 2 * inter])?;
         let gate_up_bias = self.tensor(&format!("{experts}.gate_up_proj_bias"), &[e, 2 * inter])?;
-        let down = self.tensor(&format!("{experts}.down_proj"), &[e, inter, hidden])?;
         let down_bias = self.tensor(&format!("{experts}.down_proj_bias"), &[e, hidden])?;
         let rows = self.partition.split(inter);
-        let n = rows.len();
-        let experts = (0..e)
-            .map(|x| {
-                let gu = &gate_up[x * hidden * 2 * inter..(x + 1) * hidden * 2 * inter];
-                // Gate rows first (even columns), then up rows (odd columns).
-                let mut w = Vec::with_capacity(2 * n * hidden);
-                for parity in [0, 1] {
-                    for j in rows.clone() {
-                        w.extend((0..hidden).map(|c| gu[c * 2 * inter + 2 * j + parity]));
-                    }
-                }
+        let matrices = if self
+            .source
+            .contains(&format!("{experts}.gate_up_proj_blocks"))
+        {
+            self.mxfp4_expert_matrices(&experts, e, inter, hidden)?
+        } else {
+            self.float_expert_matrices(&experts, e, inter, hidden)?
+        };
+        let experts = matrices
+            .into_iter()
+            .enumerate()
+            .map(|(x, (gate_up, down))| {
                 let gb = &gate_up_bias[x * 2 * inter..(x + 1) * 2 * inter];
                 let bias = [0, 1]
                     .iter()
                     .flat_map(|&parity| rows.clone().map(move |j| gb[2 * j + parity]))
                     .collect();
-                let d = &down[x * inter * hidden..(x + 1) * inter * hidden];
-                let mut dw = Vec::with_capacity(hidden * n);
-                for o in 0..hidden {
-                    dw.extend(rows.clone().map(|j| d[j * hidden + o]));
-                }
                 Expert {
                     gate_up: Linear {
-                        weight: self.for_compute(WeightMatrix::from_f32(2 * n, hidden, w)),
+                        weight: self.for_compute(gate_up),
                         bias: Some(bias),
                     },
                     down: Linear {
-                        weight: self.for_compute(WeightMatrix::from_f32(hidden, n, dw)),
+                        weight: self.for_compute(down),
                         // Added once, after the sum over ranks.
                         bias: (self.partition.rank == 0)
                             .then(|| down_bias[x * hidden..(x + 1) * hidden].to_vec()),
@@ -141,6 +136,120 @@ impl Loader<'_> {
             experts,
             shared: None,
         })
+    }
+
+    /// Each expert's `[gate | up]` rows and down columns for this rank from the float stacks
+    /// `gate_up_proj` (`[experts, hidden, 2 · inter]`, gate and up interleaved in its columns)
+    /// and `down_proj` (`[experts, inter, hidden]`), as f32.
+    fn float_expert_matrices(
+        &self,
+        experts: &str,
+        e: usize,
+        inter: usize,
+        hidden: usize,
+    ) -> Result<Vec<(WeightMatrix, WeightMatrix)>, EngineError> {
+        let gate_up = self.tensor(&format!("{experts}.gate_up_proj"), &[e, hidden, 2 * inter])?;
+        let down = self.tensor(&format!("{experts}.down_proj"), &[e, inter, hidden])?;
+        let rows = self.partition.split(inter);
+        let n = rows.len();
+        Ok((0..e)
+            .map(|x| {
+                let gu = &gate_up[x * hidden * 2 * inter..(x + 1) * hidden * 2 * inter];
+                // Gate rows first (even columns), then up rows (odd columns).
+                let mut w = Vec::with_capacity(2 * n * hidden);
+                for parity in [0, 1] {
+                    for j in rows.clone() {
+                        w.extend((0..hidden).map(|c| gu[c * 2 * inter + 2 * j + parity]));
+                    }
+                }
+                let d = &down[x * inter * hidden..(x + 1) * inter * hidden];
+                let mut dw = Vec::with_capacity(hidden * n);
+                for o in 0..hidden {
+                    dw.extend(rows.clone().map(|j| d[j * hidden + o]));
+                }
+                (
+                    WeightMatrix::from_f32(2 * n, hidden, w),
+                    WeightMatrix::from_f32(hidden, n, dw),
+                )
+            })
+            .collect())
+    }
+
+    /// Each expert's `[gate | up]` rows and down columns for this rank from MXFP4 stacks:
+    /// `gate_up_proj_blocks` (`[experts · 2 · inter, hidden]` as values, gate and up
+    /// interleaved in its rows) and `down_proj_blocks` (`[experts · hidden, inter]`). Rows stay
+    /// MXFP4 blocks; down columns too when this rank's slice starts and ends on a block
+    /// (otherwise, and for [`WeightLayout::F32`](super::WeightLayout), f32).
+    fn mxfp4_expert_matrices(
+        &self,
+        experts: &str,
+        e: usize,
+        inter: usize,
+        hidden: usize,
+    ) -> Result<Vec<(WeightMatrix, WeightMatrix)>, EngineError> {
+        let native = |name: String, shape: [usize; 2]| {
+            let t = self
+                .source
+                .load_native(&name)?
+                .filter(|t| t.format == WeightFormat::MXFP4)
+                .ok_or_else(|| self.error(format!("tensor {name:?} is not MXFP4")))?;
+            if t.shape != shape {
+                return Err(self.error(format!(
+                    "tensor {name:?} has shape {:?}, the config implies {shape:?}",
+                    t.shape
+                )));
+            }
+            Ok(t.bytes)
+        };
+        let gate_up = native(
+            format!("{experts}.gate_up_proj_blocks"),
+            [e * 2 * inter, hidden],
+        )?;
+        let down = native(format!("{experts}.down_proj_blocks"), [e * hidden, inter])?;
+        let block = WeightFormat::MXFP4.block_bytes();
+        let per_block = WeightFormat::MXFP4.block_elements();
+        let (gate_up_row, down_row) = (hidden / per_block * block, inter / per_block * block);
+        let rows = self.partition.split(inter);
+        let n = rows.len();
+        let aligned = rows.start.is_multiple_of(per_block) && rows.end.is_multiple_of(per_block);
+        let matrix = |rows: usize, cols: usize, bytes: &[u8]| {
+            let w = WeightMatrix::from_bytes(WeightFormat::MXFP4, rows, cols, bytes)
+                .map_err(|err| self.error(format!("{experts}: {err}")))?;
+            Ok::<_, EngineError>(if self.native {
+                w
+            } else {
+                WeightMatrix::from_f32(rows, cols, w.to_f32())
+            })
+        };
+        (0..e)
+            .map(|x| {
+                // Gate rows first (even rows), then up rows (odd rows).
+                let mut w = Vec::with_capacity(2 * n * gate_up_row);
+                for parity in [0, 1] {
+                    for j in rows.clone() {
+                        let at = (x * 2 * inter + 2 * j + parity) * gate_up_row;
+                        w.extend_from_slice(&gate_up[at..at + gate_up_row]);
+                    }
+                }
+                let expert_down = &down[x * hidden * down_row..(x + 1) * hidden * down_row];
+                let down = if aligned {
+                    let (a, b) = (rows.start / per_block * block, rows.end / per_block * block);
+                    let mut dw = Vec::with_capacity(hidden * (b - a));
+                    for row in expert_down.chunks_exact(down_row) {
+                        dw.extend_from_slice(&row[a..b]);
+                    }
+                    matrix(hidden, n, &dw)?
+                } else {
+                    let whole = matrix(hidden, inter, expert_down)?.to_f32();
+                    let mut dw = Vec::with_capacity(hidden * n);
+                    for row in whole.chunks_exact(inter) {
+                        dw.extend_from_slice(&row[rows.clone()]);
+                    }
+                    WeightMatrix::from_f32(hidden, n, dw)
+                };
+                Ok((matrix(2 * n, hidden, &w)?, down))
+            })
+            .collect()
     }
 
     /// `{prefix}.shared_expert` (this rank's rows of its inner width `inter`) and its gate.

@@ -15,7 +15,7 @@ use tessera_shard::{
 
 /// Every tiny fixture the project generates (`scripts/make_test_models.py`,
 /// `scripts/make_family_models.py`, `scripts/make_wrapped_models.py`).
-pub const FIXTURES: [&str; 16] = [
+pub const FIXTURES: [&str; 17] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-mistral",
@@ -32,6 +32,7 @@ pub const FIXTURES: [&str; 16] = [
     "tiny-mistral3",
     "tiny-smollm3",
     "tiny-gpt-oss",
+    "tiny-gpt-oss-mxfp4",
 ];
 
 /// The SmolLM2 GGUF's file name in `${TESSERA_CACHE:-~/.cache/tessera}`.
