@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Build fixtures/tiny-gpt-oss: a tiny random GptOssForCausalLM (transformers' own class), its
-goldens, and the GGUF file llama.cpp's converter writes of it.
+goldens, and the GGUF file llama.cpp's converter writes of it; and fixtures/tiny-gpt-oss-mxfp4,
+the same model with its experts in MXFP4 as OpenAI ships gpt-oss (see make_mxfp4), with its GGUF
+(MXFP4 experts).
 
 Dev-only, with make_test_models.py's requirements:
 
@@ -303,7 +305,27 @@ def mxfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return blocks, scales, values
 
 
-def make_mxfp4(out_f32: Path, tok, prompts) -> None:
+def check_gguf_mxfp4(out: Path, model) -> None:
+    """The converter kept the experts in MXFP4 (GGUF type 39), with the checkpoint's values."""
+    import gguf
+    from gguf.quants import dequantize
+
+    tensors = {t.name: t for t in gguf.GGUFReader(str(out / "model.gguf")).tensors}
+    sd = model.state_dict()
+    for i in range(len(LAYER_TYPES)):
+        p, b = f"model.layers.{i}.mlp.experts.", f"blk.{i}."
+        gate_up, down = sd[p + "gate_up_proj"], sd[p + "down_proj"]
+        want = {"ffn_gate_exps.weight": gate_up[..., ::2].transpose(1, 2),
+                "ffn_up_exps.weight": gate_up[..., 1::2].transpose(1, 2),
+                "ffn_down_exps.weight": down.transpose(1, 2)}
+        for name, w in want.items():
+            t = tensors[b + name]
+            assert t.tensor_type == gguf.GGMLQuantizationType.MXFP4, (name, t.tensor_type)
+            got = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).reshape(w.shape)
+            assert torch.equal(got, w.float()), name
+
+
+def make_mxfp4(out_f32: Path, tok, prompts, gguf: bool) -> None:
     """tiny-gpt-oss-mxfp4: tiny-gpt-oss with its experts in MXFP4 as gpt-oss ships them
     (`quantization_config: mxfp4`, `*_blocks`/`*_scales` uint8 tensors, the rest f32). Its
     goldens are transformers' on that checkpoint (dequantized, f32), which must equal the f32
@@ -354,6 +376,11 @@ def make_mxfp4(out_f32: Path, tok, prompts) -> None:
     moved = max(float((x - y).abs().max()) for x, y in zip(a, last_logits(reload(out_f32), prompts)))
     print(f"  {name}: vs the unquantized tiny-gpt-oss: max |dlogit| {moved:.3f}")
     assert moved > 0.01, moved
+    if gguf:
+        status = write_gguf(out)
+        if status == "written":
+            check_gguf_mxfp4(out, model)
+        print(f"  {name}: model.gguf {status}")
 
 
 def main() -> None:
@@ -405,7 +432,7 @@ def main() -> None:
         if status == "written":
             check_gguf(out)
         print(f"  {NAME}: model.gguf {status}")
-    make_mxfp4(out, tok, prompts)
+    make_mxfp4(out, tok, prompts, not args.no_gguf)
     print("done")
 
 

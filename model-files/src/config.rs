@@ -56,17 +56,18 @@ impl Architecture {
         Gemma2ForCausalLM (gemma2), \
         Gemma3ForCausalLM (gemma3_text; GGUF gemma3), \
         SmolLM3ForCausalLM (smollm3), \
-        GptOssForCausalLM (gpt_oss; BF16, F32 or MXFP4-expert safetensors, not GGUF yet); and the \
+        GptOssForCausalLM (gpt_oss; GGUF gpt-oss); and the \
         language model of \
         Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration and other \
         checkpoints that nest one of these under text_config";
 
     /// Parses a GGUF `general.architecture` value: the names [`Self::from_name`] knows, and
     /// `mistral3`, which llama.cpp's converter writes for Mistral 3 checkpoints (a wrapper's
-    /// `model_type` in Hugging Face configs, so not one of those names).
+    /// `model_type` in Hugging Face configs, so not one of those names), and `gpt-oss`.
     pub fn from_gguf_name(name: &str) -> Option<Self> {
         match name {
             "mistral3" => Some(Self::Mistral),
+            "gpt-oss" => Some(Self::GptOss),
             _ => Self::from_name(name),
         }
     }
@@ -85,7 +86,6 @@ impl Architecture {
             "Gemma2ForCausalLM" | "gemma2" => Some(Self::Gemma2),
             "Gemma3ForCausalLM" | "gemma3_text" | "gemma3" => Some(Self::Gemma3),
             "SmolLM3ForCausalLM" | "smollm3" => Some(Self::SmolLM3),
-            // Not GGUF's `gpt-oss`: its MXFP4 experts are not read yet.
             "GptOssForCausalLM" | "gpt_oss" => Some(Self::GptOss),
             _ => None,
         }

@@ -137,11 +137,11 @@ impl Architecture {
     }
 
     /// Layer `i`'s default sliding, when a config does not list its layers: every layer
-    /// under a window (Llama, Mistral, Qwen), Gemma 2's even layers, Gemma 3's layers but
-    /// every sixth.
+    /// under a window (Llama, Mistral, Qwen), Gemma 2's and gpt-oss's even layers, Gemma 3's
+    /// layers but every sixth.
     fn slides_by_default(self, i: usize) -> bool {
         match self {
-            Self::Gemma2 => !(i + 1).is_multiple_of(2),
+            Self::Gemma2 | Self::GptOss => !(i + 1).is_multiple_of(2),
             Self::Gemma3 => !(i + 1).is_multiple_of(6),
             _ => true,
         }

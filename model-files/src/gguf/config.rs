@@ -259,12 +259,20 @@ impl GgufFile {
                         .unwrap_or(architecture != Architecture::Qwen2Moe),
                     names: match architecture {
                         Architecture::Llama | Architecture::Mixtral => ExpertNames::Mixtral,
+                        Architecture::GptOss => ExpertNames::GptOss,
                         _ => ExpertNames::Qwen,
                     },
                     shared_expert_intermediate: self
                         .optional_usize(&key("expert_shared_feed_forward_length"))?
                         .filter(|&n| n > 0),
-                    activation: crate::family::ExpertActivation::Silu,
+                    activation: match architecture {
+                        // llama.cpp's constants for gpt-oss, which its files do not state.
+                        Architecture::GptOss => crate::family::ExpertActivation::ClampedSwiglu {
+                            alpha: 1.702,
+                            limit: 7.0,
+                        },
+                        _ => crate::family::ExpertActivation::Silu,
+                    },
                 })
             }
         };
@@ -518,7 +526,9 @@ impl GgufFile {
                     beta_fast: self.optional_f32(&key("yarn_beta_fast"))?.unwrap_or(32.0),
                     beta_slow: self.optional_f32(&key("yarn_beta_slow"))?.unwrap_or(1.0),
                     attention_factor,
-                    truncate: true,
+                    // llama.cpp always rounds the blended range; gpt-oss is trained (and
+                    // transformers runs it) without rounding.
+                    truncate: self.architecture()? != "gpt-oss",
                 })
             }
             Some(other) => {

@@ -304,7 +304,7 @@ impl GgufFile {
                 .expert_slice(name, &expert.stacked, expert.expert)
                 .map(Cow::Owned);
         }
-        let gguf_name = names::hf_to_gguf(name, self.sandwich_norms()).ok_or_else(|| {
+        let gguf_name = names::hf_to_gguf(name, self.norms()).ok_or_else(|| {
             FormatError::tensor(
                 &self.path,
                 name,
@@ -327,7 +327,8 @@ impl GgufFile {
             })
     }
 
-    /// Expert `expert`'s matrix of the stacked tensor `gguf_name` (`[experts, rows, cols]`).
+    /// Expert `expert`'s matrix of the stacked tensor `gguf_name` (`[experts, rows, cols]`),
+    /// or its vector of a stack of biases (`[experts, n]`).
     fn expert_slice(
         &self,
         name: &str,
@@ -341,12 +342,19 @@ impl GgufFile {
                 format!("not in the file (looked for {gguf_name})"),
             )
         })?;
-        let &[cols, rows, experts] = info.dims.as_slice() else {
-            return Err(FormatError::tensor(
-                &self.path,
-                gguf_name,
-                format!("expert tensors have 3 dimensions, not {}", info.dims.len()),
-            ));
+        let (dims, rows, experts) = match *info.dims.as_slice() {
+            [cols, rows, experts] => (vec![cols, rows], rows, experts),
+            [n, experts] => (vec![n], 1, experts),
+            _ => {
+                return Err(FormatError::tensor(
+                    &self.path,
+                    gguf_name,
+                    format!(
+                        "expert tensors have 3 dimensions (2 for biases), not {}",
+                        info.dims.len()
+                    ),
+                ));
+            }
         };
         if expert >= experts {
             return Err(FormatError::tensor(
@@ -357,7 +365,7 @@ impl GgufFile {
         }
         let matrix = TensorInfo {
             name: info.name.clone(),
-            dims: vec![cols, rows],
+            dims,
             ggml_type: info.ggml_type,
             start: info.start,
             n_bytes: 0,
@@ -380,14 +388,18 @@ impl GgufFile {
         })
     }
 
-    /// Whether the layers have Gemma's four norms (which moves `post_attention_layernorm`).
-    fn sandwich_norms(&self) -> bool {
-        matches!(
-            self.architecture()
-                .ok()
-                .and_then(Architecture::from_gguf_name),
-            Some(Architecture::Gemma2 | Architecture::Gemma3)
-        )
+    /// Where the converter put the norms around the MLP (which moves
+    /// `post_attention_layernorm`).
+    fn norms(&self) -> names::Norms {
+        match self
+            .architecture()
+            .ok()
+            .and_then(Architecture::from_gguf_name)
+        {
+            Some(Architecture::Gemma2 | Architecture::Gemma3) => names::Norms::Sandwich,
+            Some(Architecture::GptOss) => names::Norms::GptOss,
+            _ => names::Norms::Plain,
+        }
     }
 
     /// Whether the converter permuted q/k rows (llama.cpp's `LlamaModel`, which also converts

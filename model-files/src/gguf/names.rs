@@ -1,11 +1,23 @@
 //! Hugging Face tensor names to GGUF names, and undoing llama.cpp's q/k row permutation.
 
-/// The GGUF name of a Hugging Face decoder tensor name, if it has one. With `sandwich`
-/// (Gemma's four norms per layer) `post_attention_layernorm` is the norm of the attention's
-/// output (`post_attention_norm`), `pre_feedforward_layernorm` the MLP's input norm
-/// (`ffn_norm`) and `post_feedforward_layernorm` its output's (`post_ffw_norm`); otherwise
-/// `post_attention_layernorm` is the MLP's input norm.
-pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
+/// Where a family's converter puts the norms around the MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Norms {
+    /// `post_attention_layernorm`, the MLP's input norm, is `ffn_norm`.
+    Plain,
+    /// Gemma's four norms per layer: `post_attention_layernorm` is the norm of the
+    /// attention's output (`post_attention_norm`), `pre_feedforward_layernorm` the MLP's
+    /// input norm (`ffn_norm`) and `post_feedforward_layernorm` its output's
+    /// (`post_ffw_norm`).
+    Sandwich,
+    /// gpt-oss's: `post_attention_layernorm`, the MLP's input norm, is `post_attention_norm`.
+    GptOss,
+}
+
+/// The GGUF name of a Hugging Face decoder tensor name, if it has one; `norms` says where
+/// the family's converter puts the norms around the MLP.
+pub(crate) fn hf_to_gguf(name: &str, norms: Norms) -> Option<String> {
+    let sandwich = norms == Norms::Sandwich;
     match name {
         "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
         "model.norm.weight" => return Some("output_norm.weight".into()),
@@ -17,12 +29,16 @@ pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
     if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
+    if rest == "self_attn.sinks" {
+        return Some(format!("blk.{layer}.attn_sinks.weight"));
+    }
     let (module, suffix) = match rest.rsplit_once('.')? {
         (m, s @ ("weight" | "bias")) => (m, s),
         _ => return None,
     };
     let gguf = match (module, suffix) {
         ("input_layernorm", "weight") => "attn_norm",
+        ("post_attention_layernorm", "weight") if norms == Norms::GptOss => "post_attention_norm",
         ("post_attention_layernorm", "weight") if sandwich => "post_attention_norm",
         ("post_attention_layernorm", "weight") => "ffn_norm",
         ("pre_feedforward_layernorm", "weight") if sandwich => "ffn_norm",
@@ -37,8 +53,9 @@ pub(crate) fn hf_to_gguf(name: &str, sandwich: bool) -> Option<String> {
         ("self_attn.qkv_proj", _) => "attn_qkv",
         ("mlp.gate_up_proj", "weight") => "ffn_up",
         ("mlp.gate_proj", "weight") => "ffn_gate",
-        // The MoE router.
+        // The MoE router (gpt-oss's with a bias).
         ("mlp.gate" | "block_sparse_moe.gate", "weight") => "ffn_gate_inp",
+        ("mlp.router", _) => "ffn_gate_inp",
         // Qwen2-MoE's shared expert and its gate.
         ("mlp.shared_expert.gate_proj", "weight") => "ffn_gate_shexp",
         ("mlp.shared_expert.up_proj", "weight") => "ffn_up_shexp",
@@ -63,7 +80,8 @@ pub(crate) struct ExpertTensor {
 }
 
 /// For one expert's matrix (`model.layers.N.mlp.experts.E.gate_proj.weight`, or Mixtral's
-/// `block_sparse_moe.experts.E.w1.weight`), its GGUF tensors.
+/// `block_sparse_moe.experts.E.w1.weight`) or bias (gpt-oss's `…gate_proj.bias`), its GGUF
+/// tensors.
 pub(crate) fn hf_expert_to_gguf(name: &str) -> Option<ExpertTensor> {
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
@@ -75,15 +93,18 @@ pub(crate) fn hf_expert_to_gguf(name: &str) -> Option<ExpertTensor> {
     if !all_digits(layer) || !all_digits(expert) {
         return None;
     }
-    let kind = match matrix {
-        "gate_proj.weight" | "w1.weight" => "ffn_gate",
-        "up_proj.weight" | "w3.weight" => "ffn_up",
-        "down_proj.weight" | "w2.weight" => "ffn_down",
+    let (kind, suffix) = match matrix {
+        "gate_proj.weight" | "w1.weight" => ("ffn_gate", "weight"),
+        "up_proj.weight" | "w3.weight" => ("ffn_up", "weight"),
+        "down_proj.weight" | "w2.weight" => ("ffn_down", "weight"),
+        "gate_proj.bias" => ("ffn_gate", "bias"),
+        "up_proj.bias" => ("ffn_up", "bias"),
+        "down_proj.bias" => ("ffn_down", "bias"),
         _ => return None,
     };
     Some(ExpertTensor {
-        stacked: format!("blk.{layer}.{kind}_exps.weight"),
-        single: format!("blk.{layer}.{kind}.{expert}.weight"),
+        stacked: format!("blk.{layer}.{kind}_exps.{suffix}"),
+        single: format!("blk.{layer}.{kind}.{expert}.{suffix}"),
         expert: expert.parse().ok()?,
     })
 }
@@ -163,7 +184,7 @@ mod tests {
             ),
         ];
         for (hf, gguf) in cases {
-            assert_eq!(hf_to_gguf(hf, false).as_deref(), Some(gguf), "{hf}");
+            assert_eq!(hf_to_gguf(hf, Norms::Plain).as_deref(), Some(gguf), "{hf}");
         }
         for bad in [
             "model.layers.x.mlp.up_proj.weight",
@@ -172,7 +193,7 @@ mod tests {
             "token_embd.weight",
             "model.layers.1.mlp.up_proj.bias.weight",
         ] {
-            assert_eq!(hf_to_gguf(bad, false), None, "{bad}");
+            assert_eq!(hf_to_gguf(bad, Norms::Plain), None, "{bad}");
         }
         for (hf, gguf) in [
             ("post_attention_layernorm", "post_attention_norm"),
@@ -182,7 +203,7 @@ mod tests {
         ] {
             let name = format!("model.layers.2.{hf}.weight");
             let want = format!("blk.2.{gguf}.weight");
-            assert_eq!(hf_to_gguf(&name, true), Some(want), "{hf}");
+            assert_eq!(hf_to_gguf(&name, Norms::Sandwich), Some(want), "{hf}");
         }
         for (hf, gguf) in [
             ("shared_expert.gate_proj", "ffn_gate_shexp"),
@@ -192,7 +213,7 @@ mod tests {
         ] {
             let name = format!("model.layers.4.mlp.{hf}.weight");
             let want = format!("blk.4.{gguf}.weight");
-            assert_eq!(hf_to_gguf(&name, false), Some(want), "{hf}");
+            assert_eq!(hf_to_gguf(&name, Norms::Plain), Some(want), "{hf}");
         }
     }
 
@@ -219,7 +240,7 @@ mod tests {
             None
         );
         assert_eq!(
-            hf_to_gguf("model.layers.1.block_sparse_moe.gate.weight", false).as_deref(),
+            hf_to_gguf("model.layers.1.block_sparse_moe.gate.weight", Norms::Plain).as_deref(),
             Some("blk.1.ffn_gate_inp.weight")
         );
     }

@@ -146,6 +146,8 @@ fn fixtures_match_the_single_shard_engine() {
         ("tiny-smollm3/model.gguf", &[2][..]),
         ("tiny-gpt-oss", &[2][..]),
         ("tiny-gpt-oss-mxfp4", &[2][..]),
+        ("tiny-gpt-oss/model.gguf", &[2][..]),
+        ("tiny-gpt-oss-mxfp4/model.gguf", &[2][..]),
     ] {
         let dir = fixture.split('/').next().unwrap_or(fixture);
         let golden = common::golden(dir);

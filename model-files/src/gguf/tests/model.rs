@@ -1,7 +1,7 @@
 //! Model configs, tokenizer specs and RoPE scaling from metadata; llama q/k unpermuted.
 
 use super::*;
-use crate::{Architecture, RopeScaling};
+use crate::{Architecture, ModelConfig, RopeScaling};
 
 #[test]
 fn llama_q_and_k_are_unpermuted_to_hf_layout() {
@@ -326,15 +326,32 @@ fn pooling_type_of_an_embedding_gguf() {
     assert!(rank.contains("pooling_type 4 is not served"), "{rank}");
 }
 
+/// llama.cpp's gpt-oss files state less than the checkpoint's config: the sliding layers, the
+/// clamped SwiGLU and YaRN's unrounded range are the family's, and the configs agree.
 #[test]
-fn gpt_oss_gguf_is_refused_with_the_reason() {
-    let (w, _, _) = tiny_model("gpt-oss", true, false);
-    let e = open_bytes(&w.bytes().0)
-        .and_then(|f| f.model_config())
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("gpt-oss") && e.contains("not GGUF yet"),
-        "{e}"
-    );
+fn gpt_oss_gguf_reads_as_its_checkpoint_config() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    for name in ["tiny-gpt-oss", "tiny-gpt-oss-mxfp4"] {
+        let hf = ModelConfig::from_hf_file(&fixtures.join(name).join("config.json")).unwrap();
+        let gguf = GgufFile::open(&fixtures.join(name).join("model.gguf"))
+            .and_then(|f| f.model_config())
+            .unwrap();
+        assert_eq!(gguf.family, hf.family, "{name}");
+        assert_eq!(gguf.rope_scaling, hf.rope_scaling, "{name}");
+        assert_eq!(
+            (gguf.architecture, gguf.sliding_window, gguf.attention_bias),
+            (Architecture::GptOss, hf.sliding_window, true),
+            "{name}"
+        );
+        assert!(
+            matches!(
+                gguf.rope_scaling,
+                Some(RopeScaling::Yarn {
+                    truncate: false,
+                    ..
+                })
+            ),
+            "{name}"
+        );
+    }
 }

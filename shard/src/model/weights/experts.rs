@@ -39,14 +39,27 @@ impl Loader<'_> {
         moe: &Moe,
         hidden: usize,
     ) -> Result<MoeWeights, EngineError> {
-        let (block, [gate, up, down]) = match moe.names {
-            ExpertNames::Qwen => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
-            ExpertNames::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
-            ExpertNames::GptOss => return self.stacked_experts(p, moe, hidden),
+        let stacks = |stem: &str| {
+            let stack = format!("{p}.mlp.experts.{stem}");
+            self.source.contains(&stack) || self.source.contains(&format!("{stack}_blocks"))
+        };
+        let (block, router, [gate, up, down]) = match moe.names {
+            ExpertNames::Qwen => ("mlp", "gate", ["gate_proj", "up_proj", "down_proj"]),
+            ExpertNames::Mixtral => ("block_sparse_moe", "gate", ["w1", "w3", "w2"]),
+            ExpertNames::GptOss if stacks("gate_up_proj") => {
+                return self.stacked_experts(p, moe, hidden);
+            }
+            // A GGUF file's: gate and up apart, each expert's matrices and biases by name.
+            ExpertNames::GptOss => ("mlp", "router", ["gate_proj", "up_proj", "down_proj"]),
         };
         let prefix = format!("{p}.{block}");
+        let router_bias = self.optional(
+            &format!("{prefix}.{router}.bias"),
+            &[moe.experts],
+            Part::Whole,
+        )?;
         let router = self.matrix(
-            &format!("{prefix}.gate.weight"),
+            &format!("{prefix}.{router}.weight"),
             [moe.experts, hidden],
             Part::Whole,
         )?;
@@ -76,7 +89,7 @@ impl Loader<'_> {
         };
         Ok(MoeWeights {
             router: self.for_compute(router),
-            router_bias: None,
+            router_bias,
             experts,
             shared,
         })
