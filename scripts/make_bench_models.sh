@@ -5,6 +5,8 @@
 #
 #   scripts/make_bench_models.sh [SHAPE:TYPE ...]
 #     default: tinyllama-1.1b:Q4_K_M tinyllama-1.1b:Q8_0 tinyllama-1.1b:Q4_0 llama-3b:Q4_K_M
+#     also: gpt-oss-20b:MXFP4 (written directly as ggml-org's file is laid out, about 12 GB:
+#     scripts/make_gpt_oss_bench.py)
 #   prints one line per model: its path
 #
 # Needs python3 with venv, a C++ compiler, the anchors folder of the shared tools
@@ -36,7 +38,10 @@ mkdir -p "$MODELS"
 for want in "${WANTED[@]}"; do
   shape=${want%%:*} type=${want#*:}
   out=$MODELS/$shape-$type.gguf
-  if [[ ! -s $out ]]; then
+  if [[ $want == gpt-oss-20b:MXFP4 && ! -s $out ]]; then
+    "$VENV/bin/python" "$ROOT/scripts/make_gpt_oss_bench.py" "$SOURCE" "$out.part" >&2
+    mv "$out.part" "$out"
+  elif [[ ! -s $out ]]; then
     f16=$MODELS/$shape-F16.gguf
     [[ -s $f16 ]] || "$VENV/bin/python" "$TOOLS/make-bench-gguf.py" "$SOURCE" "$f16.part" --shape "$shape" >&2
     [[ -s $f16 ]] || mv "$f16.part" "$f16"

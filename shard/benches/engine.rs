@@ -9,7 +9,8 @@
 //! For each weight layout it loads the model, then times prefill of 128 and 512 tokens (one
 //! sequence, logits of the last token only) and decode at batch 1, 8 and 16 after prompts of
 //! 128 tokens, and reports:
-//! - bytes of weights read per decoded token: every linear weight of every layer plus the LM
+//! - bytes of weights read per decoded token: every linear weight of every layer (of the
+//!   routed experts, the `top_k / experts` share one token picks) plus the LM
 //!   head (the tied embedding for SmolLM2) in the layout they were loaded in, plus one
 //!   embedding row; the bandwidth bound (measured read bandwidth ÷ those bytes) and decode
 //!   batch 1 as % of it (target ≥ 90%);
@@ -222,7 +223,8 @@ impl WeightSource for Recorder {
 
 /// What one decoded token reads and one prefill computes, from the loaded matrices.
 struct Accounting {
-    /// Bytes of all layers' linear weights, and their parameters.
+    /// Bytes of the layers' linear weights one token reads (of the routed experts, the share
+    /// a token picks: `top_k / experts`), and their parameters.
     layer_bytes: usize,
     layer_params: usize,
     /// Bytes and parameters of the LM head (the embedding when tied).
@@ -236,12 +238,19 @@ struct Accounting {
 }
 
 impl Accounting {
-    fn new(matrices: &BTreeMap<String, MatrixInfo>) -> Accounting {
+    /// `active` is the share of the routed experts one token reads (1 without experts).
+    fn new(matrices: &BTreeMap<String, MatrixInfo>, active: f64) -> Accounting {
         let layers = matrices
             .iter()
             .filter(|(n, _)| n.starts_with("model.layers."));
-        let (layer_bytes, layer_params) =
-            layers.fold((0, 0), |(b, p), (_, m)| (b + m.bytes, p + m.rows * m.cols));
+        let (layer_bytes, layer_params) = layers.fold((0.0, 0.0), |(b, p), (n, m)| {
+            let share = if n.contains(".experts.") { active } else { 1.0 };
+            (
+                b + share * m.bytes as f64,
+                p + share * (m.rows * m.cols) as f64,
+            )
+        });
+        let (layer_bytes, layer_params) = (layer_bytes as usize, layer_params as usize);
         let embed = matrices.get("model.embed_tokens.weight");
         let (head_name, head) = match matrices.get("lm_head.weight") {
             Some(h) => ("lm_head", h),
@@ -596,7 +605,13 @@ fn main() {
             .unwrap()
             .with_kv_dtype(KvDtype::auto(&files))
             .with_activation_dtype(activations);
-        let acc = Accounting::new(&recorder.matrices.lock().unwrap());
+        let active = model
+            .config()
+            .family
+            .moe
+            .as_ref()
+            .map_or(1.0, |m| m.top_k as f64 / m.experts as f64);
+        let acc = Accounting::new(&recorder.matrices.lock().unwrap(), active);
         println!(
             "\nloaded {} as {layout:?} in {:.2} s; {}",
             path.display(),
