@@ -60,6 +60,33 @@ pub fn live_bytes() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
+/// Starts a thread that hands the allocator's free pages back to the system every `period`.
+/// glibc keeps freed memory in its per-thread arenas for reuse; under a changing mix of
+/// requests the router's worker threads fragment them, and RSS creeps up while the live heap
+/// stays level. `malloc_trim` releases every arena's free pages. Other C libraries (and
+/// allocators) manage their own: there it does nothing.
+pub fn spawn_trimmer(period: std::time::Duration) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("heap-trim".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(period);
+                release_free_pages();
+            }
+        })
+        .map(drop)
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn release_free_pages() {
+    // SAFETY: `malloc_trim` takes no pointers and may be called from any thread at any time.
+    unsafe { libc::malloc_trim(0) };
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_pages() {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
