@@ -121,6 +121,16 @@ def reload(out: Path, cfg=None, experts="eager") -> torch.nn.Module:
     return model.float().eval()
 
 
+def write_golden(name: str, out: Path, tok, loader) -> None:
+    """base.write_golden (f32) with the model loaded by `loader` instead of base.reload."""
+    saved = base.reload
+    base.reload = loader
+    try:
+        base.write_golden(name, out, tok, "float32")
+    finally:
+        base.reload = saved
+
+
 def prompt_ids(tok) -> list[list[int]]:
     return [tok.encode(t, add_special_tokens=False).ids for t in base.PROMPTS]
 
@@ -362,12 +372,7 @@ def make_mxfp4(out_f32: Path, tok, prompts, gguf: bool) -> None:
                                               quantization_config=Mxfp4Config(dequantize=True))
         return m.float().eval()
 
-    saved = base.reload
-    base.reload = reload_mxfp4
-    try:
-        base.write_golden(name, out, tok, "float32")
-    finally:
-        base.reload = saved
+    write_golden(name, out, tok, reload_mxfp4)
     a = last_logits(reload_mxfp4(out), prompts)
     b = last_logits(model, prompts)
     diff = max(float((x - y).abs().max()) for x, y in zip(a, b))
@@ -402,12 +407,7 @@ def main() -> None:
     base.save_tokenizer(tok, out)
     base.save_generation_config(out, base.IM_END_ID)
 
-    saved = base.reload
-    base.reload = reload
-    try:
-        base.write_golden(NAME, out, tok, "float32")
-    finally:
-        base.reload = saved
+    write_golden(NAME, out, tok, reload)
 
     # The long prompts run past YaRN's original context.
     assert max(map(len, prompts)) > ROPE["original_max_position_embeddings"]
