@@ -314,6 +314,50 @@ mod tests {
         safetensors::serialize_to_file(views, None, path).unwrap();
     }
 
+    /// An MXFP4 pair reads under its `_blocks` name as values and as ggml blocks; its
+    /// `_scales` half and a `_blocks` tensor without one read as they are stored.
+    #[test]
+    fn reads_mxfp4_blocks_with_their_scales() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two rows of one block: row 0 holds index k % 16 at value k (checkpoint order: value
+        // 2j in byte j's low nibble), row 1 index 1 (0.5) everywhere.
+        let mut blocks: Vec<u8> = (0..16u8)
+            .map(|j| ((2 * j) % 16) | (((2 * j + 1) % 16) << 4))
+            .collect();
+        blocks.extend([0x11u8; 16]);
+        write_safetensors(
+            &dir.path().join("model.safetensors"),
+            &[
+                ("e.w_blocks", Dtype::U8, vec![2, 1, 16], blocks),
+                ("e.w_scales", Dtype::U8, vec![2, 1], vec![127, 129]),
+                ("lone_blocks", Dtype::U8, vec![1, 1], vec![7]),
+            ],
+        );
+        let w = SafetensorsWeights::open(dir.path()).unwrap();
+        assert_eq!(w.shape("e.w_blocks").unwrap(), [2, 32]);
+        let t = w.load_f32("e.w_blocks").unwrap();
+        let fp4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        let row0: Vec<f32> = (0..32)
+            .map(|k| fp4[k % 8] * if k % 16 >= 8 { -1.0 } else { 1.0 })
+            .collect();
+        assert_eq!(&t.data[..32], &row0[..]);
+        assert_eq!(&t.data[32..], &[2.0; 32][..], "0.5 · 2^(129 - 127)");
+        let native = w.load_native("e.w_blocks").unwrap().unwrap();
+        assert_eq!(
+            (native.format, native.shape),
+            (WeightFormat::MXFP4, [2, 32])
+        );
+        let mut values = vec![0.0; 64];
+        tessera_blocks::dequantize(QuantFormat::MXFP4, &native.bytes, &mut values).unwrap();
+        assert_eq!(values, t.data);
+        let sliced = w.load_f32_slice("e.w_blocks", 1, 8..16).unwrap();
+        assert_eq!(sliced.shape, [2, 8]);
+        assert_eq!(&sliced.data[..8], &row0[8..16]);
+        assert!(w.load_native("e.w_scales").unwrap().is_none());
+        assert!(w.load_native("lone_blocks").unwrap().is_none());
+        assert_eq!(w.shape("lone_blocks").unwrap(), [1, 1]);
+    }
+
     #[test]
     fn reads_f32_f16_bf16() {
         let dir = tempfile::tempdir().unwrap();
