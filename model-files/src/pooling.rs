@@ -22,22 +22,12 @@ pub enum Pooling {
 }
 
 impl Pooling {
-    /// The name the wire and the logs use.
+    /// The name the logs use.
     pub fn name(self) -> &'static str {
         match self {
             Pooling::LastToken => "last",
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
-        }
-    }
-
-    /// Parses [`Pooling::name`].
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "last" => Some(Pooling::LastToken),
-            "mean" => Some(Pooling::Mean),
-            "cls" => Some(Pooling::Cls),
-            _ => None,
         }
     }
 }

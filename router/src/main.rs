@@ -210,12 +210,7 @@ fn pooling_model(
     info: &ShardFacts,
     tokenizer: &ModelTokenizer,
 ) -> anyhow::Result<PoolingModel> {
-    let facts = ModelFacts {
-        pooling: &info.pooling,
-        normalize: info.normalize,
-        score_labels: info.score_labels,
-        hidden_size: info.hidden_size,
-    };
+    let facts = ModelFacts::from(info);
     let pooling = PoolingModel::resolve(args.task.0, &facts, &args.score_labels, tokenizer)?;
     tracing::info!(task = pooling.task().name(), "serving");
     Ok(pooling)

@@ -58,11 +58,14 @@ fn new_sequence(r: pb::NewRequest) -> Result<NewSequence, Status> {
 
 fn pooling_task(id: u64, p: pb::Pooling) -> Result<PoolingTask, Status> {
     match p.kind {
-        Some(pb::pooling::Kind::Embed(name)) => Pooling::from_name(&name)
-            .map(PoolingTask::Embed)
-            .ok_or_else(|| {
-                Status::invalid_argument(format!("request {id}: unknown pooling {name:?}"))
-            }),
+        Some(pb::pooling::Kind::Embed(kind)) => match pb::PoolKind::try_from(kind) {
+            Ok(pb::PoolKind::Last) => Ok(PoolingTask::Embed(Pooling::LastToken)),
+            Ok(pb::PoolKind::Mean) => Ok(PoolingTask::Embed(Pooling::Mean)),
+            Ok(pb::PoolKind::Cls) => Ok(PoolingTask::Embed(Pooling::Cls)),
+            Ok(pb::PoolKind::None) | Err(_) => Err(Status::invalid_argument(format!(
+                "request {id}: pooling kind {kind} is not one to embed with"
+            ))),
+        },
         Some(pb::pooling::Kind::Classify(c)) => Ok(PoolingTask::Classify {
             label_tokens: c.label_tokens,
         }),
@@ -103,5 +106,14 @@ fn generation(o: StepOutput) -> pb::Generation {
         top_tokens,
         proposed: o.proposed as u32,
         pooled: o.pooled.unwrap_or_default(),
+    }
+}
+
+/// The wire's name for a model's pooling.
+pub(crate) fn pool_kind(pooling: Pooling) -> pb::PoolKind {
+    match pooling {
+        Pooling::LastToken => pb::PoolKind::Last,
+        Pooling::Mean => pb::PoolKind::Mean,
+        Pooling::Cls => pb::PoolKind::Cls,
     }
 }

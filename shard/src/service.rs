@@ -126,8 +126,8 @@ impl TextGenerationService for ShardService {
             rope_length_threshold,
             rope_grows_with_length,
             pooling: (self.info.pooler)
-                .map(|p| p.pooling.name().to_owned())
-                .unwrap_or_default(),
+                .map_or(pb::PoolKind::None, |p| crate::convert::pool_kind(p.pooling))
+                .into(),
             normalize: self.info.pooler.is_some_and(|p| p.normalize),
             score_labels: c.score_labels.unwrap_or(0) as u32,
             hidden_size: c.hidden_size as u32,

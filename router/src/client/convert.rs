@@ -4,7 +4,7 @@
 
 use tessera_proto::v1 as pb;
 
-use crate::pooling::PoolingAsk;
+use crate::pooling::{ModelFacts, Pool, PoolingAsk};
 
 use super::{Generation, NewRequest, SampledToken, ShardStep, StepAnswer, StepTimings};
 
@@ -41,9 +41,34 @@ fn new_request(r: &NewRequest<'_>) -> pb::NewRequest {
     }
 }
 
+fn pool_kind(pool: Pool) -> pb::PoolKind {
+    match pool {
+        Pool::Last => pb::PoolKind::Last,
+        Pool::Mean => pb::PoolKind::Mean,
+        Pool::Cls => pb::PoolKind::Cls,
+    }
+}
+
+impl From<&pb::InfoResponse> for ModelFacts {
+    fn from(info: &pb::InfoResponse) -> Self {
+        ModelFacts {
+            // An unknown kind (a newer shard) reads as none.
+            pooling: match info.pooling() {
+                pb::PoolKind::None => None,
+                pb::PoolKind::Last => Some(Pool::Last),
+                pb::PoolKind::Mean => Some(Pool::Mean),
+                pb::PoolKind::Cls => Some(Pool::Cls),
+            },
+            normalize: info.normalize,
+            score_labels: info.score_labels,
+            hidden_size: info.hidden_size,
+        }
+    }
+}
+
 fn pooling(p: &PoolingAsk) -> pb::Pooling {
     let kind = match p {
-        PoolingAsk::Embed(pool) => pb::pooling::Kind::Embed(pool.name().to_owned()),
+        PoolingAsk::Embed(pool) => pb::pooling::Kind::Embed(pool_kind(*pool) as i32),
         PoolingAsk::Classify { label_tokens } => pb::pooling::Kind::Classify(pb::Classify {
             label_tokens: label_tokens.clone(),
         }),

@@ -44,23 +44,6 @@ pub enum Pool {
     Cls,
 }
 
-impl Pool {
-    /// The name the wire carries (`tessera.v1.Pooling.embed`, `InfoResponse.pooling`).
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Pool::Last => "last",
-            Pool::Mean => "mean",
-            Pool::Cls => "cls",
-        }
-    }
-
-    fn from_name(name: &str) -> Option<Self> {
-        [Pool::Last, Pool::Mean, Pool::Cls]
-            .into_iter()
-            .find(|p| p.name() == name)
-    }
-}
-
 /// How the router asks the shards to pool one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum PoolingAsk {
@@ -110,11 +93,12 @@ pub struct ScoreSpec {
     pub label_tokens: Vec<u32>,
 }
 
-/// The facts the shards report that decide the task (`tessera.v1.InfoResponse`'s).
+/// The facts the shards report that decide the task (`tessera.v1.InfoResponse`'s; read from
+/// it in `client::convert`).
 #[derive(Debug, Clone, Default)]
-pub struct ModelFacts<'a> {
-    /// `"last"`, `"mean"`, `"cls"`, or empty (the model declares no pooling).
-    pub pooling: &'a str,
+pub struct ModelFacts {
+    /// The pooling the model declares, if any.
+    pub pooling: Option<Pool>,
     /// Whether the model normalises its embeddings.
     pub normalize: bool,
     /// Labels of its classification head (0: none).
@@ -135,13 +119,13 @@ impl PoolingModel {
     /// probability among them is the score), e.g. `["no", "yes"]` for Qwen3-Reranker.
     pub fn resolve(
         task: Option<Task>,
-        facts: &ModelFacts<'_>,
+        facts: &ModelFacts,
         score_labels: &[String],
         tokenizer: &ModelTokenizer,
     ) -> Result<Self, TaskError> {
         let task = task.unwrap_or(if facts.score_labels > 0 {
             Task::Score
-        } else if !facts.pooling.is_empty() {
+        } else if facts.pooling.is_some() {
             Task::Embed
         } else {
             Task::Generate
@@ -150,21 +134,18 @@ impl PoolingModel {
             Task::Generate => PoolingModel::Generate,
             // A decoder the model files do not describe pools as vLLM pools one: by its last
             // token, normalised.
-            Task::Embed if facts.pooling.is_empty() => PoolingModel::Embed(EmbedSpec {
-                pool: Pool::Last,
-                normalize: true,
-                dimensions: facts.hidden_size as usize,
-            }),
-            Task::Embed => PoolingModel::Embed(EmbedSpec {
-                pool: Pool::from_name(facts.pooling).ok_or_else(|| {
-                    TaskError(format!(
-                        "the shards report an unknown pooling {:?}",
-                        facts.pooling
-                    ))
-                })?,
-                normalize: facts.normalize,
-                dimensions: facts.hidden_size as usize,
-            }),
+            Task::Embed => match facts.pooling {
+                None => PoolingModel::Embed(EmbedSpec {
+                    pool: Pool::Last,
+                    normalize: true,
+                    dimensions: facts.hidden_size as usize,
+                }),
+                Some(pool) => PoolingModel::Embed(EmbedSpec {
+                    pool,
+                    normalize: facts.normalize,
+                    dimensions: facts.hidden_size as usize,
+                }),
+            },
             Task::Score if facts.score_labels > 0 => PoolingModel::Score(ScoreSpec {
                 label_tokens: Vec::new(),
             }),
@@ -284,7 +265,7 @@ mod tests {
     use super::*;
     use crate::detokenizer::tests::byte_level;
 
-    fn facts(pooling: &str, score_labels: u32) -> ModelFacts<'_> {
+    fn facts(pooling: Option<Pool>, score_labels: u32) -> ModelFacts {
         ModelFacts {
             pooling,
             normalize: true,
@@ -300,17 +281,17 @@ mod tests {
     #[test]
     fn auto_takes_what_the_model_declares() {
         let tok = byte_level();
-        let resolve = |f: ModelFacts<'_>| PoolingModel::resolve(None, &f, &[], &tok).unwrap();
-        assert_eq!(resolve(facts("", 0)).task(), Task::Generate);
-        assert_eq!(resolve(facts("", 0)).ask(), None);
-        let embed = resolve(facts("mean", 0));
+        let resolve = |f: ModelFacts| PoolingModel::resolve(None, &f, &[], &tok).unwrap();
+        assert_eq!(resolve(facts(None, 0)).task(), Task::Generate);
+        assert_eq!(resolve(facts(None, 0)).ask(), None);
+        let embed = resolve(facts(Some(Pool::Mean), 0));
         assert_eq!(embed.task(), Task::Embed);
         assert_eq!(embed.ask(), Some(PoolingAsk::Embed(Pool::Mean)));
         assert!(matches!(
             embed,
             PoolingModel::Embed(EmbedSpec { dimensions: 64, .. })
         ));
-        let score = resolve(facts("", 1));
+        let score = resolve(facts(None, 1));
         assert_eq!(score.task(), Task::Score);
         assert_eq!(
             score.ask(),
@@ -323,7 +304,7 @@ mod tests {
     #[test]
     fn a_task_asked_of_a_model_that_declares_nothing() {
         let tok = byte_level();
-        let embed = PoolingModel::resolve(Some(Task::Embed), &facts("", 0), &[], &tok).unwrap();
+        let embed = PoolingModel::resolve(Some(Task::Embed), &facts(None, 0), &[], &tok).unwrap();
         assert_eq!(
             embed,
             PoolingModel::Embed(EmbedSpec {
@@ -335,7 +316,7 @@ mod tests {
         // "hello" is one token (merged), "</s>" a special one; "ab" is two.
         let score = PoolingModel::resolve(
             Some(Task::Score),
-            &facts("", 0),
+            &facts(None, 0),
             &labels(&["</s>", "hello"]),
             &tok,
         )
@@ -348,13 +329,13 @@ mod tests {
         );
         let err = PoolingModel::resolve(
             Some(Task::Score),
-            &facts("", 0),
+            &facts(None, 0),
             &labels(&["ab", "c"]),
             &tok,
         )
         .unwrap_err();
         assert!(err.to_string().contains("\"ab\" is 2 tokens"), "{err}");
-        let err = PoolingModel::resolve(Some(Task::Score), &facts("", 0), &labels(&["a"]), &tok)
+        let err = PoolingModel::resolve(Some(Task::Score), &facts(None, 0), &labels(&["a"]), &tok)
             .unwrap_err();
         assert!(err.to_string().contains("--score-labels"), "{err}");
     }
