@@ -23,6 +23,7 @@ pub mod comm;
 mod convert;
 mod core;
 mod error;
+mod host_memory;
 mod kv_cache;
 mod model;
 mod pooling;

@@ -177,6 +177,21 @@ impl TextGenerationService for ShardService {
                         r.max_total_tokens
                     )));
                 }
+                // The CPU pool is taken whole (see `kv_cache`): refuse one that cannot fit
+                // rather than be killed for it.
+                let pool = num_blocks as u64 * per_block;
+                if flag == "--kv-cache-memory"
+                    && let Some(available) = crate::host_memory::available_bytes()
+                    && pool > available
+                {
+                    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+                    return Err(EngineError::InvalidBatch(format!(
+                        "--kv-cache-memory asks for {:.2} GiB of KV cache, but this machine \
+                         (or container) has {:.2} GiB available: lower --kv-cache-memory",
+                        gib(pool),
+                        gib(available)
+                    )));
+                }
                 engine.resize_cache(num_blocks)?;
                 // Worst case on CPU is compute, not memory: a bounded prefill warms the
                 // thread pool and faults the weights in without delaying start-up for long.

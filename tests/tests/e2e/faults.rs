@@ -316,6 +316,26 @@ async fn truncated_model_fails_fast() {
     .await;
 }
 
+/// A KV pool larger than the machine's memory is refused at start-up, saying which flag to
+/// lower (the CPU pool is taken whole when the server starts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kv_pool_larger_than_memory_is_refused_at_start() {
+    within("kv_pool_too_large", Duration::from_secs(60), async {
+        let model = fixture("tiny-llama").into_os_string();
+        // No backtrace: the error is the last thing the launcher prints.
+        let quiet = [("RUST_BACKTRACE", "0")];
+        let Err(err) = Server::try_start_with(&model, &quiet, &["--kv-cache-memory", "64T"]).await
+        else {
+            panic!("the launcher must not start");
+        };
+        assert!(
+            err.contains("--kv-cache-memory asks for") && err.contains("lower --kv-cache-memory"),
+            "{err}"
+        );
+    })
+    .await;
+}
+
 /// A KV pool far smaller than the traffic (about 85 blocks of 16 tokens; twelve requests
 /// of 240 tokens need about 180): requests are preempted and resumed, and each one's
 /// greedy tokens equal those it gets alone.
