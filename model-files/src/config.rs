@@ -371,14 +371,9 @@ impl ModelConfig {
     pub fn from_hf_json(text: &str) -> Result<Result<Self, NotServed>, String> {
         let config: Value =
             serde_json::from_str(text).map_err(|e| format!("invalid config: {e}"))?;
-        // MXFP4 is gpt-oss's own expert format, which the checkpoint reader takes (see
-        // `hf_dir::mxfp4`); every other method, and MXFP4 elsewhere, is refused by name.
         let quantization = quantization::declared(&config);
-        let mxfp4 = quantization
-            .as_ref()
-            .map(|q| q.quant_method.eq_ignore_ascii_case("mxfp4"));
-        if let (Some(q), Some(false)) = (&quantization, mxfp4) {
-            return Ok(Err(NotServed::Quantized(q.clone())));
+        if let Some(q) = quantization::unread(quantization.clone(), None) {
+            return Ok(Err(NotServed::Quantized(q)));
         }
         // A wrapper's `model_type` can be its language model's GGUF name (`gemma3`), so the
         // nested config decides unless `architectures` names a decoder.
@@ -398,9 +393,7 @@ impl ModelConfig {
                 Err(declared) => return Ok(Err(NotServed::Architecture(declared))),
             },
         };
-        if let (Some(q), Some(true)) = (quantization, mxfp4)
-            && architecture != Architecture::GptOss
-        {
+        if let Some(q) = quantization::unread(quantization, Some(architecture)) {
             return Ok(Err(NotServed::Quantized(q)));
         }
         let classifies = config

@@ -3,6 +3,8 @@
 
 use serde_json::Value;
 
+use crate::Architecture;
+
 /// A quantization method named by a config: as people call it, and as the config spells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quantization {
@@ -51,6 +53,19 @@ pub(crate) fn declared(config: &Value) -> Option<Quantization> {
     Some(Quantization {
         method,
         quant_method,
+    })
+}
+
+/// `declared` when Tessera does not read it: every method but MXFP4, gpt-oss's own expert
+/// format (read by `hf_dir::mxfp4`); MXFP4 too once the `architecture` is known and is not
+/// gpt-oss.
+pub(crate) fn unread(
+    declared: Option<Quantization>,
+    architecture: Option<Architecture>,
+) -> Option<Quantization> {
+    declared.filter(|q| {
+        !q.quant_method.eq_ignore_ascii_case("mxfp4")
+            || architecture.is_some_and(|a| a != Architecture::GptOss)
     })
 }
 

@@ -60,20 +60,6 @@ fn rows_unpack_to_the_gguf_dequantization() {
             .collect();
         let pnl = PackedMatrix::from_iq4_nl(rows, cols, &nl);
         assert_eq!(pnl.storage_bytes(), nb * 18);
-        // Every scale f16 holds exactly (2^-24..2^15), and a block of zeros with a scale
-        // it does not.
-        let mut mx: Vec<BlockMXFP4> = (0..nb)
-            .map(|_| BlockMXFP4 {
-                e: rng.random_range(104..=143),
-                qs: std::array::from_fn(|_| rng.random()),
-            })
-            .collect();
-        mx[nb / 2] = BlockMXFP4 {
-            e: 0,
-            qs: [0x80; 16],
-        };
-        let pmx = PackedMatrix::from_mxfp4(rows, cols, &mx).expect("f16 scales");
-        assert_eq!(pmx.storage_bytes(), nb * 17);
         let p51 = PackedMatrix::from_q5_1(rows, cols, &q51);
         assert_eq!(p51.storage_bytes(), nb * 24);
         let p50 = PackedMatrix::from_q5_0(rows, cols, &q50).unwrap();
@@ -104,8 +90,35 @@ fn rows_unpack_to_the_gguf_dequantization() {
             dequantize_row_iq4_nl(&nl[row * blocks..(row + 1) * blocks], &mut want);
             pnl.row_f32(row, &mut got);
             assert_eq!(got, want, "IQ4_NL row {row} of {rows}x{cols}");
+        }
+    }
+}
+
+#[test]
+fn mxfp4_rows_unpack_to_the_reference_dequantization() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    for (rows, cols) in [(1, 32), (17, 64), (40, 96)] {
+        let nb = rows * cols / QK;
+        // Every scale f16 holds exactly (2^-24..2^15), and a block of zeros with a scale
+        // it does not.
+        let mut mx: Vec<BlockMXFP4> = (0..nb)
+            .map(|_| BlockMXFP4 {
+                e: rng.random_range(104..=143),
+                qs: std::array::from_fn(|_| rng.random()),
+            })
+            .collect();
+        mx[nb / 2] = BlockMXFP4 {
+            e: 0,
+            qs: [0x80; 16],
+        };
+        let packed = PackedMatrix::from_mxfp4(rows, cols, &mx).expect("f16 scales");
+        assert_eq!(packed.storage_bytes(), nb * 17);
+        let blocks = cols / QK;
+        for row in 0..rows {
+            let mut want = vec![0f32; cols];
+            let mut got = vec![f32::NAN; cols];
             dequantize_row_mxfp4(&mx[row * blocks..(row + 1) * blocks], &mut want);
-            pmx.row_f32(row, &mut got);
+            packed.row_f32(row, &mut got);
             assert_eq!(got, want, "MXFP4 row {row} of {rows}x{cols}");
         }
         // A nonzero value under a scale f16 cannot hold stays unpacked.
