@@ -8,27 +8,22 @@ use crate::quant::{
 
 use super::{LANE_TILES, LANES, LINE, QK, TILE};
 
-/// The IQ4 table's values as the kernels multiply them: unsigned bytes `value + 128`.
-const IQ4_UNSIGNED: [u8; 16] = {
+/// A table of signed values as the kernels multiply them: unsigned bytes `value + 128`.
+const fn unsigned(values: [i8; 16]) -> [u8; 16] {
     let mut t = [0u8; 16];
     let mut i = 0;
     while i < 16 {
-        t[i] = (KVALUES_IQ4NL[i] as u8) ^ 0x80;
+        t[i] = (values[i] as u8) ^ 0x80;
         i += 1;
     }
     t
-};
+}
 
-/// `MXFP4`'s doubled E2M1 values as the kernels multiply them: unsigned bytes `value + 128`.
-const MXFP4_UNSIGNED: [u8; 16] = {
-    let mut t = [0u8; 16];
-    let mut i = 0;
-    while i < 16 {
-        t[i] = (KVALUES_MXFP4[i] as u8) ^ 0x80;
-        i += 1;
-    }
-    t
-};
+/// The IQ4 table's values as the kernels multiply them.
+const IQ4_UNSIGNED: [u8; 16] = unsigned(KVALUES_IQ4NL);
+
+/// `MXFP4`'s doubled E2M1 values as the kernels multiply them.
+const MXFP4_UNSIGNED: [u8; 16] = unsigned(KVALUES_MXFP4);
 
 /// `Q4_0`'s values `q - 8` as the kernels multiply them: `q + 120`.
 const Q4_0_UNSIGNED: [u8; 16] = {
