@@ -60,6 +60,31 @@ pub fn live_bytes() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
+/// Fixes glibc's thresholds for the router's allocation pattern. glibc raises its mmap
+/// threshold each time a large mmapped block is freed, so that later large buffers (request
+/// bodies, token vectors, SSE frames) land in the arenas instead, where they fragment them; a
+/// threshold set explicitly stays put. The trim threshold makes `free` return a heap top of
+/// that size at once instead of waiting for the trimmer. Other C libraries: nothing to do.
+pub fn fix_malloc_thresholds() {
+    set_malloc_thresholds();
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn set_malloc_thresholds() {
+    const MMAP_THRESHOLD: libc::c_int = 128 << 10;
+    const TRIM_THRESHOLD: libc::c_int = 256 << 10;
+    // SAFETY: `mallopt` takes plain integers; an option glibc refuses returns 0 and changes
+    // nothing.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn set_malloc_thresholds() {}
+
 /// Starts a thread that hands the allocator's free pages back to the system every `period`.
 /// glibc keeps freed memory in its per-thread arenas for reuse; under a changing mix of
 /// requests the router's worker threads fragment them, and RSS creeps up while the live heap

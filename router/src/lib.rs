@@ -48,7 +48,7 @@ pub use crate::assistant::{ReasoningFormat, ToolCallFormat};
 pub use crate::deadline::REQUEST_TIMEOUT_HEADER;
 pub use crate::detokenizer::{DecodeError, IncrementalDecoder};
 pub use crate::error::{ApiError, OpenAiError};
-pub use crate::heap::{CountingAllocator, live_bytes, spawn_trimmer};
+pub use crate::heap::{CountingAllocator, fix_malloc_thresholds, live_bytes, spawn_trimmer};
 pub use crate::infer::{
     AdmittedRequest, Entry, FinishReason, GeneratedText, Infer, InferError, InferResponse,
     InferStream, InferStreamResponse, PrefillToken, Token,

@@ -14,7 +14,8 @@ use tessera_router::client::WarmupRequest;
 use tessera_router::client::{ShardFacts, ShardedClient};
 use tessera_router::{
     AppState, Infer, ModelFacts, ModelInfo, PoolingModel, ReasoningFormat, Task, ToolCallFormat,
-    ValidationConfig, install_recorder, serve, set_speculator, spawn_trimmer,
+    ValidationConfig, fix_malloc_thresholds, install_recorder, serve, set_speculator,
+    spawn_trimmer,
 };
 use tessera_telemetry::{Process, TelemetryConfig};
 use tessera_text::ModelTokenizer;
@@ -374,6 +375,7 @@ async fn main() -> anyhow::Result<()> {
         .ok()
         .filter(|k| !k.is_empty());
     let prometheus = install_recorder().context("installing the metrics recorder")?;
+    fix_malloc_thresholds();
     spawn_trimmer(std::time::Duration::from_secs(10)).context("starting the heap trimmer")?;
 
     let served_model_name = args
