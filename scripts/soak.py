@@ -223,14 +223,20 @@ class Load:
                 await asyncio.sleep(self.rng.uniform(0.01, 0.04))
 
 
+RSS_FIELDS = {"VmRSS": "", "RssAnon": ".anon", "RssFile": ".file"}
+
+
 def rss_kib(pid):
+    """RSS in KiB, whole (VmRSS) and its anonymous and file-backed parts, by suffix."""
+    found = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+            key, _, value = line.partition(":")
+            if key in RSS_FIELDS:
+                found[RSS_FIELDS[key]] = int(value.split()[0])
     except OSError:
-        return None
-    return None
+        pass
+    return found
 
 
 def server_children(launcher_pid):
@@ -273,13 +279,17 @@ class Samples:
     async def take(self, port, t):
         row = {"t": t}
         for pid, name in self.children.items():
-            row[name] = rss_kib(pid)
+            for suffix in RSS_FIELDS.values():
+                row[name + suffix] = None
+            for suffix, kib in rss_kib(pid).items():
+                row[name + suffix] = kib
         row.update(await metrics(port, [HEAP, BLOCKS]))
         self.rows.append(row)
         return row
 
     def columns(self):
-        return ["t", *sorted(self.children.values()), HEAP, BLOCKS]
+        parts = [n + s for n in sorted(self.children.values()) for s in RSS_FIELDS.values()]
+        return ["t", *parts, HEAP, BLOCKS]
 
     def write_csv(self, path):
         cols = self.columns()
@@ -303,6 +313,9 @@ class Samples:
         series = [(f"{n} RSS", n, 1024) for n in names] + [("router live heap", HEAP, 2**20)]
         for ax, (label, key, unit) in zip(axes, series):
             ax.plot(minutes, [(r[key] or 0) / unit for r in self.rows], label=label)
+            if key != HEAP:
+                ax.plot(minutes, [(r.get(key + ".anon") or 0) / unit for r in self.rows],
+                        label=f"{key} anonymous", linestyle="--")
             ax.set_ylabel("MiB")
             ax.legend(loc="lower right")
             ax.axvline(warm_s / 60, color="grey", linestyle=":", linewidth=1)
@@ -406,6 +419,13 @@ def main():
             over.append(name)
         lines.append(f"  {name:8} warm {warm[name] / 1024:8.1f} MiB, peak {peak / 1024:8.1f} MiB, "
                      f"end {last[name] / 1024:8.1f} MiB, growth {g:+.2f}% (bar < {args.max_growth}%)")
+        parts = []
+        for suffix, what in ((".anon", "anonymous"), (".file", "file-backed")):
+            a, b = warm.get(name + suffix), last.get(name + suffix)
+            if a is not None and b is not None:
+                parts.append(f"{what} {a / 1024:.1f} -> {b / 1024:.1f} MiB ({(b - a) / 1024:+.2f})")
+        if parts:
+            lines.append(f"  {'':8} of which " + ", ".join(parts))
     if warm.get(HEAP) is not None and last.get(HEAP) is not None:
         lines.append(f"router live heap: warm {warm[HEAP] / 2**20:.2f} MiB, end (idle) "
                      f"{last[HEAP] / 2**20:.2f} MiB, growth {growth(warm[HEAP], last[HEAP]):+.2f}%")
