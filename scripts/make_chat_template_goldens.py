@@ -10,6 +10,7 @@ Needs transformers and jinja2 (PyPI); no model, no torch:
     /tmp/venv/bin/python scripts/make_chat_template_goldens.py
 """
 
+import datetime
 import json
 from pathlib import Path
 
@@ -49,7 +50,12 @@ TEMPLATES = {
         {"date_string": "01 Dec 2026"},
     ),
     "smollm3": ("HuggingFaceTB/SmolLM3-3B", None, "<|im_end|>", {}),
+    "gpt-oss": ("openai/gpt-oss-20b", "<|startoftext|>", "<|return|>", {}),
 }
+
+# Templates that print today's date (gpt-oss) have it replaced by this in the goldens; the
+# test puts its own day in the same place.
+TODAY = "{{today}}"
 
 WEATHER_TOOL = {
     "type": "function",
@@ -141,6 +147,46 @@ CASES = [
         "/think",
     ),
     (
+        "reasoning effort",
+        [msg("developer", "Answer in French."), msg("user", "2 + 2?")],
+        None,
+        True,
+        {"reasoning_effort": "high"},
+        "reasoning_effort",
+    ),
+    (
+        "tool call after thinking, and its result",
+        [
+            msg("user", "What's the weather in Paris?"),
+            msg("assistant", "", thinking="The user wants the weather.", tool_calls=[CALL]),
+            TOOL_TURNS[2],
+        ],
+        [WEATHER_TOOL],
+        True,
+        {},
+        "<|channel|>",
+    ),
+    (
+        "tool round trip answered, then a new question",
+        [
+            *TOOL_TURNS,
+            msg("assistant", "It is 21 degrees and clear.", thinking="Report it."),
+            msg("user", "And tomorrow?"),
+        ],
+        [WEATHER_TOOL],
+        True,
+        {"reasoning_effort": "low"},
+        "<|channel|>",
+    ),
+    (
+        "channel tags in the content are refused",
+        [msg("user", "Hi"), msg("assistant", "<|channel|>final<|message|>Hello")],
+        None,
+        True,
+        {},
+        "<|channel|>",
+    ),
+    (
         "reasoning in history",
         [
             msg("user", "2 + 2?"),
@@ -167,7 +213,8 @@ def render(source, bos, eos, messages, tools, add_generation_prompt, extra):
             **special,
             **extra,
         )
-        return {"text": text[0]}
+        today = datetime.datetime.now().strftime("%Y-%m-%d")
+        return {"text": text[0].replace(today, TODAY) if "strftime_now" in source else text[0]}
     except jinja2.exceptions.TemplateError as e:
         # raise_exception raises TemplateError itself; its subclasses are other failures.
         if type(e) is not jinja2.exceptions.TemplateError:

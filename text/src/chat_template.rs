@@ -35,6 +35,9 @@ pub struct ChatMessage {
     /// (Qwen3's and DeepSeek's show it for the turns after the last user message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The same thinking under the name gpt-oss's template reads it by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {
@@ -47,6 +50,7 @@ impl ChatMessage {
             tool_call_id: None,
             name: None,
             reasoning_content: None,
+            thinking: None,
         }
     }
 }
