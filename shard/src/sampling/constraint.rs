@@ -205,6 +205,11 @@ enum Position {
 impl Position {
     /// The position after token `id`, which adds `bytes`.
     fn feed(self, id: u32, bytes: &[u8]) -> Option<Self> {
+        // A token that adds nothing (a special one) continues only a grammar, which names
+        // special tokens by id (harmony's channel markers, a call's opening token).
+        if bytes.is_empty() && !matches!(self, Position::Grammar(_)) {
+            return None;
+        }
         Some(match self {
             Position::Json(s) => Position::Json(Json.feed(s, bytes)?),
             Position::Choice(c, s) => {
@@ -313,13 +318,8 @@ impl Constraint {
         if self.vocab.eos.contains(&id) {
             return;
         }
-        // A token that adds nothing (a special one) cannot continue the output either.
         let bytes = self.vocab.bytes(id);
-        self.at = self
-            .at
-            .take()
-            .filter(|_| !bytes.is_empty())
-            .and_then(|at| at.feed(id, bytes));
+        self.at = self.at.take().and_then(|at| at.feed(id, bytes));
         let allowed = self.at.as_mut().and_then(|at| at.allowed(&self.vocab));
         if allowed.is_none() {
             self.at = None;
@@ -391,6 +391,23 @@ mod tests {
         c.advance(id_of(&bytes, "{"));
         c.advance(special as u32);
         assert!(c.allows(EOS as usize) && !c.allows(id_of(&bytes, "}") as usize));
+    }
+
+    #[test]
+    fn a_grammar_goes_on_past_the_special_tokens_it_names() {
+        let mut bytes = vocab();
+        bytes.push(None); // e.g. harmony's <|channel|>
+        let special = bytes.len() - 1;
+        let vocab = Arc::new(TokenVocab::new(&bytes, &[EOS]));
+        let grammar = format!("start: <[{special}]> \"final\"");
+        let mut c = Constraint::grammar(vocab, GrammarSource::Lark(&grammar)).unwrap();
+        assert!(c.allows(special) && !c.allows(EOS as usize));
+        c.advance(special as u32);
+        assert!(c.allows(id_of(&bytes, "f") as usize) && !c.allows(EOS as usize));
+        for b in "final".bytes() {
+            c.advance(u32::from(b) + 1);
+        }
+        assert!(c.allows(EOS as usize));
     }
 
     #[test]
