@@ -136,10 +136,17 @@ impl OutputStream {
         token: SampledToken,
     ) -> Result<(InferStreamResponse, bool), InferError> {
         self.generated += 1;
-        let piece = self
-            .decoder
-            .push(token.id)
-            .map_err(|e| InferError::GenerationError(e.to_string()))?;
+        let ends_here = (!self.ignore_eos && self.special.eos.contains(&token.id))
+            || self.stop_token_ids.contains(&token.id);
+        // The token that ends the output is not part of its text (as vLLM answers), also when
+        // special tokens are kept: a reader of the text would take it for the model's words.
+        let piece = if ends_here {
+            String::new()
+        } else {
+            self.decoder
+                .push(token.id)
+                .map_err(|e| InferError::GenerationError(e.to_string()))?
+        };
         let (mut emitted, mut finish) = match self.stop.push(&piece) {
             StopMatch::Continue(text) => (text, None),
             StopMatch::Stopped { text, index } => {
@@ -230,6 +237,12 @@ mod tests {
 
     /// The output of the byte-level tokens of `text` (one per byte), up to its end.
     fn finish(stop: &[&str], text: &str) -> GeneratedText {
+        let ids: Vec<u32> = text.bytes().map(u32::from).collect();
+        finish_ids(stop, &ids, true)
+    }
+
+    /// The output of tokens `ids`, up to its end.
+    fn finish_ids(stop: &[&str], ids: &[u32], skip_special_tokens: bool) -> GeneratedText {
         let request = ValidGenerateRequest {
             inputs: String::new(),
             input_ids: Vec::new(),
@@ -242,15 +255,15 @@ mod tests {
             },
             constraint: None,
             decoder_input_details: false,
-            skip_special_tokens: true,
+            skip_special_tokens,
             pooling: None,
         };
         let tokenizer = byte_level();
         let special = Arc::new(SpecialTokens::of(&tokenizer));
         let mut out = OutputStream::new(&request, tokenizer, special, Instant::now());
-        for b in text.bytes() {
+        for &id in ids {
             let token = SampledToken {
-                id: u32::from(b),
+                id,
                 logprob: 0.0,
                 top: Vec::new(),
             };
@@ -260,7 +273,16 @@ mod tests {
                 return generated_text;
             }
         }
-        panic!("{text:?} did not finish");
+        panic!("{ids:?} did not finish");
+    }
+
+    #[test]
+    fn the_token_that_ends_the_output_is_not_in_its_text() {
+        // 262 is `</s>`, special and the end of generation: with special tokens kept, it
+        // still ends the output without joining its text.
+        let g = finish_ids(&[], &[104, 262, 105, 262], false);
+        assert_eq!(g.finish_reason, FinishReason::EosToken);
+        assert_eq!(g.text, "h");
     }
 
     #[test]
