@@ -127,13 +127,21 @@ impl ModelTokenizer {
         if let Some((_, id)) = &eos_token {
             eos_token_ids.push(*id);
         }
+        // Harmony (gpt-oss) ends each message with `<|end|>` and the turn with `<|return|>` or
+        // `<|call|>`: there `<|end|>` does not end generation.
+        let harmony = spec
+            .chat_template
+            .as_deref()
+            .is_some_and(|t| t.contains("<|channel|>"));
         for (id, text) in spec.tokens.iter().enumerate() {
             let control = spec
                 .token_types
                 .as_ref()
                 .and_then(|types| types.get(id))
                 .is_some_and(|t| *t == 3);
-            if control && END_OF_TURN_TOKENS.contains(&text.as_str()) {
+            let ends_turn =
+                END_OF_TURN_TOKENS.contains(&text.as_str()) && !(harmony && text == "<|end|>");
+            if control && ends_turn {
                 push_unique(&mut eos_token_ids, id as u32);
             }
         }

@@ -122,6 +122,24 @@ fn tiny_gpt2_spec() -> GgufTokenizerSpec {
     }
 }
 
+/// gpt-oss's vocabulary: `<|end|>` ends a message, `<|return|>` and `<|call|>` the turn.
+#[test]
+fn harmony_vocabularies_end_on_return_and_call_not_end() {
+    let mut spec = tiny_gpt2_spec();
+    let first = spec.tokens.len() as u32;
+    for t in ["<|end|>", "<|return|>", "<|call|>"] {
+        spec.tokens.push(t.into());
+        if let Some(types) = spec.token_types.as_mut() {
+            types.push(3);
+        }
+    }
+    let plain = ModelTokenizer::from_gguf(&spec, Path::new(FILE)).unwrap();
+    assert!(plain.eos_token_ids.contains(&first), "Phi-3 ends on <|end|>");
+    spec.chat_template = Some("<|start|>assistant<|channel|>final<|message|>".into());
+    let harmony = ModelTokenizer::from_gguf(&spec, Path::new(FILE)).unwrap();
+    assert_eq!(harmony.eos_token_ids, vec![2, 0, first + 1, first + 2]);
+}
+
 #[test]
 fn byte_level_bpe_with_special_tokens() {
     let tok = ModelTokenizer::from_gguf(&tiny_gpt2_spec(), Path::new(FILE)).unwrap();
