@@ -149,6 +149,7 @@ impl CountTokensRequest {
             parallel_tool_calls,
             functions: None,
             function_call: None,
+            reasoning_effort: None,
             chat_template_kwargs: self.thinking.as_ref().map(thinking_kwargs).transpose()?,
             sampling: SamplingFields::default(),
             constraints: OutputConstraints::default(),

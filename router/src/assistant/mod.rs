@@ -3,12 +3,18 @@
 //! implementation for both: a whole answer is a stream read to its end).
 //!
 //! Text that may be the beginning of a marker (`<tool_call>`, `</think>`) is held back until
-//! the next text says whether it is one, so that no marker leaks into `content`.
+//! the next text says whether it is one, so that no marker leaks into `content`. gpt-oss's
+//! harmony format, where channels say what is what, has its own reader.
 
+mod harmony;
+mod harmony_grammar;
 mod reasoning;
 mod tool_format;
 mod tool_grammar;
 
+use self::harmony::HarmonyReader;
+pub(crate) use self::harmony::is_harmony_template;
+pub(crate) use self::harmony_grammar::answer_grammar as harmony_answer_grammar;
 pub use self::reasoning::ReasoningFormat;
 pub(crate) use self::tool_format::ParsedCall;
 pub use self::tool_format::ToolCallFormat;
@@ -34,6 +40,9 @@ pub(crate) struct OutputReading {
     pub(crate) single_call: bool,
     /// The reasoning format, when the server reads reasoning.
     pub(crate) reasoning: Option<ReasoningFormat>,
+    /// The output is in the harmony format (gpt-oss): its channels say what is reasoning,
+    /// answer and call, whatever `tools` and `reasoning` say.
+    pub(crate) harmony: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +71,8 @@ pub(crate) struct OutputSplitter {
     blank: String,
     /// Drop the blank space that opens the content (after the reasoning).
     trim_lead: bool,
+    /// The reader of harmony output, which then reads everything.
+    harmony: Option<HarmonyReader>,
 }
 
 impl OutputSplitter {
@@ -79,6 +90,9 @@ impl OutputSplitter {
             spoke: false,
             blank: String::new(),
             trim_lead: false,
+            harmony: reading
+                .harmony
+                .then(|| HarmonyReader::new(reading.tools.is_some(), reading.single_call)),
         }
     }
 
@@ -92,6 +106,9 @@ impl OutputSplitter {
 
     /// The pieces `text` completes.
     pub(crate) fn push(&mut self, text: &str) -> Vec<Piece> {
+        if let Some(harmony) = &mut self.harmony {
+            return harmony.push(text);
+        }
         self.pending.push_str(text);
         let mut out = Vec::new();
         while self.step(&mut out, false) {}
@@ -102,6 +119,9 @@ impl OutputSplitter {
     /// end. A call cut short (by `max_tokens` or a stop sequence) is dropped, and so is the
     /// beginning of a call's marker: neither is the answer.
     pub(crate) fn finish(&mut self) -> Vec<Piece> {
+        if let Some(harmony) = &mut self.harmony {
+            return harmony.finish();
+        }
         let mut out = Vec::new();
         while self.step(&mut out, true) {}
         let rest = std::mem::take(&mut self.pending);

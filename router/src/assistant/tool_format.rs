@@ -13,6 +13,9 @@ pub enum ToolCallFormat {
     Llama3Json,
     /// Mistral: `[TOOL_CALLS]` then a JSON array of `{"name": …, "arguments": {…}}`.
     Mistral,
+    /// gpt-oss's harmony format: a message in the `commentary` channel to `functions.NAME`
+    /// whose body is the arguments (read by the harmony reader, with the rest of the output).
+    Harmony,
 }
 
 /// A call as the model wrote it.
@@ -26,7 +29,7 @@ pub struct ParsedCall {
 
 impl ToolCallFormat {
     /// The formats as `--tool-call-parser` names them.
-    pub const NAMES: &'static str = "hermes, llama3_json, mistral";
+    pub const NAMES: &'static str = "hermes, llama3_json, mistral, openai";
 
     /// The format named `name` (vLLM's parser names).
     pub fn from_name(name: &str) -> Option<Self> {
@@ -34,13 +37,16 @@ impl ToolCallFormat {
             "hermes" | "qwen" | "qwen2_5" => Some(Self::Hermes),
             "llama3_json" | "llama4_json" => Some(Self::Llama3Json),
             "mistral" => Some(Self::Mistral),
+            "openai" => Some(Self::Harmony),
             _ => None,
         }
     }
 
     /// The format a chat template asks its model for; Hermes for templates that show none.
     pub fn detect(template: &str) -> Self {
-        if template.contains("[TOOL_CALLS]") {
+        if super::is_harmony_template(template) {
+            Self::Harmony
+        } else if template.contains("[TOOL_CALLS]") {
             Self::Mistral
         } else if template.contains("<|python_tag|>") || template.contains("\"parameters\"") {
             Self::Llama3Json
@@ -55,6 +61,7 @@ impl ToolCallFormat {
             Self::Hermes => "<tool_call>",
             Self::Llama3Json => "{",
             Self::Mistral => "[TOOL_CALLS]",
+            Self::Harmony => "<|channel|>",
         }
     }
 
@@ -68,6 +75,7 @@ impl ToolCallFormat {
     pub fn end(self) -> Option<&'static str> {
         match self {
             Self::Hermes => Some("</tool_call>"),
+            Self::Harmony => Some("<|call|>"),
             Self::Llama3Json | Self::Mistral => None,
         }
     }
@@ -76,15 +84,17 @@ impl ToolCallFormat {
     pub fn arguments_key(self) -> &'static str {
         match self {
             Self::Llama3Json => "parameters",
-            Self::Hermes | Self::Mistral => "arguments",
+            Self::Hermes | Self::Mistral | Self::Harmony => "arguments",
         }
     }
 
     /// The calls in `body`: the text after [`Self::start`] up to [`Self::end`] (or to the end
-    /// of the output), the start itself excluded. `None` if it does not read as calls.
+    /// of the output), the start itself excluded. `None` if it does not read as calls
+    /// (always for harmony, whose calls the harmony reader reads with their headers).
     pub fn parse(self, body: &str) -> Option<Vec<ParsedCall>> {
         let body = body.trim();
         let values: Vec<Value> = match self {
+            Self::Harmony => return None,
             Self::Hermes => vec![serde_json::from_str(body).ok()?],
             Self::Llama3Json => {
                 // `start` is the opening brace of the first call.
@@ -195,6 +205,10 @@ mod tests {
         for name in ToolCallFormat::NAMES.split(", ") {
             assert!(ToolCallFormat::from_name(name).is_some(), "{name}");
         }
+        assert_eq!(
+            ToolCallFormat::detect("<|start|>assistant<|channel|>final<|message|>"),
+            ToolCallFormat::Harmony
+        );
         assert_eq!(ToolCallFormat::from_name("pythonic"), None);
     }
 }

@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 
 use super::ToolCallFormat;
+use super::harmony_grammar::{Term, call_grammar};
 
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,18 +29,17 @@ pub(crate) enum ToolChoice {
 
 /// JSON layout of the calls: as Python's `json.dumps` writes it, which is how the templates
 /// show calls to the model.
-const LAYOUT: &str =
+pub(super) const LAYOUT: &str =
     r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
 
-/// The grammar of an output that calls `tools` in `format` as `choice` says; `opener` is how
-/// the grammar names the format's start (a quoted literal, or `<[id]>` when the start is a
-/// special token).
+/// The grammar of an output that calls `tools` in `format` as `choice` says; `term` is how the
+/// grammar names a marker (a quoted literal, or `<[id]>` when it is a special token).
 pub(crate) fn tool_grammar(
     format: ToolCallFormat,
     tools: &[ToolSpec],
     choice: &ToolChoice,
     single_call: bool,
-    opener: &str,
+    term: Term<'_>,
 ) -> String {
     let callable: Vec<&ToolSpec> = match choice {
         ToolChoice::Named(name) => tools.iter().filter(|t| &t.name == name).collect(),
@@ -95,7 +95,8 @@ pub(crate) fn tool_grammar(
         }
         ToolCallFormat::Mistral => {
             let calls = format!(
-                "{opener} {} body{} {}",
+                "{} {} body{} {}",
+                term(format.start()),
                 lit("["),
                 more(", ", "body"),
                 lit("]")
@@ -111,6 +112,7 @@ pub(crate) fn tool_grammar(
                 _ => calls,
             }
         }
+        ToolCallFormat::Harmony => return call_grammar(tools, choice, term),
     };
     let mut grammar = format!("start: {start}\n");
     for rule in rules {
@@ -202,8 +204,8 @@ mod tests {
 
     fn check(format: ToolCallFormat, choice: ToolChoice, single: bool, yes: &[&str], no: &[&str]) {
         let c = compiler();
-        let opener = Value::from(format.start()).to_string();
-        let grammar = tool_grammar(format, &tools(), &choice, single, &opener);
+        let quoted = |text: &str| Value::from(text).to_string();
+        let grammar = tool_grammar(format, &tools(), &choice, single, &quoted);
         for text in yes {
             let mut m = c.compile(GrammarSource::Lark(&grammar)).unwrap();
             assert!(

@@ -188,6 +188,9 @@ pub struct ChatCompletionRequest {
     pub functions: Option<Vec<serde_json::Value>>,
     /// Deprecated form of `tool_choice`.
     pub function_call: Option<serde_json::Value>,
+    /// How much the model reasons: `low`, `medium` or `high`, handed to the chat template
+    /// (gpt-oss states it in its system message).
+    pub reasoning_effort: Option<String>,
     /// Extra variables for the chat template (e.g. `enable_thinking`).
     #[schema(value_type = Option<Object>)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,

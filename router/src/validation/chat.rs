@@ -10,12 +10,14 @@ use tessera_text::ChatMessage;
 
 use super::constraint::check_constraint;
 use super::parameters::TopLogprobs;
-use super::tools::{ToolFields, ToolUse, history_calls, show_tools};
+use super::tools::{GrammarTerms, ToolFields, ToolUse, history_calls, show_tools};
 use super::{
     GenerateInput, OpenAiReply, Prompt, RequestParameters, ValidChatRequest, Validation,
     ValidationError,
 };
-use crate::assistant::{OutputReading, ToolCallFormat};
+use crate::assistant::{
+    OutputReading, ToolCallFormat, harmony_answer_grammar, is_harmony_template,
+};
 use crate::openai::{ChatCompletionRequest, ContentPart, MessageContent, RequestMessage};
 
 /// Most `top_logprobs` of a chat request.
@@ -33,6 +35,7 @@ impl Validation {
     ) -> Result<ValidChatRequest, ValidationError> {
         let (param, constraint) = req.constraints.constrained()?;
         let tool_use = self.tool_use(req)?;
+        let harmony = self.writes_harmony();
         let constraint = match (constraint, &tool_use) {
             (Some(_), Some(_)) => {
                 return Err(ValidationError::Unsupported {
@@ -42,6 +45,7 @@ impl Validation {
                 });
             }
             (None, Some(tools)) => Some(tools.constraint.clone()),
+            (Some(c), None) if harmony => Some(self.in_final_channel(param, &c)?),
             (c, None) => c,
         };
         let param = if tool_use.is_some() { "tools" } else { param };
@@ -62,7 +66,7 @@ impl Validation {
         let logprobs = req.logprobs.unwrap_or(false);
         let n = req.sampling.n.unwrap_or(1);
         self.validate_n("n", n)?;
-        let extra = template_kwargs(req.chat_template_kwargs.as_ref())?;
+        let extra = template_vars(req)?;
         let text = self
             .render_with_tools(messages, tool_use.as_ref(), extra)
             .await?;
@@ -70,7 +74,10 @@ impl Validation {
         let parameters = RequestParameters {
             max_new_tokens: req.max_completion_tokens.or(req.max_tokens),
             top_n_tokens: Some(if logprobs { top } else { 0 }),
+            // Harmony's channels and the start of some formats' calls are special tokens,
+            // which the text must keep to be read.
             skip_special_tokens: sampling.skip_special_tokens
+                && !harmony
                 && !tool_use.as_ref().is_some_and(|t| t.keeps_special_tokens),
             constraint,
             ..sampling
@@ -96,6 +103,7 @@ impl Validation {
                 tools: tool_use.as_ref().map(|t| t.format),
                 single_call: tool_use.as_ref().is_some_and(|t| t.single_call),
                 reasoning: self.config.reasoning,
+                harmony,
             },
         })
     }
@@ -108,7 +116,7 @@ impl Validation {
     ) -> Result<u32, ValidationError> {
         let tool_use = self.tool_use(req)?;
         let messages = chat_messages(&req.messages)?;
-        let extra = template_kwargs(req.chat_template_kwargs.as_ref())?;
+        let extra = template_vars(req)?;
         let text = self
             .render_with_tools(messages, tool_use.as_ref(), extra)
             .await?;
@@ -149,6 +157,34 @@ impl Validation {
                 _ => ToolCallFormat::Hermes,
             }
         })
+    }
+
+    /// Whether the model writes the harmony format (gpt-oss): its template does, or the
+    /// server was told so (`--tool-call-parser openai`).
+    fn writes_harmony(&self) -> bool {
+        self.config.tool_call_format == Some(ToolCallFormat::Harmony)
+            || self
+                .tokenizer
+                .chat_template
+                .as_ref()
+                .is_some_and(|t| is_harmony_template(t.source()))
+    }
+
+    /// The request's constraint on the answer, applied to harmony's `final` channel.
+    fn in_final_channel(
+        &self,
+        param: &'static str,
+        constraint: &OutputConstraint,
+    ) -> Result<OutputConstraint, ValidationError> {
+        let terms = GrammarTerms::of(&self.tokenizer);
+        harmony_answer_grammar(constraint, &|t| terms.term(t))
+            .map(OutputConstraint::Lark)
+            .ok_or(ValidationError::Unsupported {
+                param,
+                reason: "this model writes the harmony format, where the answer can be held to \
+                         a JSON schema, JSON mode or a choice, not to a regular expression or \
+                         grammar of its own",
+            })
     }
 
     /// The conversation rendered, the tools handed to a template that renders them or shown
@@ -207,6 +243,30 @@ fn ask_for_json(messages: &mut Vec<ChatMessage>) {
     }
 }
 
+/// The template's extra variables: `chat_template_kwargs`, and `reasoning_effort` unless the
+/// kwargs set it.
+fn template_vars(
+    req: &ChatCompletionRequest,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ValidationError> {
+    let mut vars = template_kwargs(req.chat_template_kwargs.as_ref())?;
+    if let Some(effort) = &req.reasoning_effort {
+        if !REASONING_EFFORTS.contains(&effort.as_str()) {
+            return Err(ValidationError::OutOfRange {
+                param: "reasoning_effort",
+                bound: "one of low, medium, high",
+                given: effort.chars().take(32).collect(),
+            });
+        }
+        vars.get_or_insert_default()
+            .entry("reasoning_effort")
+            .or_insert_with(|| effort.as_str().into());
+    }
+    Ok(vars)
+}
+
+/// The reasoning efforts templates know (gpt-oss's system message states one).
+const REASONING_EFFORTS: [&str; 3] = ["low", "medium", "high"];
+
 /// `chat_template_kwargs`, bounded.
 fn template_kwargs(
     kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
@@ -260,6 +320,7 @@ fn chat_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, Valida
             let thinking = m.reasoning.as_ref().or(m.reasoning_content.as_ref());
             if role == "assistant" {
                 message.reasoning_content = thinking.filter(|t| !t.is_empty()).cloned();
+                message.thinking = message.reasoning_content.clone();
             }
             message.tool_call_id = m.tool_call_id.clone();
             message.name = m.name.clone();

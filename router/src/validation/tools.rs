@@ -64,20 +64,11 @@ impl ToolFields<'_> {
         let (Some(choice), false) = (choice, specs.is_empty()) else {
             return Ok(None);
         };
-        let special = tokenizer
-            .tokenizer
-            .get_added_tokens_decoder()
-            .into_iter()
-            .find(|(_, t)| t.special && t.content == format.start())
-            .map(|(id, _)| id);
-        let opener = match special {
-            Some(id) => format!("<[{id}]>"),
-            None => Value::from(format.start()).to_string(),
-        };
+        let terms = GrammarTerms::of(tokenizer);
         // A named function is called once, as OpenAI and vLLM answer it: the structured-output
         // modes of instructor and LangChain read exactly one call.
         let single_call = self.parallel == Some(false) || matches!(choice, ToolChoice::Named(_));
-        let grammar = tool_grammar(format, &specs, &choice, single_call, &opener);
+        let grammar = tool_grammar(format, &specs, &choice, single_call, &|t| terms.term(t));
         if grammar.len() > MAX_GRAMMAR_BYTES {
             return Err(ValidationError::Constraint {
                 param: self.tools_param(),
@@ -91,10 +82,18 @@ impl ToolFields<'_> {
             .iter()
             .zip(self.tools.into_iter().flatten())
             .map(|(spec, raw)| {
-                let description = function_of(raw).and_then(|f| f.get("description")).cloned();
+                let description = function_of(raw)
+                    .and_then(|f| f.get("description"))
+                    .filter(|d| !d.is_null())
+                    .cloned();
+                // gpt-oss's template prints a description as a string, given or not.
+                let missing = match format {
+                    ToolCallFormat::Harmony => Value::from(""),
+                    _ => Value::Null,
+                };
                 json!({"type": "function", "function": {
                     "name": spec.name,
-                    "description": description.unwrap_or(Value::Null),
+                    "description": description.unwrap_or(missing),
                     "parameters": spec.parameters,
                 }})
             })
@@ -104,7 +103,7 @@ impl ToolFields<'_> {
             constraint: OutputConstraint::Lark(grammar),
             format,
             single_call,
-            keeps_special_tokens: special.is_some(),
+            keeps_special_tokens: terms.is_special(format.start()),
         }))
     }
 
@@ -196,6 +195,36 @@ impl ToolFields<'_> {
             ));
         }
         Ok(Some(choice))
+    }
+}
+
+/// How a grammar names the markers of a vocabulary: a special token by its id (text cannot
+/// reach it), anything else as a quoted literal.
+pub(super) struct GrammarTerms {
+    special: std::collections::HashMap<String, u32>,
+}
+
+impl GrammarTerms {
+    pub(super) fn of(tokenizer: &ModelTokenizer) -> Self {
+        let special = tokenizer
+            .tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, t)| (t.content, id))
+            .collect();
+        Self { special }
+    }
+
+    pub(super) fn term(&self, text: &str) -> String {
+        match self.special.get(text) {
+            Some(id) => format!("<[{id}]>"),
+            None => Value::from(text).to_string(),
+        }
+    }
+
+    fn is_special(&self, text: &str) -> bool {
+        self.special.contains_key(text)
     }
 }
 

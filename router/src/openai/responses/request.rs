@@ -43,8 +43,18 @@ pub struct ResponsesRequest {
     pub store: Option<bool>,
     /// Echoed back.
     pub metadata: Option<Value>,
+    /// `{"effort": "low" | "medium" | "high"}`: how much the model reasons (the chat
+    /// template's `reasoning_effort`).
+    pub reasoning: Option<ReasoningOptions>,
     /// Extension (vLLM): a seed for sampling.
     pub seed: Option<u64>,
+}
+
+/// `reasoning`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct ReasoningOptions {
+    /// `low`, `medium` or `high`.
+    pub effort: Option<String>,
 }
 
 /// `input`.
@@ -123,6 +133,7 @@ impl ResponsesRequest {
             parallel_tool_calls: self.parallel_tool_calls,
             functions: None,
             function_call: None,
+            reasoning_effort: self.reasoning.as_ref().and_then(|r| r.effort.clone()),
             chat_template_kwargs: None,
             sampling: SamplingFields {
                 temperature: self.temperature,
