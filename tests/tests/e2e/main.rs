@@ -11,6 +11,7 @@ mod errors;
 mod faults;
 mod fuzz_corpus;
 mod golden;
+mod harmony;
 mod hub;
 mod lifecycle;
 mod metrics_dashboard;
