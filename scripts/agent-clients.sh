@@ -2,7 +2,8 @@
 # End-to-end protocol tests with the real agent clients from PyPI: openai, anthropic, LangChain,
 # the OpenAI Agents SDK, Pydantic AI and instructor each talk to the real launcher, shard and
 # router serving SmolLM2-135M-Instruct (scripts/fetch_smollm2.sh) on a free port of 127.0.0.1, and
-# the openai SDK's embeddings against a second server of the tiny embedding fixture.
+# the openai SDK's embeddings against a second server of the tiny embedding fixture, and its
+# chat, streams and Responses against a third of tiny gpt-oss in the harmony format.
 # The tests (tests/clients/) check the protocol — parsed objects, tool calls, streams, usage —
 # never the tiny model's answers.
 #
@@ -56,6 +57,11 @@ mkdir -p "$work/embed"
 start_test_server agent-clients.sh "$work/embed" "$bin" \
   --model-id "$root/fixtures/tiny-qwen3-embedding" --kv-cache-memory 64M
 export TESSERA_EMBEDDING_BASE_URL="$base"
+# The harmony client talks to tiny gpt-oss with gpt-oss's template and tokens.
+mkdir -p "$work/harmony"
+start_test_server agent-clients.sh "$work/harmony" "$bin" \
+  --model-id "$root/fixtures/tiny-gpt-oss-harmony" --kv-cache-memory 64M
+export TESSERA_HARMONY_BASE_URL="$base"
 base="$generation_base"
 
 # Loopback only, no telemetry: the Agents SDK would export traces to OpenAI, LangChain to
@@ -77,6 +83,6 @@ timeout "${AGENT_CLIENTS_TIMEOUT:-600}" "$venv/bin/python" -m pytest -q -p no:ca
   --timeout 120 -rfEs "${args[@]}" || status=$?
 if [[ $status -ne 0 ]]; then
   echo "agent-clients.sh: failed ($status); the server's last lines:" >&2
-  tail -n 20 "$work/server.log" "$work/embed/server.log" >&2
+  tail -n 20 "$work/server.log" "$work/embed/server.log" "$work/harmony/server.log" >&2
 fi
 exit $status
