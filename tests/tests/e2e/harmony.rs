@@ -1,8 +1,9 @@
 //! gpt-oss's harmony format through the real binaries, on `fixtures/tiny-gpt-oss-harmony`
 //! (tiny-gpt-oss with gpt-oss's template and a tokenizer that has the harmony tokens): calls
 //! come back as OpenAI tool calls, reasoning as `reasoning_content`, answers as `content`,
-//! whole and streamed alike, with no marker of the format in any field. The weights are
-//! random, so every well-formed call and JSON answer here is the grammar's doing.
+//! whole and streamed alike, with no marker of the format in any field; the Responses and
+//! Messages APIs read the same channels. The weights are random, so every well-formed call and
+//! JSON answer here is the grammar's doing.
 
 use std::time::Duration;
 
@@ -277,6 +278,26 @@ async fn responses_read_the_channels(s: &Server) {
     assert_eq!(calls[0]["name"], "get_weather", "{b}");
 }
 
+async fn messages_read_the_channels(s: &Server) {
+    let body = json!({"max_tokens": 150, "temperature": 0,
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "tools": [{"name": "get_weather", "description": "Weather.",
+                   "input_schema": tools()[0]["function"]["parameters"]}],
+        "tool_choice": {"type": "tool", "name": "get_weather"}});
+    let (st, b) = s.post("/v1/messages", &body).await;
+    assert_eq!(st, 200, "{b}");
+    let uses: Vec<&Value> = b["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["type"] == "tool_use")
+        .collect();
+    assert_eq!(uses.len(), 1, "{b}");
+    assert_eq!(uses[0]["name"], "get_weather", "{b}");
+    assert!(uses[0]["input"]["days"].is_i64(), "{b}");
+    assert_eq!(b["stop_reason"], "tool_use", "{b}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn harmony_output_comes_back_in_the_openai_fields() {
     within("harmony", Duration::from_secs(600), async {
@@ -322,6 +343,13 @@ async fn harmony_output_comes_back_in_the_openai_fields() {
                 "responses read the channels",
                 CHECK_LIMIT,
                 responses_read_the_channels(&server),
+            )
+            .await;
+        checks
+            .run(
+                "messages read the channels",
+                CHECK_LIMIT,
+                messages_read_the_channels(&server),
             )
             .await;
         checks.finish();
