@@ -134,7 +134,10 @@ fn harmony_vocabularies_end_on_return_and_call_not_end() {
         }
     }
     let plain = ModelTokenizer::from_gguf(&spec, Path::new(FILE)).unwrap();
-    assert!(plain.eos_token_ids.contains(&first), "Phi-3 ends on <|end|>");
+    assert!(
+        plain.eos_token_ids.contains(&first),
+        "Phi-3 ends on <|end|>"
+    );
     spec.chat_template = Some("<|start|>assistant<|channel|>final<|message|>".into());
     let harmony = ModelTokenizer::from_gguf(&spec, Path::new(FILE)).unwrap();
     assert_eq!(harmony.eos_token_ids, vec![2, 0, first + 1, first + 2]);
