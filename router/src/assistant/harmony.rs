@@ -19,6 +19,8 @@ const CHANNEL: &str = "<|channel|>";
 const MESSAGE: &str = "<|message|>";
 const CONSTRAIN: &str = "<|constrain|>";
 const ENDS: [&str; 3] = ["<|end|>", "<|return|>", "<|call|>"];
+/// Markers that open a header: a body they appear in has ended, even without its end marker.
+const OPENS: [&str; 2] = [START, CHANNEL];
 
 /// Longest header read; a longer run of text without `<|message|>` is not a header.
 const MAX_HEADER: usize = 512;
@@ -51,6 +53,8 @@ pub(crate) struct HarmonyReader {
     tools: bool,
     single_call: bool,
     calls: usize,
+    /// The body being read had no header (the model wrote outside the format).
+    headerless: bool,
 }
 
 impl HarmonyReader {
@@ -61,6 +65,7 @@ impl HarmonyReader {
             tools,
             single_call,
             calls: 0,
+            headerless: false,
         }
     }
 
@@ -97,22 +102,32 @@ impl HarmonyReader {
     fn step(&mut self, out: &mut Vec<Piece>) -> bool {
         match &mut self.state {
             State::Header => {
-                if let Some(at) = self.pending.find(MESSAGE) {
+                let message = self.pending.find(MESSAGE).filter(|&at| at <= MAX_HEADER);
+                if let (Some(at), true) = (message, looks_like_header(&self.pending)) {
                     let header: String = self.pending.drain(..at + MESSAGE.len()).collect();
                     self.state = State::Body(self.body_of(&header[..at]));
+                    self.headerless = false;
                     return true;
                 }
                 if self.pending.len() > MAX_HEADER || !looks_like_header(&self.pending) {
                     // Text outside any message: the model answered without the format.
                     self.state = State::Body(Body::Content);
+                    self.headerless = true;
                     return true;
                 }
                 false
             }
             State::Body(body) => {
+                // Text read without a header ends only at an end marker: a header's marker in
+                // it is what overflowed a header.
+                let opens = OPENS
+                    .iter()
+                    .filter(|_| !self.headerless)
+                    .filter_map(|m| self.pending.find(m).map(|at| (at, 0)));
                 let end = ENDS
                     .iter()
                     .filter_map(|m| self.pending.find(m).map(|at| (at, m.len())))
+                    .chain(opens)
                     .min();
                 let (text, ended) = match end {
                     Some((at, len)) => {
@@ -123,6 +138,7 @@ impl HarmonyReader {
                     None => {
                         let keep = ENDS
                             .iter()
+                            .chain(&OPENS)
                             .map(|m| super::held_back(&self.pending, m))
                             .max()
                             .unwrap_or(0);
@@ -194,7 +210,7 @@ fn word_after<'a>(header: &'a str, key: &str) -> Option<&'a str> {
 /// recipient (`to=…`, which may precede the channel).
 fn looks_like_header(text: &str) -> bool {
     let text = text.trim_start();
-    [START, CHANNEL, CONSTRAIN, "to="]
+    [START, CHANNEL, CONSTRAIN, MESSAGE, "to="]
         .iter()
         .any(|m| text.starts_with(m) || m.starts_with(text))
 }
@@ -303,6 +319,53 @@ mod tests {
         // Without tools in the request a call is not one.
         let text = "<|channel|>commentary to=functions.f<|message|>{}<|call|>";
         assert_eq!(read(text, false), vec![Piece::Reasoning("{}".into())]);
+    }
+
+    #[test]
+    fn a_new_header_ends_a_message_without_its_end_marker() {
+        let text = "<|channel|>analysis<|message|>Think.<|start|>assistant<|channel|>final\
+                    <|message|>Done.<|channel|>final<|message|> Again.";
+        assert_eq!(
+            read(text, false),
+            vec![
+                Piece::Reasoning("Think.".into()),
+                Piece::Content("Done. Again.".into())
+            ]
+        );
+    }
+
+    /// Any text, however broken its format, is read to its end, and alike in any pieces.
+    #[test]
+    fn scrambled_format_reads_alike_whole_and_streamed() {
+        use rand::{Rng, SeedableRng};
+        let parts = [
+            START,
+            CHANNEL,
+            MESSAGE,
+            CONSTRAIN,
+            "<|end|>",
+            "<|call|>",
+            "<|return|>",
+            "analysis",
+            "final",
+            "commentary",
+            " to=functions.f",
+            " to=browser.x",
+            "{}",
+            "{\"a\": 1}",
+            "x",
+            "<",
+            "|",
+            " ",
+        ];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..500 {
+            let n = rng.random_range(0..24);
+            let text: String = (0..n)
+                .map(|_| parts[rng.random_range(0..parts.len())])
+                .collect();
+            read(&text, rng.random_bool(0.5));
+        }
     }
 
     #[test]
