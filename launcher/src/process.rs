@@ -140,11 +140,10 @@ impl CommandSpec {
         for key in &self.env_remove {
             command.env_remove(key);
         }
-        // glibc gives threads that contend an arena of their own (up to eight per core); a
-        // server's threads then spread freed memory over them and RSS creeps up under load.
-        // Two arenas keep the allocator's own keep small. A user's setting wins.
-        if std::env::var_os(ARENAS).is_none() {
-            command.env(ARENAS, "2");
+        for (key, value) in MALLOC_DEFAULTS {
+            if std::env::var_os(key).is_none() {
+                command.env(key, value);
+            }
         }
         for (key, value) in self.env.iter().chain(&self.secret_env) {
             command.env(key, value);
@@ -154,8 +153,18 @@ impl CommandSpec {
     }
 }
 
-/// glibc's cap on malloc arenas, read when a process starts.
-const ARENAS: &str = "MALLOC_ARENA_MAX";
+/// glibc's malloc settings for the children, read when a process starts; a user's own setting
+/// of one wins.
+/// - Arenas: glibc gives threads that contend an arena of their own (up to eight per core); a
+///   server's threads then spread freed memory over them and RSS creeps up under load. Two
+///   arenas keep the allocator's own keep small.
+/// - The mmap threshold: glibc raises it each time a large mapped block is freed (up to
+///   32 MiB), so a rare large buffer (a long prompt's logits) later lands in the heap and stays
+///   resident after it is freed. Fixed, blocks over 4 MiB stay mapped and go back when freed.
+const MALLOC_DEFAULTS: [(&str, &str); 2] = [
+    ("MALLOC_ARENA_MAX", "2"),
+    ("MALLOC_MMAP_THRESHOLD_", "4194304"),
+];
 
 impl fmt::Debug for CommandSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -432,16 +441,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn children_get_two_malloc_arenas_unless_the_user_says() {
+    fn children_get_the_malloc_settings_unless_the_user_says() {
         let command = CommandSpec::new("/bin/true").to_command();
-        let set = command
-            .as_std()
-            .get_envs()
-            .find(|(k, _)| *k == ARENAS)
-            .and_then(|(_, v)| v);
-        match std::env::var_os(ARENAS) {
-            None => assert_eq!(set, Some(std::ffi::OsStr::new("2"))),
-            Some(_) => assert_eq!(set, None, "inherited as the user set it"),
+        for (key, value) in MALLOC_DEFAULTS {
+            let set = command
+                .as_std()
+                .get_envs()
+                .find(|(k, _)| *k == key)
+                .and_then(|(_, v)| v);
+            match std::env::var_os(key) {
+                None => assert_eq!(set, Some(std::ffi::OsStr::new(value)), "{key}"),
+                Some(_) => assert_eq!(set, None, "{key} inherited as the user set it"),
+            }
         }
     }
 
