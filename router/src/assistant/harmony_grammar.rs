@@ -9,7 +9,7 @@
 use serde_json::Value;
 use tessera_params::OutputConstraint;
 
-use super::tool_grammar::{LAYOUT, ToolChoice, ToolSpec};
+use super::tool_grammar::{LAYOUT, ToolChoice, ToolSpec, regex_escape};
 
 /// How a grammar names a marker: `<[id]>` for a special token, a quoted literal otherwise.
 pub(crate) type Term<'a> = &'a dyn Fn(&str) -> String;
@@ -122,17 +122,6 @@ fn laid_out(mut schema: Value) -> String {
 
 fn lit(text: &str) -> String {
     Value::from(text).to_string()
-}
-
-fn regex_escape(text: &str) -> String {
-    let mut out = String::new();
-    for c in text.chars() {
-        if "\\.+*?()|[]{}^$/".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]

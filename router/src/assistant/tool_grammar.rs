@@ -148,7 +148,7 @@ fn call_schema(format: ToolCallFormat, tool: &ToolSpec) -> String {
 }
 
 /// `text` as a regular expression that matches it literally.
-fn regex_escape(text: &str) -> String {
+pub(super) fn regex_escape(text: &str) -> String {
     let mut out = String::new();
     for c in text.chars() {
         if "\\.+*?()|[]{}^$/".contains(c) {
