@@ -360,8 +360,30 @@ async fn drain_on_signal(infer: Infer) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Threads for the router's blocking work (tokenizing, rendering templates, checking grammars):
+/// a few per core. Tokio's default (512, each leaving after 10 s idle) lets a burst of requests
+/// start dozens of threads on a small machine, each with its own tokenizer regex caches, and
+/// every new burst starts them again, so the heap grows and fragments with each one; a small
+/// pool that stays keeps those caches few and reused.
+fn blocking_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (4 * cores).max(8)
+}
+
+/// How long an idle blocking thread stays.
+const BLOCKING_KEEP_ALIVE: Duration = Duration::from_secs(600);
+
+fn main() -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(blocking_threads())
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let _telemetry = tessera_telemetry::init(
         &TelemetryConfig {
