@@ -120,9 +120,9 @@ impl HarmonyReader {
             State::Body(body) => {
                 // Text read without a header ends only at an end marker: a header's marker in
                 // it is what overflowed a header.
-                let opens = OPENS
+                let opens: &[&str] = if self.headerless { &[] } else { &OPENS };
+                let opens = opens
                     .iter()
-                    .filter(|_| !self.headerless)
                     .filter_map(|m| self.pending.find(m).map(|at| (at, 0)));
                 let end = ENDS
                     .iter()
