@@ -405,6 +405,19 @@ pub fn sequence(
     }
 }
 
+/// How many of a speculation test's 32 batched sequences (`prompts` distinct ones, over and
+/// over) one tree width runs: every prompt once and the first twice, so that equal prompts
+/// share a batch, except the `full` head kind at the default width 4, which runs all 32. More
+/// repeats at every width would only prove the same thing again, and the widest trees are most
+/// of the test's time.
+pub fn batch_size(full: bool, width: usize, prompts: usize) -> usize {
+    if full && width == 4 {
+        32
+    } else {
+        (prompts + 1).min(32)
+    }
+}
+
 /// Generates `steps` tokens for each prompt, all in one batch; returns the tokens and how many
 /// proposals were made and accepted.
 pub fn generate(
