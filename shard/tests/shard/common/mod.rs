@@ -405,16 +405,19 @@ pub fn sequence(
     }
 }
 
-/// How many of a speculation test's 32 batched sequences (`prompts` distinct ones, over and
-/// over) one tree width runs: every prompt once and the first twice, so that equal prompts
-/// share a batch, except the `full` head kind at the default width 4, which runs all 32. More
+/// The most sequences a speculation test batches: its prompts over and over.
+pub const FULL_BATCH: usize = 32;
+
+/// How many of a speculation test's [`FULL_BATCH`] sequences (`prompts` distinct ones, over
+/// and over) one tree width runs: every prompt once and the first twice, so that equal prompts
+/// share a batch, except the `full` head kind at the default width 4, which runs them all. More
 /// repeats at every width would only prove the same thing again, and the widest trees are most
 /// of the test's time.
 pub fn batch_size(full: bool, width: usize, prompts: usize) -> usize {
     if full && width == 4 {
-        32
+        FULL_BATCH
     } else {
-        (prompts + 1).min(32)
+        (prompts + 1).min(FULL_BATCH)
     }
 }
 
