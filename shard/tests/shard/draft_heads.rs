@@ -7,7 +7,7 @@ use crate::common;
 use std::path::Path;
 
 use common::{
-    FIXTURES, FULL_BATCH, assert_sampling_keeps_the_distribution, batch_size, generate,
+    FIXTURES, assert_sampling_keeps_the_distribution, batch_size, full_batch, generate,
     load_fixture,
 };
 use rand::{Rng, SeedableRng};
@@ -92,7 +92,7 @@ fn greedy_tokens_are_identical_for_every_tree_width() {
             .map(|p| p.prompt_ids.clone())
             .filter(|p| p.len() + steps + 64 <= 256)
             .collect();
-        let batch: Vec<Vec<u32>> = prompts.iter().cycle().take(FULL_BATCH).cloned().collect();
+        let batch = full_batch(&prompts);
         let greedy = vec![SamplingParams::default(); batch.len()];
         let (reference, _) = generate(&mut plain_engine(model), &batch, &greedy, steps);
         for blocks in [Blocks::Zero, Blocks::Random] {

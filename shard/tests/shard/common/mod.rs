@@ -406,7 +406,12 @@ pub fn sequence(
 }
 
 /// The most sequences a speculation test batches: its prompts over and over.
-pub const FULL_BATCH: usize = 32;
+const FULL_BATCH: usize = 32;
+
+/// A speculation test's full batch: `prompts` over and over, [`FULL_BATCH`] sequences.
+pub fn full_batch(prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    prompts.iter().cycle().take(FULL_BATCH).cloned().collect()
+}
 
 /// How many of a speculation test's [`FULL_BATCH`] sequences (`prompts` distinct ones, over
 /// and over) one tree width runs: every prompt once and the first twice, so that equal prompts
