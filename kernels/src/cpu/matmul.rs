@@ -16,7 +16,7 @@ pub const LANES: usize = 16;
 /// then a fixed tree.
 #[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
+    assert_eq!(a.len(), b.len());
     let mut acc = [0f32; LANES];
     let split = a.len() - a.len() % LANES;
     for (ca, cb) in a[..split]

@@ -263,7 +263,7 @@ impl Guard<'_> {
         s.done.store(0, SeqCst);
         s.panicked.store(false, SeqCst);
         let open = s.epoch.fetch_add(1, SeqCst) + 1;
-        debug_assert!(open % 2 == 1);
+        assert!(open % 2 == 1);
         s.wake_sleepers();
         s.take_items(items, work);
         while s.done.load(SeqCst) < items {

@@ -67,7 +67,7 @@ impl KvElem for f32 {
 impl KvElem for bf16 {
     #[inline]
     fn store(src: &[f32], dst: &mut [bf16]) {
-        debug_assert_eq!(src.len(), dst.len());
+        assert_eq!(src.len(), dst.len());
         crate::cpu::bf16_dot::round_to_bf16(src, dst);
     }
 

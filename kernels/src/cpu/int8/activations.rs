@@ -60,7 +60,7 @@ pub(crate) type QuantizeBlockFn = fn(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (
 
 /// The reference block quantizer.
 pub(crate) fn quantize_block_ref(x: &[f32], h: &mut [i8], l: &mut [i8]) -> (f32, i32) {
-    debug_assert!(x.len() == QK && h.len() == QK && l.len() == QK);
+    assert!(x.len() == QK && h.len() == QK && l.len() == QK);
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
     let s = amax / 127.0;
     let is = if amax != 0.0 { 1.0 / s } else { 0.0 };

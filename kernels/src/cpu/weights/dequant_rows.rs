@@ -86,7 +86,7 @@ impl WeightMatrix {
     /// blocks (checked by [`Self::from_bytes`]), so any row range is a block range.
     pub(super) fn rows_f32_with(&self, dequant: &Dequant, start: usize, out: &mut [f32]) {
         let (cols, n) = (self.cols, out.len() / self.cols);
-        debug_assert!(start + n <= self.rows && out.len() == n * cols);
+        assert!(start + n <= self.rows && out.len() == n * cols);
         if let Data::Stack(parts) = &self.data {
             // Each part's rows that fall in start..start + n.
             let mut first = 0;

@@ -50,7 +50,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
 /// Lanes `0..n` of a 16-lane mask.
 #[inline]
 fn tail_mask(n: usize) -> __mmask16 {
-    debug_assert!(n < 16);
+    assert!(n < 16);
     ((1u32 << n) - 1) as __mmask16
 }
 
