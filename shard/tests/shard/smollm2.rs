@@ -440,11 +440,19 @@ fn q4_1_as_iq4_nl(bytes: &[u8]) -> Vec<u8> {
         } else {
             0.0
         };
+        // The nearest table value (the lower on a tie): the table is sorted, so it is one of
+        // the two around `v * id`.
         let index = |v: f32| {
-            let err = |i: &usize| (f32::from(KVALUES_IQ4NL[*i]) - v * id).abs();
-            (0..16)
-                .min_by(|a, b| err(a).total_cmp(&err(b)))
-                .unwrap_or(0) as u8
+            let t = v * id;
+            let err = |i: usize| (f32::from(KVALUES_IQ4NL[i]) - t).abs();
+            let above = KVALUES_IQ4NL
+                .partition_point(|&k| f32::from(k) < t)
+                .clamp(1, 15);
+            (if err(above) < err(above - 1) {
+                above
+            } else {
+                above - 1
+            }) as u8
         };
         let block = BlockIQ4NL {
             d,
