@@ -30,19 +30,23 @@ export TESSERA_REQUIRE_SMOLLM2=1
 # One cold build: incremental state would only add gigabytes to the target folder.
 export CARGO_INCREMENTAL=0
 
-# One feature set for every cargo step, so that clippy checks, and the tests and binaries
-# build, each crate once. The `cuda` feature compiles without CUDA (cudarc loads its libraries
-# at run time); its GPU tests skip without a GPU, and its kernels are compiled to PTX for
-# sm_80 and sm_90 through NVRTC from PyPI (kernels/tests/cuda_ptx.rs). Shards built with it
-# run on the CPU when there is no GPU (`--device auto`).
+# One feature set for every cargo step, so that each crate builds once. The `cuda` feature
+# compiles without CUDA (cudarc loads its libraries at run time); its GPU tests skip without a
+# GPU, and its kernels are compiled to PTX for sm_80 and sm_90 through NVRTC from PyPI
+# (kernels/tests/cuda_ptx.rs). Shards built with it run on the CPU when there is no GPU
+# (`--device auto`).
 cargo_args=(--workspace --features tessera-kernels/cuda,tessera-shard/cuda --locked)
 
 step cargo fmt --all -- --check
-step cargo clippy "${cargo_args[@]}" --all-targets -- -D warnings
-# The end-to-end tests start the real binaries, which `cargo test` alone does not build. Binaries
-# and test binaries in one build: the tests' dev-dependencies turn on features of shared crates
-# (proptest: num-traits' `std`), so binaries built apart would compile the workspace twice.
-step cargo build "${cargo_args[@]}" --bins --tests
+# Clippy lints the workspace while it compiles: cargo hands each workspace crate to clippy-driver
+# (rustc with Clippy's lints; scripts/lib/clippy-rustc), every warning an error, so the
+# dependencies compile once rather than once for `cargo clippy` and again for the build. The
+# later cargo steps run with the same wrapper, so they find everything built. Every target, as
+# `cargo clippy --all-targets` lints them: the end-to-end tests start the real binaries, which
+# `cargo test` alone does not build, and binaries built apart from the tests would compile the
+# workspace twice (the tests' dev-dependencies turn on features of shared crates).
+export RUSTC_WORKSPACE_WRAPPER="$PWD/scripts/lib/clippy-rustc"
+step cargo build "${cargo_args[@]}" --all-targets
 # Every unit, golden and end-to-end test, the fuzz targets' corpora replayed
 # (tests/tests/e2e/fuzz_corpus.rs), and the doc tests. cargo-nextest (on these machines) runs the
 # test binaries side by side, so one binary's long test no longer holds up the others; it
