@@ -80,7 +80,7 @@ fn better(a: (u32, f32), b: (u32, f32)) -> Ordering {
 
 /// The `n` highest raw logits as `(id, logit)`, best first, ties by lower id, in one pass
 /// with a small sorted buffer (`n` is at most about 20).
-pub(super) fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+pub(crate) fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     let n = n.min(logits.len());
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
     if n == 0 {

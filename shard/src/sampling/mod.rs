@@ -98,6 +98,7 @@ pub use pattern::Pattern;
 
 use constraint::Constraint;
 use logprobs::LogSoftmax;
+pub(crate) use logprobs::top_n;
 use pipeline::{History, Outcome, Plan, Scratch};
 
 /// One chosen token with its log-probabilities under the raw model logits.
